@@ -1,0 +1,148 @@
+"""What every model adapter produces and accepts: `Encoded`, `TokenGeometry`, `Answer`, `Adapter`.
+
+Data flow (DESIGN.md): `encode` once per (media, prompt) -> `Encoded`; any number of cheap
+`prune` calls on `Encoded.visual` / `Encoded.scoring_text`; `generate(encoded, keep)` runs the
+LLM on the kept visual tokens only, through the model's public inputs.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+from ..pruners.selection import Selection
+
+
+@dataclass
+class TokenGeometry:
+    """Where each of the N_V visual tokens comes from.
+
+    frame: (N_V,) index of the image / video frame the token belongs to (0 for a single image).
+    row, col: (N_V,) position in that frame's token grid (after any merge, e.g. Qwen's 2x2).
+    box: (N_V, 4) float pixel box (x0, y0, x1, y1) in the ORIGINAL image/frame coordinates.
+    kind: per-token label, e.g. "patch", "base" / "tile" (LLaVA-NeXT), "newline" (no box).
+    grids: per frame (rows, cols) of the token grid; sizes: per frame (width, height) in pixels.
+    """
+
+    frame: torch.Tensor
+    row: torch.Tensor
+    col: torch.Tensor
+    box: torch.Tensor
+    kind: list[str]
+    grids: list[tuple[int, int]]
+    sizes: list[tuple[int, int]]
+
+    def __len__(self) -> int:
+        return int(self.frame.numel())
+
+
+@dataclass
+class Encoded:
+    """One encoding of (media, prompt) by one model: everything pruning and rendering need.
+
+    visual: (N_V, d) projected visual tokens, in LLM input order.
+    text: (N_P, d) LLM input embeddings of the prompt's non-visual tokens, in order.
+    text_tokens: the N_P token strings; text_mask (N_P,) bool marks those that count as "text"
+    for scoring (see `mipruner.models.text`). `scoring_text` / `scoring_tokens` apply the mask.
+    attention / keys: vision-encoder attention (head mean) and keys, only when asked for;
+    attention is (N+1, N+1) with [CLS] first when the encoder has one (`has_cls`), else (N, N).
+    frames: the original images / frames (PIL), for drawing masks.
+    state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
+    """
+
+    model: str
+    prompt: str
+    visual: torch.Tensor
+    geometry: TokenGeometry
+    text: torch.Tensor
+    text_tokens: list[str]
+    text_mask: torch.Tensor
+    text_mode: str
+    frames: list[Image.Image]
+    is_video: bool = False
+    attention: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    has_cls: bool = False
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_visual(self) -> int:
+        return int(self.visual.shape[0])
+
+    @property
+    def scoring_text(self) -> torch.Tensor:
+        return self.text[self.text_mask]
+
+    @property
+    def scoring_tokens(self) -> list[str]:
+        return [t for t, m in zip(self.text_tokens, self.text_mask.tolist()) if m]
+
+
+@dataclass
+class Answer:
+    """One generation: `text`, generated `token_ids` only, LLM input length, timings in seconds."""
+
+    text: str
+    token_ids: list[int]
+    input_tokens: int
+    visual_tokens: int
+    prefill_s: float
+    decode_s: float
+
+
+def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: int) -> torch.Tensor | None:
+    """Normalise `keep` to a sorted unique LongTensor on the CPU (None = keep all).
+
+    Out-of-range, duplicate or empty indices raise ValueError.
+    """
+    if keep is None:
+        return None
+    if isinstance(keep, Selection):
+        keep = keep.keep
+    keep = torch.as_tensor(keep).flatten()
+    if keep.dtype.is_floating_point or keep.dtype == torch.bool:
+        raise ValueError(f"keep must hold integer indices, got dtype {keep.dtype}")
+    keep = keep.to(torch.long).cpu()
+    if keep.numel() == 0:
+        raise ValueError("keep is empty: keep at least one visual token")
+    if int(keep.min()) < 0 or int(keep.max()) >= n_visual:
+        raise ValueError(f"keep indices must be in [0, {n_visual - 1}], got range "
+                         f"[{int(keep.min())}, {int(keep.max())}]")
+    uniq = torch.unique(keep)  # sorted
+    if uniq.numel() != keep.numel():
+        raise ValueError("keep has duplicate indices")
+    return uniq
+
+
+class Adapter(abc.ABC):
+    """One model family behind three methods (lmms-eval's small-backend pattern).
+
+    Subclasses set `family` and implement `from_pretrained`, `encode`, `prefill_logits`,
+    `generate`. They never patch transformers classes: pruning goes through public inputs
+    (`inputs_embeds`, `position_ids`, ...) and any hook is removed before returning.
+    """
+
+    family: str = ""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_pretrained(cls, path: str, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None, **kwargs) -> "Adapter":
+        ...
+
+    @abc.abstractmethod
+    def encode(self, media: Any, prompt: str, *, text_mode: str = "question",
+               need_attention: bool = False) -> Encoded:
+        ...
+
+    @abc.abstractmethod
+    def prefill_logits(self, encoded: Encoded, keep=None) -> torch.Tensor:
+        """Logits (L, vocab) of one forward pass over the (pruned) prompt, float32 on the CPU."""
+
+    @abc.abstractmethod
+    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
+        ...

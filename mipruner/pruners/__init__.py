@@ -1,0 +1,12 @@
+"""Pruners: pure functions on tensors behind a registry. No model, no I/O.
+
+Each method is one decorated function in its own module; importing this package registers them.
+"""
+from ._registry import PrunerSpec, get_pruner, list_pruners, prune, register_pruner
+from .selection import Selection, resolve_budget
+
+# Importing a method module registers it (one line per method module).
+from . import mi  # noqa: E402,F401
+
+__all__ = ["PrunerSpec", "Selection", "get_pruner", "list_pruners", "prune", "register_pruner",
+           "resolve_budget"]

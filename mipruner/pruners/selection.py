@@ -1,0 +1,116 @@
+"""The `Selection` record every pruner returns, and the input checks they share.
+
+Pruners are pure functions on tensors: they never see a model, a file or the UI. All numeric work
+runs in float32 whatever the input dtype (fp16/bf16 inputs are upcast), and rows of zero norm are
+normalised to zero vectors (cosine 0 with everything) instead of producing NaN.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Selection:
+    """Which visual tokens a pruner keeps, and why.
+
+    keep:   (K,) int64, ascending and unique: indices into the N_V visual tokens, original order.
+    order:  (K,) int64, the same indices in the order the method picked them.
+    scores: (N_V,) float32, the score the method ranked by (for greedy methods: the marginal gain
+            at the step a token was picked; for tokens never picked, their gain at the last step).
+    pmi:    (N_V, N_T) cross-modal PMI for MI methods, else None.
+    pivot:  (N_V,) int64 index of each patch's pivot text token (argmax_j PMI), MI methods only.
+    tokens: (K, d) replacement tokens for methods that merge (VisionZip), in `keep` order, else None.
+    extras: method-specific tensors worth showing (e.g. MI's relevance and redundancy terms).
+    """
+
+    keep: torch.Tensor
+    order: torch.Tensor
+    scores: torch.Tensor
+    pmi: torch.Tensor | None = None
+    pivot: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    method: str = ""
+
+    @property
+    def budget(self) -> int:
+        return int(self.keep.numel())
+
+    @classmethod
+    def from_order(cls, order: torch.Tensor, scores: torch.Tensor, **kw) -> "Selection":
+        """Build a Selection from the pick order; `keep` is the sorted copy."""
+        order = order.to(torch.long).flatten().cpu()
+        keep, _ = torch.sort(order)
+        return cls(keep=keep, order=order, scores=scores.detach().to(torch.float32).cpu(), **kw)
+
+
+def check_matrix(name: str, x: Any, *, ndim: int = 2) -> None:
+    """A float tensor of `ndim` dims with finite values, else ValueError naming `name`."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or inf values")
+
+
+def resolve_budget(budget: Any, n: int) -> int:
+    """Turn `budget` into a token count K in [1, n].
+
+    int: K itself, must lie in [1, n]. float in (0, 1]: share of n, K = floor(share * n + 0.5),
+    at least 1. Anything else raises ValueError; a budget above n raises rather than clips.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
+        raise ValueError(f"budget must be an int (tokens) or a float in (0, 1] (share), got {budget!r}")
+    if isinstance(budget, (float, np.floating)):
+        if not (0.0 < float(budget) <= 1.0) or math.isnan(float(budget)):
+            raise ValueError(f"budget as a share must be in (0, 1], got {budget}")
+        return max(1, min(n, int(math.floor(float(budget) * n + 0.5))))
+    k = int(budget)
+    if not 1 <= k <= n:
+        raise ValueError(f"budget must be in [1, N_V={n}] tokens, got {k}")
+    return k
+
+
+def check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """`value` as float in [lo, hi] (or (lo, hi] with lo_open), else ValueError naming the range."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    ok = (lo < v if lo_open else lo <= v) and v <= hi and not math.isnan(v)
+    if not ok:
+        raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
+    return v
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def unit_rows(x: torch.Tensor) -> torch.Tensor:
+    """L2-normalised float32 rows; zero rows stay zero (never NaN)."""
+    return F.normalize(x.to(torch.float32), dim=-1, eps=1e-12)
+
+
+def gram(u: torch.Tensor) -> torch.Tensor:
+    """u @ u.T for a (N, d) float32 matrix, exploiting symmetry on the CPU.
+
+    On the CPU, NumPy's matmul recognises `a @ a.T` and calls BLAS syrk, which computes one
+    triangle (half the flops of gemm) and mirrors it; measured here: 10 ms vs 25 ms for
+    576 x 4096. On other devices it is a plain matmul. Result: (N, N) float32, symmetric.
+    """
+    if u.device.type == "cpu" and u.dtype == torch.float32:
+        a = u.contiguous().numpy()
+        return torch.from_numpy(a @ a.T)
+    return u @ u.T
