@@ -88,10 +88,12 @@ def cross_pmi(visual: torch.Tensor, text: torch.Tensor, tau: float = 0.1,
 
 
 class SelfPMI:
-    """Visual self-PMI columns on demand. Built once per (V, tau, normalization): cache it.
+    """Visual self-PMI, one selected token at a time. Built once per (V, tau, normalization): cache it.
 
-    Holds each row's normaliser of rho_self (softmax: log-sum-exp; MinMax: min, range, sum), and
-    for N_V <= DENSE_LIMIT the cosine Gram matrix itself, so a greedy step costs O(N_V).
+    Holds each row's normaliser of rho_self (softmax: log-sum-exp; MinMax: min, range, sum). For
+    N_V <= DENSE_LIMIT it also holds, per aggregation, the matrix R[j, i] = the redundancy that a
+    selected token j adds to candidate i (the transpose of PMI_self, so row j is contiguous), and a
+    greedy step costs one row read. Above DENSE_LIMIT the column is recomputed: O(N_V d) a step.
     """
 
     def __init__(self, visual: torch.Tensor, tau: float = 0.1, normalization: str = "softmax"):
@@ -99,9 +101,10 @@ class SelfPMI:
         self.tau, self.normalization = float(tau), normalization
         n = self.u.shape[0]
         self.log_n = math.log(n)
-        self.cos = gram(self.u) if n <= DENSE_LIMIT else None  # (N_V, N_V) or None
+        self.cos = gram(self.u) if n <= DENSE_LIMIT else None  # (N_V, N_V) symmetric, or None
         stats = [self._row_stats(self._cos_rows(slice(s, min(n, s + _CHUNK)))) for s in range(0, n, _CHUNK)]
-        self.stats = [torch.cat(parts) for parts in zip(*stats)]
+        self.stats = [torch.cat(parts) for parts in zip(*stats)]  # each (N_V,)
+        self._dense: dict[str, torch.Tensor] = {}
 
     def _cos_rows(self, rows: slice) -> torch.Tensor:
         return self.cos[rows] if self.cos is not None else self.u[rows] @ self.u.T  # (chunk, N_V)
@@ -112,18 +115,29 @@ class SelfPMI:
             return (torch.logsumexp(rho, dim=1),)
         return _minmax_stats(rho)
 
-    def log_p_col(self, j: int) -> torch.Tensor:
-        """log p(v_j | v_i) for every row i: (N_V,)."""
-        col = self.cos[:, j] if self.cos is not None else self.u @ self.u[j]  # (N_V,) cos(v_i, v_j)
-        rho = col / self.tau
+    def _log_p_t(self, cos_t: torch.Tensor) -> torch.Tensor:
+        """log p(v_j | v_i) laid out as [j, i], from cos_t[j, i] = cos(v_i, v_j): (m, N_V)."""
+        rho_t = cos_t / self.tau
         if self.normalization == "softmax":
-            return rho - self.stats[0]
-        return _minmax_log_p(rho[:, None], *self.stats)[:, 0]
+            return rho_t - self.stats[0][None, :]
+        return _minmax_log_p(rho_t.T, *self.stats).T
 
-    def pmi_col(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(PMI_self(i, j), log p(v_j|v_i)) for every row i, both (N_V,)."""
-        log_p = self.log_p_col(j)
-        return log_p + self.log_n, log_p
+    def _terms_t(self, cos_t: torch.Tensor, aggregation: str) -> torch.Tensor:
+        log_p = self._log_p_t(cos_t)
+        pmi = log_p + self.log_n  # PMI_self(i, j) = log p(v_j|v_i) - log(1/N_V)
+        return pmi if aggregation == "max" else log_p.exp() * pmi  # "mean": p(v_j|v_i) * PMI, Eq. 11
+
+    def term(self, j: int, aggregation: str = "max") -> torch.Tensor:
+        """What selected token j contributes to every candidate's redundancy: (N_V,)."""
+        if self.cos is None:
+            return self._terms_t((self.u @ self.u[j])[None, :], aggregation)[0]
+        if aggregation not in self._dense:
+            self._dense[aggregation] = self._terms_t(self.cos, aggregation)  # (N_V, N_V), uses cos = cos.T
+        return self._dense[aggregation][j]
+
+    def pmi_col(self, j: int) -> torch.Tensor:
+        """PMI_self(i, j) for every row i: (N_V,)."""
+        return self.term(j, "max")
 
 
 def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float,
@@ -137,17 +151,15 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
     Ties go to the lowest index (torch.argmax returns the first maximum).
     """
     n = relevance.shape[0]
+    base = lam * relevance  # (N_V,)
     red = torch.zeros(n)
     taken = torch.zeros(n, dtype=torch.bool)
     have_any = False
 
     def add(j: int) -> None:
         nonlocal red, have_any
-        pmi, log_p = self_pmi.pmi_col(j)
-        if aggregation == "max":
-            red = pmi if not have_any else torch.maximum(red, pmi)
-        else:
-            red = red + log_p.exp() * pmi  # p(v_j|v_i) * PMI_self(i, j), Eq. 11 over the selected set
+        t = self_pmi.term(j, aggregation)
+        red = t.clone() if not have_any else (torch.maximum(red, t) if aggregation == "max" else red + t)
         taken[j] = True
         have_any = True
 
@@ -156,11 +168,12 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
     order = torch.empty(k, dtype=torch.long)
     scores = torch.empty(n)
     for step in range(k):
-        gain = lam * relevance - (1.0 - lam) * red if have_any else lam * relevance
-        j = int(gain.masked_fill(taken, -math.inf).argmax())
+        gain = base - (1.0 - lam) * red if have_any else base.clone()
+        g = gain.masked_fill_(taken, -math.inf) if have_any else gain
+        j = int(g.argmax())
         order[step], scores[j] = j, gain[j]
         add(j)
-    final = lam * relevance - (1.0 - lam) * red
+    final = base - (1.0 - lam) * red
     scores[~taken] = final[~taken]
     return order, scores, red
 

@@ -152,6 +152,7 @@ def test_chunked_equals_dense(monkeypatch):
         monkeypatch.setattr(mi_mod, "DENSE_LIMIT", 10)
         monkeypatch.setattr(mi_mod, "_CHUNK", 32)
         chunked = mipruner.prune("mi", visual=V, text=T, budget=15, lam=0.4, normalization=norm)
+        assert SelfPMI(V, 0.1, norm).cos is None  # the dense matrix was really not held
         monkeypatch.undo()
         assert SelfPMI(V, 0.1, norm).cos is not None
         assert chunked.order.tolist() == dense.order.tolist()

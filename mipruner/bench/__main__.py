@@ -1,0 +1,24 @@
+"""Entry point: `python -m mipruner.bench <command> [options]`."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "pruners": ("mipruner.bench.pruners", "each pruner's median time vs. a V @ T.T + topk floor"),
+}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m mipruner.bench <command> [--help]\n\ncommands:")
+        for name, (_, doc) in COMMANDS.items():
+            print(f"  {name:<10} {doc}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
