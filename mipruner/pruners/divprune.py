@@ -1,0 +1,92 @@
+"""DivPrune: keep the most diverse visual tokens (max-min diversity, text-agnostic).
+
+    v~                 L2-normalised rows of V (N_V, d)
+    d_ij = 1 - cos(v_i, v_j) = 1 - (v~ v~^T)_ij
+    first pick:   argmax_i  min_{j != i} d_ij          (the token farthest from its nearest neighbour)
+    then:         argmax_{i not in S}  min_{j in S} d_ij     until |S| = K
+
+The inner minimum is kept as a running vector m_i = min_{j in S} d_ij; adding j costs one column of
+the cosine matrix and an elementwise minimum, O(N_V) (plus O(N_V d) when the column is recomputed).
+
+Memory: up to `mi.DENSE_LIMIT` tokens the cosine matrix is built once with `gram()` and its columns
+are reused. Above it the N_V x N_V matrix is never held: the first pick's nearest-neighbour distances
+are computed in row chunks, and each greedy step recomputes the one column it needs, O(N_V d).
+
+Scores: a picked token's min-distance to the set at the step it was picked (for the first pick, to
+its nearest neighbour); an unpicked token's min-distance to the final set. Ties go to the lowest
+index. Rows of zero norm have cosine 0, i.e. distance 1, to everything.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import mi
+from ._registry import register_pruner
+from .selection import Selection, gram, unit_rows
+
+_CHUNK = 1024  # rows per chunk for the first pick when the cosine matrix is not held
+
+
+class CosineColumns:
+    """cos(v_i, v_j) of L2-normalised rows, by column or row block; dense only up to DENSE_LIMIT.
+
+    Read `mi.DENSE_LIMIT` at construction (not import) time, so one setting governs every pruner.
+    """
+
+    def __init__(self, visual: torch.Tensor):
+        self.u = unit_rows(visual)  # (N_V, d) float32, zero rows stay zero
+        self.n = self.u.shape[0]
+        self.cos = gram(self.u) if self.n <= mi.DENSE_LIMIT else None  # (N_V, N_V) or None
+
+    @property
+    def dense(self) -> bool:
+        return self.cos is not None
+
+    def col(self, j: int) -> torch.Tensor:
+        """cos(v_i, v_j) for every i: (N_V,)."""
+        return self.cos[:, j] if self.cos is not None else self.u @ self.u[j]  # (N_V, d) @ (d,) -> (N_V,)
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """cos(v_i, v_j) for i in [start, stop) and every j: a fresh (stop - start, N_V) tensor."""
+        if self.cos is not None:
+            return self.cos[start:stop].clone()
+        return self.u[start:stop] @ self.u.T  # (chunk, d) @ (d, N_V) -> (chunk, N_V)
+
+
+def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
+    """min_{j != i} (1 - cos_ij) for every i: (N_V,), computed in row chunks of `_CHUNK`.
+
+    With a single token there is no neighbour; its distance is reported as 0 (not +inf), so
+    scores stay finite.
+    """
+    n = cos.n
+    if n == 1:
+        return torch.zeros(1)
+    out = torch.empty(n)
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        block = cos.rows(start, stop)  # (chunk, N_V)
+        rows = torch.arange(stop - start)
+        block[rows, rows + start] = -torch.inf  # exclude j == i
+        out[start:stop] = 1.0 - block.max(dim=1).values  # (chunk,)
+    return out
+
+
+@register_pruner("divprune")
+def divprune(visual: torch.Tensor, text: torch.Tensor | None, budget: int) -> Selection:
+    """DivPrune: greedy max-min diversity over cosine distance, without looking at the prompt."""
+    cos = CosineColumns(visual)
+    n = cos.n
+    first = nearest_neighbour_distance(cos)  # (N_V,)
+    order = torch.empty(budget, dtype=torch.long)
+    scores = torch.empty(n)
+    taken = torch.zeros(n, dtype=torch.bool)
+    j = int(first.argmax())  # ties to the lowest index
+    order[0], scores[j], taken[j] = j, first[j], True
+    min_dist = 1.0 - cos.col(j)  # (N_V,) m_i = min_{j in S} d_ij
+    for step in range(1, budget):
+        j = int(min_dist.masked_fill(taken, -torch.inf).argmax())
+        order[step], scores[j], taken[j] = j, min_dist[j], True
+        min_dist = torch.minimum(min_dist, 1.0 - cos.col(j))  # O(N_V): running min over S
+    scores[~taken] = min_dist[~taken]  # distance to the final set
+    return Selection.from_order(order, scores, extras={"nearest_neighbour_distance": first})

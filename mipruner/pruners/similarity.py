@@ -1,0 +1,35 @@
+"""Similarity: rank visual tokens by their cosine with the prompt (the paper's "Similarity" baseline).
+
+    v~, t~            L2-normalised rows of V (N_V, d) and T (N_T, d)
+    cos = v~ t~^T     (N_V, N_T)
+    s_i = max_m cos(i, m)   ("max")   or   mean_m cos(i, m)   ("mean")
+    keep the K tokens of highest s_i   (ties to the lowest index)
+
+This is the paper's Eq. 6 without the softmax / PMI: the raw cross-modal cosine, so the comparison
+with MI-Pruner isolates what the PMI normalisation adds. Rows of zero norm have cosine 0.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._registry import register_pruner
+from .selection import Selection, check_choice, unit_rows
+
+AGGREGATIONS = ("max", "mean")  # max: best-matching prompt token, as MI-Pruner's default
+
+
+def text_cosine(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    """cos(v_i, t_m) in float32: (N_V, N_T); zero-norm rows give 0, never NaN."""
+    return unit_rows(visual) @ unit_rows(text).T  # (N_V, d) @ (d, N_T) -> (N_V, N_T)
+
+
+@register_pruner("similarity", needs_text=True)
+def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
+                      aggregation: str = "max",  # same default as MI-Pruner, so the two compare 1:1
+                      ) -> Selection:
+    """Similarity: keep the visual tokens with the highest cosine to the prompt."""
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    cos = text_cosine(visual, text)  # (N_V, N_T)
+    score = cos.max(dim=1).values if aggregation == "max" else cos.mean(dim=1)  # (N_V,)
+    order = torch.argsort(score, descending=True, stable=True)[:budget]  # (K,), ties to lowest index
+    return Selection.from_order(order, score, extras={"cosine": cos})
