@@ -7,6 +7,10 @@ from .selection import Selection, resolve_budget
 
 # Importing a method module registers it (one line per method module).
 from . import mi  # noqa: E402,F401
+from . import rand  # noqa: E402,F401
+from . import similarity  # noqa: E402,F401
+from . import divprune  # noqa: E402,F401
+from . import cdpruner  # noqa: E402,F401
 
 __all__ = ["PrunerSpec", "Selection", "get_pruner", "list_pruners", "prune", "register_pruner",
            "resolve_budget"]
