@@ -1,0 +1,488 @@
+"""Qwen2-VL and Qwen2.5-VL adapter (Qwen3-VL subclasses it in `qwen3_vl.py`).
+
+How pruning reaches the model, through public inputs only:
+  * the visual tokens come from `model.get_image_features` / `get_video_features`;
+  * the M-RoPE 3-D positions are computed ONCE on the full, unpruned sequence with the model's
+    public `model.model.get_rope_index`, and the kept columns are gathered (PEERS.md);
+  * the LLM runs on `input_ids` with the dropped placeholder tokens removed, the kept visual rows
+    passed as `mm_encoder_outputs` (the model scatters them into the remaining placeholders), and
+    `position_ids` passed explicitly, so `get_rope_index` is never re-run on the pruned sequence;
+  * decoding is our own greedy loop over `past_key_values` with explicit positions that continue
+    from the UNPRUNED max position + 1 (rope_deltas as for the unpruned length). `generate()` is
+    not used because it recomputes positions from the (pruned) input ids and keeps `rope_deltas`
+    as hidden model state; with keep=None the loop gives the same tokens as `model.generate`.
+
+Preprocessing does not need torchvision: hub checkpoints carry a video processor config whose
+processor class imports torchvision, so `AutoProcessor` fails here. We build the inputs from the
+tokenizer and the PIL image processor, and prepare videos ourselves (`_video_pixels`): frames are
+sampled evenly with `mipruner.media`, resized with PIL to the video processor's smart-resize
+target, normalised by the image processor (do_resize=False) and regrouped into
+`temporal_patch_size`-frame patches in exactly the official video processor's layout. (The
+official torchvision processor resizes with torchvision's bicubic, so its pixels differ from PIL's
+by interpolation rounding; the layout and grids are the same.)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..media import MediaError, Video, load_image, load_video, sample_indices
+from ..pruners.selection import Selection
+from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from .text import text_mask
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's resize rule: sides divisible by `factor`, area within [min, max], aspect kept."""
+    if max(height, width) / min(height, width) > 200:
+        raise MediaError(f"aspect ratio must be below 200, got {max(height, width) / min(height, width):.0f}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def read_json(path: str, name: str) -> dict:
+    """A JSON file of a local checkpoint directory or a cached hub checkpoint; {} when absent."""
+    local = os.path.join(path, name)
+    if not os.path.isfile(local):
+        try:
+            from transformers.utils import cached_file
+            local = cached_file(path, name, _raise_exceptions_for_missing_entries=False,
+                                _raise_exceptions_for_connection_errors=False)
+        except (OSError, ValueError):
+            local = None
+    if not local or not os.path.isfile(local):
+        return {}
+    with open(local) as f:
+        return json.load(f)
+
+
+def merge_attention(probs: torch.Tensor, merge_unit: int) -> torch.Tensor:
+    """(P, P) patch attention -> (N, N) token attention, N = P / merge_unit.
+
+    Token i's row is the mean over its patches (queries) of the attention summed over each key
+    token's patches (column-sum style), so rows still sum to 1.
+    """
+    n = probs.shape[0] // merge_unit
+    return probs.view(n, merge_unit, n, merge_unit).sum(3).mean(1)  # (N, N)
+
+
+class Qwen2VLAdapter(Adapter):
+    """Qwen2-VL / Qwen2.5-VL behind `encode` / `prefill_logits` / `generate`."""
+
+    family = "qwen2_vl"
+    attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
+
+    def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.config = model.config
+        self.name = name or getattr(self.config, "_name_or_path", "")
+        vc = self.config.vision_config
+        self.patch = int(vc.patch_size)
+        self.merge = int(vc.spatial_merge_size)
+        self.temporal = int(vc.temporal_patch_size)
+        self.image_token = tokenizer.convert_ids_to_tokens(self.config.image_token_id)
+        self.video_token = tokenizer.convert_ids_to_tokens(self.config.video_token_id)
+        self.video_config = self._video_defaults(video_config)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs) -> "Qwen2VLAdapter":
+        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype or torch.float32, **kwargs)
+        if device is not None:
+            model = model.to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if not getattr(tokenizer, "chat_template", None):
+            template = read_json(path, "chat_template.json").get("chat_template")
+            if template:
+                tokenizer.chat_template = template
+        # The PIL image processor everywhere (also where torchvision exists), so pixels match.
+        image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
+        if cls is Qwen2VLAdapter and model.config.model_type == "qwen2_5_vl":
+            cls = Qwen2_5_VLAdapter  # the family table maps both types to this class
+        return cls(model, tokenizer, image_processor, read_json(path, "video_preprocessor_config.json"), name=path)
+
+    def _video_defaults(self, cfg: dict) -> dict:
+        """The video processor's settings from its JSON, with the official classes' defaults."""
+        ip = self.image_processor
+        size = cfg.get("size") or {}
+        return {
+            "min_pixels": int(cfg.get("min_pixels") or size.get("shortest_edge") or 128 * 28 * 28),
+            "max_pixels": int(cfg.get("max_pixels") or size.get("longest_edge") or 768 * 28 * 28),
+            "fps": cfg.get("fps", 2.0), "num_frames": cfg.get("num_frames"),
+            "min_frames": int(cfg.get("min_frames", 4)), "max_frames": int(cfg.get("max_frames", 768)),
+            "image_mean": cfg.get("image_mean", ip.image_mean), "image_std": cfg.get("image_std", ip.image_std),
+            "rescale_factor": cfg.get("rescale_factor", ip.rescale_factor),
+            "resample": cfg.get("resample", ip.resample),
+        }
+
+    # ------------------------------------------------------------------ media
+    def num_frames(self, total: int, video_fps: float) -> int:
+        """How many frames to sample (Qwen2-VL video processor rule: fps-based, multiple of T)."""
+        vc, t = self.video_config, self.temporal
+        if vc["num_frames"]:
+            return max(t, min(total, round(vc["num_frames"] / t) * t))
+        if not video_fps or not vc["fps"]:
+            n = min(vc["max_frames"], total)
+        else:
+            cap = math.floor(min(vc["max_frames"], total) / t) * t
+            n = min(max(total / video_fps * vc["fps"], vc["min_frames"]), cap, total)
+        return max(1, math.floor(n / t) * t) if n >= t else max(1, int(n))
+
+    def _read_media(self, media):
+        """-> (frames, is_video, sampled frame indices, video fps)."""
+        if isinstance(media, Video):
+            return media.frames, True, list(media.indices), media.fps
+        if isinstance(media, (list, tuple)):
+            if not media:
+                raise MediaError("an empty list of frames")
+            return [load_image(f) for f in media], True, list(range(len(media))), 0.0
+        if isinstance(media, (str, os.PathLike)) and str(media).lower().endswith(
+                (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")):
+            total, fps = _probe_video(os.fspath(media))
+            video = load_video(media, num_frames=self.num_frames(total, fps) if total else self.video_config["max_frames"])
+            if not total:  # container without a frame count: subsample what was decoded
+                keep = sample_indices(len(video.frames), self.num_frames(video.total_frames, video.fps))
+                video = Video([video.frames[i] for i in keep], [video.indices[i] for i in keep],
+                              video.fps, video.total_frames, video.path)
+            return video.frames, True, list(video.indices), video.fps
+        return [load_image(media)], False, [0], 0.0
+
+    def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
+        vc = self.video_config
+        return smart_resize(height, width, self.patch * self.merge, vc["min_pixels"], vc["max_pixels"])
+
+    def _video_pixels(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+        """Frames -> (pixel_values_videos (T' * gh * gw, C * T * p * p), video_grid_thw (1, 3), (rh, rw)).
+
+        Layout of the official Qwen2-VL video processor's `patchify`:
+        (grid_t, gh/m, gw/m, m, m, C, T, p, p), frames padded to a multiple of T with the last one.
+        """
+        t, p, m, vc = self.temporal, self.patch, self.merge, self.video_config
+        frames = list(frames) + [frames[-1]] * (-len(frames) % t)
+        w, h = frames[0].size
+        rh, rw = self.video_resize_target(len(frames), h, w)
+        resized = [f.convert("RGB").resize((rw, rh), resample=int(vc["resample"])) for f in frames]
+        out = self.image_processor(images=resized, do_resize=False, image_mean=vc["image_mean"],
+                                   image_std=vc["image_std"], rescale_factor=vc["rescale_factor"],
+                                   patch_size=p, merge_size=m, temporal_patch_size=t, return_tensors="pt")
+        gh, gw = rh // p, rw // p
+        c = out["pixel_values"].shape[1] // (t * p * p)
+        # the image processor repeats each frame T times along its temporal axis: keep slot 0
+        per_frame = out["pixel_values"].view(len(frames), gh // m, gw // m, m, m, c, t, p, p)[..., 0, :, :]
+        grid_t = len(frames) // t
+        video = per_frame.view(grid_t, t, gh // m, gw // m, m, m, c, p, p)
+        video = video.permute(0, 2, 3, 4, 5, 6, 1, 7, 8)  # (grid_t, gh/m, gw/m, m, m, C, T, p, p)
+        pixels = video.reshape(grid_t * gh * gw, c * t * p * p).contiguous()
+        return pixels, torch.tensor([[grid_t, gh, gw]]), (rh, rw)
+
+    def _expand_video_text(self, text: str, grid: torch.Tensor, indices: list[int], fps: float) -> str:
+        n = int(grid.prod()) // self.merge ** 2
+        return text.replace(self.video_token, self.video_token * n, 1)
+
+    def _video_rope_kwargs(self, indices: list[int], fps: float, n_frames: int) -> dict:
+        """Extra `get_rope_index` inputs for videos (Qwen2.5-VL: seconds per temporal patch)."""
+        if self.config.model_type == "qwen2_5_vl":
+            duration = (max(indices) - min(indices) + 1) / fps if fps and indices else 0.0
+            sampled_fps = (n_frames / duration) if duration > 0 else 1.0 / self.temporal
+            return {"second_per_grid_ts": torch.tensor([self.temporal / sampled_fps])}
+        return {}
+
+    # ------------------------------------------------------------------ encode
+    def _max_positions(self) -> int:
+        return int(self.config.text_config.max_position_embeddings)
+
+    @torch.no_grad()
+    def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False) -> Encoded:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt is empty: ask a question about the image or video")
+        t0 = time.perf_counter()
+        frames, is_video, indices, fps = self._read_media(media)
+        kind = "video" if is_video else "image"
+        messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        rope_kwargs = {}
+        if is_video:
+            pixels, grid, (rh, rw) = self._video_pixels(frames)
+            text = self._expand_video_text(text, grid, indices, fps)
+            vision = {"pixel_values_videos": pixels, "video_grid_thw": grid}
+            rope_kwargs = self._video_rope_kwargs(indices, fps, len(frames))
+        else:
+            out = self.image_processor(images=frames, return_tensors="pt")
+            grid = out["image_grid_thw"]
+            rh, rw = int(grid[0, 1]) * self.patch, int(grid[0, 2]) * self.patch
+            text = text.replace(self.image_token, self.image_token * (int(grid.prod()) // self.merge ** 2), 1)
+            vision = {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+        enc = self.tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
+        ids = enc["input_ids"]  # (1, L)
+        if ids.shape[1] > self._max_positions():
+            raise ValueError(f"prompt too long: {ids.shape[1]} tokens with the visual tokens, the model's "
+                             f"context is {self._max_positions()}")
+        token_id = self.config.video_token_id if is_video else self.config.image_token_id
+        mm_types = torch.zeros_like(ids, dtype=torch.int32)
+        mm_types[ids == self.config.image_token_id] = 1
+        mm_types[ids == self.config.video_token_id] = 2
+        device = self.model.device
+        vision = {k: v.to(device) for k, v in vision.items()}
+        positions, rope_deltas = self.model.model.get_rope_index(
+            ids.to(device), mm_token_type_ids=mm_types.to(device),
+            image_grid_thw=vision.get("image_grid_thw"), video_grid_thw=vision.get("video_grid_thw"),
+            **{k: v.to(device) for k, v in rope_kwargs.items()})  # (3, 1, L), (1, 1)
+
+        t1 = time.perf_counter()
+        store: dict = {}
+        with self._attention_capture(vision, store, enabled=need_attention):
+            if is_video:
+                feats = self.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"],
+                                                      return_dict=True)
+            else:
+                feats = self.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"],
+                                                      return_dict=True)
+        visual = torch.cat(feats.pooler_output, dim=0)  # (N_V, d)
+        t2 = time.perf_counter()
+
+        vis_pos = (ids[0] == token_id).nonzero().flatten()  # (N_V,) sequence positions
+        if vis_pos.numel() != visual.shape[0]:
+            raise RuntimeError(f"{vis_pos.numel()} placeholder tokens for {visual.shape[0]} visual tokens")
+        text_pos = ((ids[0] != self.config.image_token_id) & (ids[0] != self.config.video_token_id)).nonzero().flatten()
+        text_ids = ids[0, text_pos]
+        text_emb = self.model.get_input_embeddings()(text_ids.to(device))  # (N_P, d)
+        offsets = [tuple(o) for o in enc["offset_mapping"][0, text_pos].tolist()]
+        tokens = self.tokenizer.convert_ids_to_tokens(text_ids.tolist())
+        geometry, shown = self._geometry(grid, frames, (rh, rw), is_video)
+
+        state = {"input_ids": ids, "mm_token_type_ids": mm_types, "positions": positions.cpu(),
+                 "rope_deltas": rope_deltas.cpu(), "visual_positions": vis_pos, "modality": kind,
+                 "vision_inputs": {k: v.cpu() for k, v in vision.items()}, "rope_kwargs": rope_kwargs,
+                 "templated": text, "sampled_frames": frames, "frame_indices": indices}
+        if is_video:
+            state["frame_groups"] = [list(range(i, min(i + self.temporal, len(frames))))
+                                     for i in range(0, len(frames), self.temporal)]
+        self._extra_state(feats, state)
+        attention = keys = None
+        if need_attention:
+            attention, keys = store["attention"], store["keys"]
+        return Encoded(
+            model=self.name, prompt=prompt, visual=visual.detach(), geometry=geometry, text=text_emb.detach(),
+            text_tokens=tokens, text_mask=text_mask(tokens, offsets, text, prompt, text_mode),
+            text_mode=text_mode, frames=shown, is_video=is_video, attention=attention, keys=keys,
+            has_cls=False, state=state,
+            timings={"preprocess_s": t1 - t0, "vision_s": t2 - t1, "encode_s": time.perf_counter() - t0})
+
+    def _extra_state(self, feats, state: dict) -> None:
+        """Family-specific outputs of the feature method to keep (Qwen3-VL: deepstack)."""
+
+    def _geometry(self, grid: torch.Tensor, frames, resized: tuple[int, int], is_video: bool):
+        """Token grid after the m x m merge, boxes in original pixels; one shown frame per token-frame."""
+        grid_t, gh, gw = (int(x) for x in grid[0])
+        rows, cols = gh // self.merge, gw // self.merge
+        w, h = frames[0].size
+        rh, rw = resized
+        sx, sy = w / rw, h / rh
+        cell = self.patch * self.merge
+        r = torch.arange(rows).repeat_interleave(cols).repeat(grid_t)
+        c = torch.arange(cols).repeat(rows).repeat(grid_t)
+        f = torch.arange(grid_t).repeat_interleave(rows * cols)
+        box = torch.stack([c * cell * sx, r * cell * sy, (c + 1) * cell * sx, (r + 1) * cell * sy], 1).float()
+        # token-frame t covers sampled frames [t*T, (t+1)*T): show the first of them
+        shown = [frames[i] for i in range(0, len(frames), self.temporal)] if is_video else list(frames)
+        geometry = TokenGeometry(frame=f, row=r, col=c, box=box, kind=["patch"] * int(f.numel()),
+                                 grids=[(rows, cols)] * grid_t, sizes=[(w, h)] * grid_t)
+        return geometry, shown
+
+    # ------------------------------------------------------------------ vision attention
+    def _attention_block(self) -> int:
+        depth = len(self.model.model.visual.blocks)
+        return self.attention_layer % depth
+
+    def _attention_order(self, grid: torch.Tensor):
+        """Token order inside the ViT blocks relative to the LLM order (None = the same)."""
+        return None
+
+    @contextmanager
+    def _attention_capture(self, vision: dict, store: dict, enabled: bool):
+        """Recompute softmax(q k^T / sqrt(d)) of one ViT block from its inputs, via a removable hook.
+
+        Qwen's ViT attention returns no probabilities; a forward pre-hook on the block's attention
+        module reads its inputs (hidden states, cu_seqlens, rotary cos/sin) and recomputes q, k
+        with the module's own weights, per cu_seqlens segment. Heads are averaged and 2x2 merge
+        groups pooled (`merge_attention`). The hook is removed on exit.
+        """
+        if not enabled:
+            yield
+            return
+        block = self._attention_block()
+        module = self.model.model.visual.blocks[block].attn
+        rope = sys.modules[type(module).__module__].apply_rotary_pos_emb_vision
+        grid = vision.get("image_grid_thw", vision.get("video_grid_thw"))
+
+        def pre_hook(mod, args, kwargs):
+            hs = args[0] if args else kwargs["hidden_states"]
+            cu = kwargs["cu_seqlens"]
+            cos, sin = kwargs["position_embeddings"]
+            n = hs.shape[0]
+            qkv = mod.qkv(hs).reshape(n, 3, mod.num_heads, -1).permute(1, 0, 2, 3)
+            q, k = rope(qkv[0], qkv[1], cos, sin)  # (P, H, hd)
+            q, k = q.float().transpose(0, 1), k.float().transpose(0, 1)  # (H, P, hd)
+            probs = torch.zeros(mod.num_heads, n, n, dtype=torch.float32, device=hs.device)
+            for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+                logits = q[:, s:e] @ k[:, s:e].transpose(1, 2) * mod.scaling  # (H, S, S)
+                probs[:, s:e, s:e] = logits.softmax(-1)
+            store["probs"] = probs
+            store["patch_keys"] = k
+            store["values"] = qkv[2]
+            store["block"] = block
+
+        handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+        unit = self.merge ** 2
+        attention = merge_attention(store["probs"].mean(0), unit)  # (N_V, N_V)
+        keys = store["patch_keys"].mean(0)  # (P, hd)
+        keys = keys.view(keys.shape[0] // unit, unit, -1).mean(1)  # (N_V, hd)
+        order = self._attention_order(grid)
+        if order is not None:  # ViT order -> LLM order
+            inv = torch.argsort(order)
+            attention, keys = attention[inv][:, inv], keys[inv]
+        store["attention"], store["keys"] = attention.cpu(), keys.cpu()
+
+    # ------------------------------------------------------------------ LLM
+    def _llm_inputs(self, encoded: Encoded, keep) -> dict:
+        """Model kwargs for one prefill over the kept visual tokens (all when keep is None)."""
+        st = encoded.state
+        idx = keep_indices(keep, encoded.n_visual)
+        ids, positions, vis_pos = st["input_ids"], st["positions"], st["visual_positions"]
+        if idx is None:
+            idx = torch.arange(encoded.n_visual)
+        rows = encoded.visual[idx]
+        if isinstance(keep, Selection) and keep.tokens is not None:
+            if keep.tokens.shape != rows.shape:
+                raise ValueError(f"Selection.tokens must be {tuple(rows.shape)}, got {tuple(keep.tokens.shape)}")
+            rows = keep.tokens.to(rows.dtype)
+        seq_keep = torch.ones(ids.shape[1], dtype=torch.bool)
+        dropped = torch.ones(encoded.n_visual, dtype=torch.bool)
+        dropped[idx] = False
+        seq_keep[vis_pos[dropped]] = False
+        device = self.model.device
+        out = {"input_ids": ids[:, seq_keep].to(device),
+               "position_ids": positions[:, :, seq_keep].to(device),  # gathered, not recomputed
+               "attention_mask": torch.ones(1, int(seq_keep.sum()), dtype=torch.long, device=device),
+               "mm_encoder_outputs": {st["modality"]: self._encoder_outputs(encoded, rows, idx)}}
+        return out
+
+    def _encoder_outputs(self, encoded: Encoded, rows: torch.Tensor, idx: torch.Tensor):
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+        return BaseModelOutputWithPooling(pooler_output=(rows.to(self.model.device),))
+
+    def next_position(self, encoded: Encoded) -> int:
+        """First decoding position: the UNPRUNED max position + 1 (= L_full + rope_delta)."""
+        return int(encoded.state["positions"].max()) + 1
+
+    @torch.no_grad()
+    def prefill_logits(self, encoded: Encoded, keep=None) -> torch.Tensor:
+        out = self.model(**self._llm_inputs(encoded, keep), use_cache=False)
+        return out.logits[0].float().cpu()  # (L, vocab)
+
+    @torch.no_grad()
+    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
+        """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring)."""
+        from transformers import DynamicCache
+
+        if gen.pop("do_sample", False):
+            raise ValueError("only greedy decoding is supported (do_sample=False)")
+        eos = gen.pop("eos_token_id", None)
+        if gen:
+            raise ValueError(f"unsupported generation arguments: {sorted(gen)}; supported: max_new_tokens, "
+                             f"eos_token_id, do_sample=False")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if eos is None:
+            eos = self.model.generation_config.eos_token_id
+        eos = set([eos] if isinstance(eos, int) else (eos or []))
+        inputs = self._llm_inputs(encoded, keep)
+        n_in = int(inputs["input_ids"].shape[1])
+        start = self.next_position(encoded)
+        if start + max_new_tokens > self._max_positions():
+            raise ValueError(f"prompt ({start} positions) + max_new_tokens ({max_new_tokens}) exceeds the "
+                             f"model's context {self._max_positions()}")
+        device = self.model.device
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        t0 = time.perf_counter()
+        out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = int(out.logits[0, -1].argmax())
+        t1 = time.perf_counter()
+        generated = [token]
+        mask = inputs["attention_mask"]
+        for step in range(1, max_new_tokens):
+            if token in eos:
+                break
+            mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
+            pos = torch.full((3, 1, 1), start + step - 1, dtype=torch.long, device=device)
+            out = self.model(input_ids=torch.tensor([[token]], device=device), position_ids=pos,
+                             attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+            generated.append(token)
+        t2 = time.perf_counter()
+        n_vis = encoded.n_visual if keep is None else int(keep_indices(keep, encoded.n_visual).numel())
+        return Answer(text=self.tokenizer.decode(generated, skip_special_tokens=True), token_ids=generated,
+                      input_tokens=n_in, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1)
+
+
+class Qwen2_5_VLAdapter(Qwen2VLAdapter):
+    """Qwen2.5-VL: window attention in the ViT, seconds-per-patch temporal positions."""
+
+    family = "qwen2_5_vl"
+
+    def _attention_block(self) -> int:
+        """The attention-layer target moved to the nearest full-attention block at or before it."""
+        target = super()._attention_block()
+        full = sorted(self.config.vision_config.fullatt_block_indexes)
+        before = [b for b in full if b <= target]
+        return before[-1] if before else full[0]
+
+    def _attention_order(self, grid: torch.Tensor):
+        from transformers.vision_utils import get_vision_window_index
+        vc = self.config.vision_config
+        window_index, _ = get_vision_window_index(grid.cpu(), spatial_merge_size=vc.spatial_merge_size,
+                                                  window_size=vc.window_size, patch_size=vc.patch_size)
+        return window_index.cpu()
+
+
+def _probe_video(path: str) -> tuple[int, float]:
+    """(frame count, fps) from the container's metadata without decoding; (0, fps) when unknown."""
+    import av
+    if not os.path.isfile(path):
+        raise MediaError(f"video file not found: {path}")
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise MediaError(f"{os.path.basename(path)!r} has no video stream")
+            stream = container.streams.video[0]
+            return int(stream.frames or 0), float(stream.average_rate or stream.guessed_rate or 0) or 0.0
+    except (av.error.FFmpegError, OSError) as e:
+        raise MediaError(f"cannot open video {os.path.basename(path)!r}: {e}") from None
+
+
+__all__ = ["Qwen2VLAdapter", "Qwen2_5_VLAdapter", "merge_attention", "smart_resize"]
