@@ -1,0 +1,418 @@
+"""Seeded synthetic scenes with ground truth: coloured shapes on textured backgrounds, and clips.
+
+Everything here is numpy + PIL and deterministic for a seed: `make_scene(seed, index)` always
+draws the same pixels, so a data set is just a seed and a range of indices (nothing is stored).
+
+Objects are colour x shape categories ("red circle"). Category frequencies follow a fixed
+Zipf-like prior and scenes repeat colours ("themes"), so POPE's three negative-sampling rules
+(`pope_items`) pick genuinely different absent objects:
+  random       any absent category
+  popular      absent categories that are most frequent in the data set
+  adversarial  absent categories that co-occur most often with the scene's present ones
+(Li et al., 2023, "Evaluating Object Hallucination in Large Vision-Language Models", Sec. 4.)
+
+Question families, all with one-word answers: presence ("is there a red circle?" -> yes/no),
+colour of a unique shape ("what color is the circle?" -> red) and count of a shape
+("how many squares are there?" -> two). Each `QAItem` carries the asked objects' masks, per frame,
+for query recall (`patch_coverage` turns a mask into per-patch coverage on any token grid).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+# Colours far apart in RGB and hue; backgrounds are desaturated so objects stand out.
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 35),
+    "green": (30, 170, 60),
+    "blue": (35, 70, 225),
+    "yellow": (240, 220, 30),
+    "purple": (140, 40, 185),
+    "orange": (250, 135, 20),
+}
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "star")
+PLURALS: dict[str, str] = {s: s + "s" for s in SHAPES}
+NUMBERS: tuple[str, ...] = ("zero", "one", "two", "three", "four")
+CATEGORIES: tuple[tuple[str, str], ...] = tuple(itertools.product(COLORS, SHAPES))
+FAMILIES: tuple[str, ...] = ("presence", "color", "count")
+POPE_SPLITS: tuple[str, ...] = ("random", "popular", "adversarial")
+
+MAX_OBJECTS = 4
+COLOR_JITTER = 12  # per-channel jitter of an object's colour; colours stay far apart
+RADIUS = (10, 15)  # object radius range in pixels at size 112, scaled with the image size
+THEME_P = 0.5  # chance that a further object repeats a colour already in the scene (co-occurrence)
+# A fixed (seed-independent) Zipf-like prior over the 24 categories, so "popular" has a meaning.
+_PRIOR_ORDER = np.random.default_rng(12345).permutation(len(CATEGORIES))
+CATEGORY_PRIOR = np.empty(len(CATEGORIES))
+CATEGORY_PRIOR[_PRIOR_ORDER] = 1.0 / np.arange(1, len(CATEGORIES) + 1) ** 0.6
+CATEGORY_PRIOR /= CATEGORY_PRIOR.sum()
+
+
+def category_name(color: str, shape: str) -> str:
+    return f"{color} {shape}"
+
+
+@dataclass
+class SceneObject:
+    """One drawn object: category, exact RGB used, centre/radius in pixels, visible mask (H, W) bool."""
+
+    color: str
+    shape: str
+    rgb: tuple[int, int, int]
+    center: tuple[float, float]
+    radius: float
+    mask: np.ndarray = field(repr=False)
+
+    @property
+    def category(self) -> str:
+        return category_name(self.color, self.shape)
+
+
+@dataclass
+class Scene:
+    """One image (H, W, 3) uint8 with its objects; `frames`/`tracks` generalise to clips.
+
+    For a still image frames == [image] and tracks[k] == [objects[k]]. For a clip, tracks[k] lists
+    object k in every frame (same category, moving centre, per-frame mask).
+    """
+
+    seed: int
+    index: int
+    frames: list[np.ndarray] = field(repr=False)
+    tracks: list[list[SceneObject]] = field(repr=False)
+    background: str = ""
+
+    @property
+    def image(self) -> np.ndarray:
+        return self.frames[0]
+
+    @property
+    def objects(self) -> list[SceneObject]:
+        return [t[0] for t in self.tracks]
+
+    @property
+    def is_clip(self) -> bool:
+        return len(self.frames) > 1
+
+    @property
+    def categories(self) -> set[str]:
+        return {o.category for o in self.objects}
+
+    def pil(self) -> list[Image.Image]:
+        return [Image.fromarray(f) for f in self.frames]
+
+    def masks_where(self, color: str | None = None, shape: str | None = None) -> list[np.ndarray]:
+        """Per frame, the union mask of the objects matching colour and/or shape."""
+        h, w = self.frames[0].shape[:2]
+        out = []
+        for f in range(len(self.frames)):
+            m = np.zeros((h, w), dtype=bool)
+            for track in self.tracks:
+                o = track[f]
+                if (color is None or o.color == color) and (shape is None or o.shape == shape):
+                    m |= o.mask
+            out.append(m)
+        return out
+
+
+@dataclass
+class QAItem:
+    """One question about a scene or clip, its one-word answer and the asked objects' masks.
+
+    masks: per frame, (H, W) bool union of the objects the question is about (all False for an
+    absent object). split: the POPE rule for presence negatives and their paired positives
+    ("random" / "popular" / "adversarial"), "" otherwise.
+    """
+
+    scene: Scene = field(repr=False)
+    question: str
+    answer: str
+    family: str
+    masks: list[np.ndarray] = field(repr=False)
+    split: str = ""
+    target: str = ""  # the asked category or shape
+
+    @property
+    def images(self) -> list[Image.Image]:
+        return self.scene.pil()
+
+
+# ----------------------------------------------------------------------------------------------
+# Drawing
+
+
+def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, str]:
+    """A desaturated textured background (size, size, 3) uint8: noise, stripes or a gradient."""
+    kind = ("noise", "stripes", "gradient")[int(rng.integers(3))]
+    base = rng.uniform(70, 190)
+    tint = rng.uniform(-18, 18, size=3)  # a faint colour cast, far from the object colours
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    if kind == "noise":
+        coarse = rng.normal(0, 1, size=(size // 8 + 1, size // 8 + 1))
+        coarse = np.kron(coarse, np.ones((8, 8)))[:size, :size]
+        lum = base + 14 * coarse + rng.normal(0, 10, size=(size, size))
+    elif kind == "stripes":
+        angle = rng.uniform(0, np.pi)
+        period = rng.uniform(0.08, 0.25)
+        phase = (xx * np.cos(angle) + yy * np.sin(angle)) / period
+        lum = base + 25 * np.sign(np.sin(2 * np.pi * phase)) + rng.normal(0, 5, size=(size, size))
+    else:
+        angle = rng.uniform(0, 2 * np.pi)
+        ramp = xx * np.cos(angle) + yy * np.sin(angle)
+        ramp = (ramp - ramp.min()) / max(float(np.ptp(ramp)), 1e-6)
+        lum = base - 40 + 80 * ramp + rng.normal(0, 5, size=(size, size))
+    img = lum[..., None] + tint[None, None, :]
+    return np.clip(img, 0, 255).astype(np.uint8), kind
+
+
+def _polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]] | None:
+    if shape == "square":
+        s = r * 0.85
+        return [(cx - s, cy - s), (cx + s, cy - s), (cx + s, cy + s), (cx - s, cy + s)]
+    if shape == "triangle":
+        return [(cx + r * np.cos(a), cy + r * np.sin(a) + 0.15 * r)
+                for a in (-np.pi / 2, np.pi / 6, 5 * np.pi / 6)]
+    if shape == "star":
+        pts = []
+        for k in range(10):
+            rad = r * 1.1 if k % 2 == 0 else r * 0.45
+            a = -np.pi / 2 + k * np.pi / 5
+            pts.append((cx + rad * np.cos(a), cy + rad * np.sin(a)))
+        return pts
+    return None  # circle
+
+
+def shape_mask(shape: str, cx: float, cy: float, r: float, size: int) -> np.ndarray:
+    """(size, size) bool mask of one shape, drawn without anti-aliasing (pixels are exact)."""
+    canvas = Image.new("L", (size, size), 0)
+    draw = ImageDraw.Draw(canvas)
+    poly = _polygon(shape, cx, cy, r)
+    if poly is None:
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=255)
+    else:
+        draw.polygon(poly, fill=255)
+    return np.asarray(canvas) > 0
+
+
+def _pick_categories(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+    """n categories: the first from the prior, later ones repeat a present colour with THEME_P."""
+    picked: list[tuple[str, str]] = []
+    for _ in range(n):
+        p = CATEGORY_PRIOR.copy()
+        if picked and rng.random() < THEME_P:
+            colors = {c for c, _ in picked}
+            p *= np.array([c in colors for c, _ in CATEGORIES], dtype=float)
+            p /= p.sum()
+        picked.append(CATEGORIES[int(rng.choice(len(CATEGORIES), p=p))])
+    return picked
+
+
+def _place(rng: np.random.Generator, radii: list[float], size: int) -> list[tuple[float, float]] | None:
+    """Non-overlapping centres (bounding circles apart by 2 px), or None after too many tries."""
+    centres: list[tuple[float, float]] = []
+    for r in radii:
+        for _ in range(200):
+            c = tuple(rng.uniform(r * 1.15 + 1, size - r * 1.15 - 1, size=2))
+            if all(np.hypot(c[0] - d[0], c[1] - d[1]) > 1.15 * (r + rr) + 2 for d, rr in zip(centres, radii)):
+                centres.append(c)
+                break
+        else:
+            return None
+    return centres
+
+
+def _render(background: np.ndarray, objs: list[tuple[str, str, tuple[int, int, int], float, float, float]],
+            size: int) -> tuple[np.ndarray, list[SceneObject]]:
+    """Draw objects in order (later on top); masks are the visible parts after occlusion."""
+    img = background.copy()
+    masks = [shape_mask(shape, cx, cy, r, size) for _, shape, _, cx, cy, r in objs]
+    for k in range(len(masks) - 1, -1, -1):  # remove what later objects cover
+        for later in masks[k + 1:]:
+            masks[k] = masks[k] & ~later
+    out = []
+    for (color, shape, rgb, cx, cy, r), m in zip(objs, masks):
+        img[m] = rgb
+        out.append(SceneObject(color, shape, rgb, (float(cx), float(cy)), float(r), m))
+    return img, out
+
+
+def _layout(rng: np.random.Generator, size: int, n_objects: int | None,
+            categories: list[tuple[str, str]] | None = None):
+    if categories is None:
+        n = int(rng.integers(1, MAX_OBJECTS + 1)) if n_objects is None else n_objects
+        cats = _pick_categories(rng, n)
+    else:
+        cats = list(categories)
+    scale = size / 112
+    while True:
+        radii = [float(rng.uniform(*RADIUS)) * scale for _ in cats]
+        centres = _place(rng, radii, size)
+        if centres is not None:
+            break
+    rgbs = [tuple(int(np.clip(v + rng.integers(-COLOR_JITTER, COLOR_JITTER + 1), 0, 255))
+                  for v in COLORS[c]) for c, _ in cats]
+    return cats, radii, centres, rgbs
+
+
+def make_scene(seed: int, index: int, size: int = 112, n_objects: int | None = None,
+               categories: list[tuple[str, str]] | None = None) -> Scene:
+    """Scene `index` of the data set `seed`: 1-4 non-overlapping objects on a textured background.
+
+    categories: (colour, shape) pairs to draw instead of sampling them (used to balance training).
+    """
+    rng = np.random.default_rng([seed, index, 0])
+    background, kind = _background(rng, size)
+    cats, radii, centres, rgbs = _layout(rng, size, n_objects, categories)
+    img, objs = _render(background, [(c, s, rgb, x, y, r) for (c, s), rgb, (x, y), r
+                                      in zip(cats, rgbs, centres, radii)], size)
+    return Scene(seed, index, [img], [[o] for o in objs], kind)
+
+
+def make_clip(seed: int, index: int, size: int = 112, n_frames: int = 8,
+              n_objects: int | None = None) -> Scene:
+    """Clip `index` of data set `seed`: objects move in straight lines and bounce off the borders.
+
+    Objects may pass over each other; masks are the visible parts, so a mask can shrink while
+    an object is covered.
+    """
+    rng = np.random.default_rng([seed, index, 1])
+    background, kind = _background(rng, size)
+    cats, radii, centres, rgbs = _layout(rng, size, n_objects)
+    speed = size / 112 * rng.uniform(2.0, 5.0, size=len(cats))
+    angle = rng.uniform(0, 2 * np.pi, size=len(cats))
+    vel = np.stack([speed * np.cos(angle), speed * np.sin(angle)], 1)
+    pos = np.array(centres, dtype=float)
+    radii_a = np.array(radii)[:, None]
+    frames, tracks = [], [[] for _ in cats]
+    for _ in range(n_frames):
+        img, objs = _render(background, [(c, s, rgb, x, y, r) for (c, s), rgb, (x, y), r
+                                          in zip(cats, rgbs, pos.tolist(), radii)], size)
+        frames.append(img)
+        for track, o in zip(tracks, objs):
+            track.append(o)
+        pos = pos + vel
+        lo, hi = radii_a * 1.15, size - radii_a * 1.15
+        bounce = (pos < lo) | (pos > hi)
+        vel = np.where(bounce, -vel, vel)
+        pos = np.clip(pos, lo, hi)
+    return Scene(seed, index, frames, tracks, kind)
+
+
+# ----------------------------------------------------------------------------------------------
+# Questions
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def presence_question(color: str, shape: str) -> str:
+    return f"is there {article(color)} {color} {shape}?"
+
+
+def color_question(shape: str) -> str:
+    return f"what color is the {shape}?"
+
+
+def count_question(shape: str) -> str:
+    return f"how many {PLURALS[shape]} are there?"
+
+
+def presence_item(scene: Scene, color: str, shape: str, split: str = "") -> QAItem:
+    present = category_name(color, shape) in scene.categories
+    return QAItem(scene, presence_question(color, shape), "yes" if present else "no", "presence",
+                  scene.masks_where(color, shape), split, category_name(color, shape))
+
+
+def color_items(scene: Scene) -> list[QAItem]:
+    """One colour question per shape that occurs exactly once in the scene."""
+    counts = Counter(o.shape for o in scene.objects)
+    return [QAItem(scene, color_question(o.shape), o.color, "color", scene.masks_where(shape=o.shape),
+                   target=o.shape) for o in scene.objects if counts[o.shape] == 1]
+
+
+def count_items(scene: Scene) -> list[QAItem]:
+    """One count question per shape present in the scene (answers one..four)."""
+    counts = Counter(o.shape for o in scene.objects)
+    return [QAItem(scene, count_question(s), NUMBERS[n], "count", scene.masks_where(shape=s), target=s)
+            for s, n in sorted(counts.items())]
+
+
+def category_stats(scenes: list[Scene]) -> tuple[Counter, Counter]:
+    """Data-set statistics for POPE: category frequency, and co-occurrence of category pairs."""
+    freq: Counter = Counter()
+    co: Counter = Counter()
+    for s in scenes:
+        cats = sorted(s.categories)
+        freq.update(cats)
+        co.update(itertools.permutations(cats, 2))
+    return freq, co
+
+
+def pope_negatives(scene: Scene, split: str, k: int, rng: np.random.Generator,
+                   stats: tuple[Counter, Counter]) -> list[str]:
+    """k absent categories by POPE's rule `split` (see module docstring); ties broken by name."""
+    if split not in POPE_SPLITS:
+        raise ValueError(f"split must be one of {POPE_SPLITS}, got {split!r}")
+    present = scene.categories
+    absent = [category_name(c, s) for c, s in CATEGORIES if category_name(c, s) not in present]
+    freq, co = stats
+    if split == "random":
+        return [absent[i] for i in rng.choice(len(absent), size=min(k, len(absent)), replace=False)]
+    if split == "popular":
+        key = {a: freq[a] for a in absent}
+    else:
+        key = {a: sum(co[(p, a)] for p in present) for a in absent}
+    return sorted(absent, key=lambda a: (-key[a], a))[:k]
+
+
+def pope_items(scenes: list[Scene], split: str, seed: int = 0) -> list[QAItem]:
+    """POPE-style presence questions: per scene every present category (yes) and as many
+    absent ones (no) chosen by `split`, with frequencies/co-occurrences taken over `scenes`."""
+    stats = category_stats(scenes)
+    rng = np.random.default_rng([seed, POPE_SPLITS.index(split), 2])
+    items = []
+    for scene in scenes:
+        present = sorted(scene.categories)
+        negatives = pope_negatives(scene, split, len(present), rng, stats)
+        for cat in present + negatives:
+            items.append(presence_item(scene, *cat.split(" "), split=split))
+    return items
+
+
+def qa_items(seed: int, n_scenes: int, clips: bool = False, size: int = 112,
+             pope_split: str | None = None) -> list[QAItem]:
+    """Every question of the families about scenes (or clips) 0..n_scenes-1 of data set `seed`.
+
+    Presence questions follow POPE's `pope_split` rule, or all three splits when None.
+    """
+    make = make_clip if clips else make_scene
+    scenes = [make(seed, i, size=size) for i in range(n_scenes)]
+    items: list[QAItem] = []
+    for split in (POPE_SPLITS if pope_split is None else (pope_split,)):
+        items += pope_items(scenes, split, seed)
+    for s in scenes:
+        items += color_items(s) + count_items(s)
+    return items
+
+
+def patch_coverage(mask: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """(rows * cols,) fraction of each token-grid cell covered by `mask` (H, W), row-major."""
+    h, w = mask.shape
+    ys = np.linspace(0, h, rows + 1).round().astype(int)
+    xs = np.linspace(0, w, cols + 1).round().astype(int)
+    cov = np.empty((rows, cols))
+    for i in range(rows):
+        for j in range(cols):
+            cov[i, j] = mask[ys[i]:ys[i + 1], xs[j]:xs[j + 1]].mean()
+    return cov.reshape(-1)
+
+
+__all__ = ["CATEGORIES", "COLORS", "FAMILIES", "NUMBERS", "PLURALS", "POPE_SPLITS", "SHAPES", "QAItem",
+           "Scene", "SceneObject", "category_stats", "color_items", "count_items", "make_clip",
+           "make_scene", "patch_coverage", "pope_items", "pope_negatives", "presence_item", "qa_items",
+           "shape_mask"]
