@@ -11,6 +11,10 @@ from . import rand  # noqa: E402,F401
 from . import similarity  # noqa: E402,F401
 from . import divprune  # noqa: E402,F401
 from . import cdpruner  # noqa: E402,F401
+from . import attention  # noqa: E402,F401
+from . import visionzip  # noqa: E402,F401
+from . import vispruner  # noqa: E402,F401
+from . import mi_attention  # noqa: E402,F401
 
 __all__ = ["PrunerSpec", "Selection", "get_pruner", "list_pruners", "prune", "register_pruner",
            "resolve_budget"]

@@ -1,0 +1,63 @@
+"""MI-Attention (paper Sec. 4, "round-1 / round-2"): vision-encoder attention first, then MI-Pruner fills up.
+
+    round 1: K1 = round(split * K) tokens with the highest Attn_i (attention.py's score, Eq. 1:
+             A[cls, 1+i], or sum_{j != i} A[j, i] without [CLS])
+    round 2: the other K - K1 tokens by MI-Pruner's greedy (Alg. 1) over the tokens not kept in
+             round 1, with the round-1 tokens already in the selected set, so they seed the
+             redundancy term:  S_i = lam S_cross_i - (1 - lam) agg_{j in selected} PMI_self(i,j)
+             lam == 1: a plain top-K of S_cross over the remaining tokens (no N_V x N_V work).
+    split = 1 is the `attention` pruner; split = 0 is `mi` with the same parameters.
+
+All MI work is mipruner.pruners.mi's (`cross_pmi`, `SelfPMI`, `greedy_select(init=...)`), and
+`cache=` holds the same entries as for `prune("mi", ...)`, so one dict serves both methods.
+The paper does not state the split; 0.5 is our default.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._registry import register_pruner
+from .attention import attention_scores
+from .mi import SelfPMI, _cached, cross_pmi, greedy_select, mi_params
+from .selection import Selection, check_range
+
+
+@register_pruner("mi_attention", needs_text=True, needs_attention=True, is_mi=True)
+def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
+                        attention: torch.Tensor | None = None,
+                        keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs
+                        split: float = 0.5,  # share of the budget kept by attention in round 1 (not in the paper)
+                        lam: float = 0.5,  # as `mi`: paper Sec. 4.4, 0.5 open-ended, 1 closed-form
+                        tau: float = 0.1,  # as `mi`: paper Tab. 4, best of {0.01, 0.1, 0.5}
+                        aggregation: str = "max",  # as `mi`: paper Fig. 5a, max beats mean
+                        normalization: str = "softmax",  # as `mi`: paper App. B.2, softmax beats MinMax
+                        cache: dict | None = None) -> Selection:
+    """MI-Attention: round 1 keeps tokens by vision-encoder attention, round 2 fills the rest by MI."""
+    split = check_range("split", split, 0.0, 1.0)
+    lam, tau = mi_params(lam, tau, aggregation, normalization)
+    n_v = visual.shape[0]
+    attn = attention_scores(attention, n_v, method="mi_attention")  # (N_V,)
+    cross = _cached(cache, visual, text, ("cross", tau, normalization),
+                    lambda: cross_pmi(visual, text, tau, normalization))
+    relevance = cross.relevance(aggregation)  # (N_V,)
+
+    k1 = min(budget, int(math.floor(split * budget + 0.5)))  # K1 = round(split K)
+    round1 = torch.topk(attn, k1).indices.cpu()  # (K1,) highest attention first
+    k2 = budget - k1
+    extras = {"relevance": relevance, "attention": attn}
+    if lam == 1.0 or k2 == 0:
+        scores = lam * relevance  # (N_V,) lam == 1: S_cross itself, as in `mi`
+        round2 = torch.topk(relevance.index_fill(0, round1, -math.inf), k2).indices  # (K2,)
+    else:
+        self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
+                           lambda: SelfPMI(visual, tau, normalization))
+        round2, scores, extras["redundancy"] = greedy_select(relevance, self_pmi, k2, lam, aggregation,
+                                                             init=round1)
+        scores[round1] = lam * relevance[round1]  # round-1 tokens: their gain before any redundancy
+    rounds = torch.zeros(n_v, dtype=torch.long)  # (N_V,) 1 / 2: the round a kept token came in; 0: pruned
+    rounds[round1], rounds[round2] = 1, 2
+    extras["round"] = rounds
+    order = torch.cat([round1, round2])  # (K,)
+    return Selection.from_order(order, scores, pmi=cross.pmi, pivot=cross.pivot, extras=extras)
