@@ -7,6 +7,7 @@ LLM on the kept visual tokens only, through the model's public inputs.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ class Encoded:
     attention is (N+1, N+1) with [CLS] first when the encoder has one (`has_cls`), else (N, N).
     frames: the original images / frames (PIL), for drawing masks.
     state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
+    An Encoded is treated as immutable once built (derived tensors are cached on it).
     """
 
     model: str
@@ -73,11 +75,13 @@ class Encoded:
     def n_visual(self) -> int:
         return int(self.visual.shape[0])
 
-    @property
+    @functools.cached_property
     def scoring_text(self) -> torch.Tensor:
+        """(N_T, d) embeddings of the tokens that count as text. Cached: one tensor per encoding,
+        so per-encoding pruner caches (`cache=`) recognise it."""
         return self.text[self.text_mask]
 
-    @property
+    @functools.cached_property
     def scoring_tokens(self) -> list[str]:
         return [t for t, m in zip(self.text_tokens, self.text_mask.tolist()) if m]
 

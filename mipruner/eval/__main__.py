@@ -1,0 +1,83 @@
+"""`python -m mipruner.eval`: accuracy (and POPE F1 / yes-rate, query recall) per method x budget.
+
+Examples:
+  python -m mipruner.eval --model shapes-llava --task shapes-pope --n 60 --methods mi,random --budgets 8,16,32
+  python -m mipruner.eval --model llava-hf/llava-1.5-7b-hf --task pope \
+      --data coco_pope_random.json,coco_pope_popular.json,coco_pope_adversarial.json --images val2014/ \
+      --methods mi,random,similarity --budgets 64,32 --json pope.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import mipruner
+
+from .runner import evaluate, format_rows
+from .tasks import read_pope
+
+TASKS = ("shapes-pope", "shapes-open", "shapes-video", "pope")
+
+
+def parse_budgets(text: str) -> list:
+    out = []
+    for b in text.split(","):
+        b = b.strip()
+        out.append(float(b) if "." in b else int(b))
+    return out
+
+
+def build_items(a):
+    if a.task == "pope":
+        if not a.data or not a.images:
+            raise SystemExit("--task pope needs --data FILE[,FILE...] and --images DIR")
+        return read_pope(a.data.split(","), a.images, n=a.n, seed=a.seed)
+    from .shapes import shapes_items
+
+    return shapes_items(a.task, n=a.n, seed=a.seed)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mipruner.eval", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="shapes-llava", help="hub id, local directory or alias")
+    p.add_argument("--task", choices=TASKS, default="shapes-pope")
+    p.add_argument("--data", help="POPE question file(s), comma-separated (task pope)")
+    p.add_argument("--images", help="folder of the POPE images (task pope)")
+    p.add_argument("--n", type=int, default=60, help="items (per split for POPE tasks)")
+    p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
+    p.add_argument("--methods", default="mi,random,similarity")
+    p.add_argument("--budgets", default="8,16,32", help="ints are tokens, floats in (0,1] shares")
+    p.add_argument("--lam", type=float, default=None, help="MI lambda (default: the pruner's)")
+    p.add_argument("--tau", type=float, default=None)
+    p.add_argument("--aggregation", choices=("max", "mean"), default=None)
+    p.add_argument("--normalization", choices=("softmax", "minmax"), default=None)
+    p.add_argument("--text-mode", choices=("question", "nostop", "prompt"), default="question")
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", help="write the rows to this JSON file")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    for m in methods:
+        if m != "none":
+            mipruner.get_pruner(m)  # unknown names fail before any model is loaded
+    params = {k: v for k, v in (("lam", a.lam), ("tau", a.tau), ("aggregation", a.aggregation),
+                                ("normalization", a.normalization)) if v is not None}
+    items = build_items(a)
+    adapter = mipruner.load(a.model, device=a.device)
+    progress = None
+    if not a.no_progress:
+        from tqdm import tqdm as progress
+    rows = evaluate(adapter, items, ["none"] + [m for m in methods if m != "none"], parse_budgets(a.budgets),
+                    params, a.task, text_mode=a.text_mode, max_new_tokens=a.max_new_tokens, progress=progress)
+    print(format_rows(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Scoring answers (POPE accuracy / F1 / yes-rate, open-answer match) and query recall.
+
+Query recall is the measure the synthetic scenes make possible: the share of the asked object's
+visual tokens that a pruner keeps. A token "shows" the object when at least `min_cover` of its
+pixel box is object pixels (in the original image / frame coordinates of `TokenGeometry`).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
+                "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case first word without punctuation; number words become digits."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    if not words:
+        return ""
+    return NUMBER_WORDS.get(words[0], words[0])
+
+
+def parse_yes_no(text: str) -> str:
+    """'yes', 'no' or '' (neither) from a free answer, as POPE's evaluation does (first yes/no word)."""
+    for w in re.findall(r"[a-z]+", text.lower()):
+        if w in ("yes", "no"):
+            return w
+    return ""
+
+
+def answer_matches(prediction: str, answer: str) -> bool:
+    return normalize_answer(prediction) == normalize_answer(answer) != ""
+
+
+def pope_metrics(predictions: list[str], labels: list[str]) -> dict[str, float]:
+    """Accuracy, precision, recall, F1 (positive class 'yes') and the share of 'yes' answers.
+
+    An answer that is neither yes nor no counts as 'no', as in POPE's reference script.
+    """
+    if not labels:
+        return {"acc": float("nan"), "f1": float("nan"), "yes_rate": float("nan"), "n": 0}
+    pred = np.array([parse_yes_no(p) == "yes" for p in predictions])
+    gold = np.array([parse_yes_no(lab) == "yes" for lab in labels])
+    tp = int((pred & gold).sum())
+    fp = int((pred & ~gold).sum())
+    fn = int((~pred & gold).sum())
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"acc": float((pred == gold).mean()), "precision": precision, "recall": recall, "f1": f1,
+            "yes_rate": float(pred.mean()), "n": len(labels)}
+
+
+def token_object_cover(geometry, masks: list[np.ndarray]) -> torch.Tensor:
+    """(N_V,) share of each visual token's pixel box covered by the object mask of its frame.
+
+    masks: one (H, W) bool array per frame (original resolution); tokens without a box
+    (e.g. LLaVA-NeXT newline tokens) get 0.
+    """
+    n = len(geometry)
+    cover = torch.zeros(n)
+    integrals = []
+    for m in masks:
+        ii = np.zeros((m.shape[0] + 1, m.shape[1] + 1), dtype=np.int64)
+        ii[1:, 1:] = np.cumsum(np.cumsum(m.astype(np.int64), 0), 1)  # summed-area table
+        integrals.append(ii)
+    for t in range(n):
+        f = int(geometry.frame[t])
+        if f >= len(integrals):
+            continue
+        ii = integrals[f]
+        h, w = ii.shape[0] - 1, ii.shape[1] - 1
+        x0, y0, x1, y1 = geometry.box[t].tolist()
+        x0, y0 = max(0, int(round(x0))), max(0, int(round(y0)))
+        x1, y1 = min(w, int(round(x1))), min(h, int(round(y1)))
+        if x1 <= x0 or y1 <= y0:
+            continue
+        inside = ii[y1, x1] - ii[y0, x1] - ii[y1, x0] + ii[y0, x0]
+        cover[t] = inside / float((x1 - x0) * (y1 - y0))
+    return cover
+
+
+def query_recall(keep: torch.Tensor | None, cover: torch.Tensor, min_cover: float = 0.25) -> float:
+    """Share of the object's tokens (cover >= min_cover) that `keep` retains; NaN if none."""
+    obj = cover >= min_cover
+    total = int(obj.sum())
+    if total == 0:
+        return float("nan")
+    if keep is None:
+        return 1.0
+    return int(obj[keep].sum()) / total

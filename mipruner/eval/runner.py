@@ -1,0 +1,123 @@
+"""Run pruners x budgets over evaluation items with one encoding per item; aggregate rows.
+
+Per item: encode once, answer unpruned (method "none"), then for every method and budget prune
+the cached encoding and answer on the kept tokens. Random is run with 3 seeds and averaged,
+as in the paper.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+import torch
+
+import mipruner
+from mipruner.pruners import get_pruner
+
+from .metrics import answer_matches, pope_metrics, query_recall, token_object_cover
+from .tasks import EvalItem
+
+RANDOM_SEEDS = (0, 1, 2)
+
+
+def prune_kwargs(name: str, encoded, params: dict, seed: int | None, cache: dict) -> dict:
+    """The keyword arguments pruner `name` accepts, drawn from the encoding and user params."""
+    spec = get_pruner(name)
+    kw = {k: v for k, v in params.items() if k in spec.params}
+    if spec.needs_attention:
+        if encoded.attention is None:
+            raise ValueError(f"{name!r} needs the vision encoder's attention, which this encoding lacks")
+        kw["attention"] = encoded.attention
+        if "keys" in spec.params:
+            kw["keys"] = encoded.keys
+    if "seed" in spec.params and seed is not None:
+        kw["seed"] = seed
+    if "cache" in spec.params:
+        kw["cache"] = cache.setdefault(name, {})
+    return kw
+
+
+def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: list, params: dict,
+             task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None) -> list[dict]:
+    """Answers for every (item, method, budget, seed); returns the aggregated rows."""
+    items = list(items)
+    need_att = any(get_pruner(m).needs_attention for m in methods if m != "none")
+    records = []  # (method, budget, seed, item, prediction, recall)
+    bar = progress(total=len(items), desc=f"eval {task}") if progress else None
+    for item in items:
+        enc = adapter.encode(item.media, item.question, text_mode=text_mode, need_attention=need_att)
+        cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
+        ans = adapter.generate(enc, keep=None, max_new_tokens=max_new_tokens)
+        records.append(("none", "all", None, item, ans.text, 1.0 if cover is not None else math.nan))
+        cache: dict = {}
+        for m in methods:
+            if m == "none":
+                continue
+            for b in budgets:
+                seeds = RANDOM_SEEDS if "seed" in get_pruner(m).params else (None,)
+                for s in seeds:
+                    sel = mipruner.prune(m, visual=enc.visual, text=enc.scoring_text, budget=b,
+                                         **prune_kwargs(m, enc, params, s, cache))
+                    out = adapter.generate(enc, keep=sel, max_new_tokens=max_new_tokens)
+                    rec = query_recall(sel.keep, cover) if cover is not None else math.nan
+                    records.append((m, b, s, item, out.text, rec))
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    return aggregate(records, task)
+
+
+def _mean(xs):
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def aggregate(records, task: str) -> list[dict]:
+    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n}; seeds averaged."""
+    groups = defaultdict(list)
+    for m, b, s, item, pred, rec in records:
+        groups[(m, b)].append((s, item, pred, rec))
+    rows = []
+    for (m, b), recs in groups.items():
+        splits = sorted({it.split for _, it, _, _ in recs})
+        per_split = []
+        for split in splits:
+            by_seed = defaultdict(list)
+            for s, it, pred, rec in recs:
+                if it.split == split:
+                    by_seed[s].append((it, pred, rec))
+            seed_rows = [_score(v) for v in by_seed.values()]
+            row = {k: _mean([r[k] for r in seed_rows]) for k in ("acc", "f1", "yes_rate", "query_recall")}
+            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"])
+            per_split.append(row)
+        rows += per_split
+        if len(per_split) > 1:
+            avg = {k: _mean([r[k] for r in per_split]) for k in ("acc", "f1", "yes_rate", "query_recall")}
+            avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split))
+            rows.append(avg)
+    return rows
+
+
+def _score(recs) -> dict:
+    items = [it for it, _, _ in recs]
+    preds = [p for _, p, _ in recs]
+    recall = _mean([r for _, _, r in recs])
+    if all(it.kind == "yesno" for it in items):
+        m = pope_metrics(preds, [it.answer for it in items])
+        return {"acc": m["acc"], "f1": m["f1"], "yes_rate": m["yes_rate"], "query_recall": recall, "n": m["n"]}
+    acc = sum(answer_matches(p, it.answer) for p, it in zip(preds, items)) / len(items)
+    return {"acc": acc, "f1": math.nan, "yes_rate": math.nan, "query_recall": recall, "n": len(items)}
+
+
+def format_rows(rows: list[dict]) -> str:
+    """A paper-style table: one line per method x budget x split."""
+    from mipruner.bench.timing import table
+
+    fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
+    body = [[r["method"], str(r["budget"]), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
+             fmt(r["query_recall"]), str(r["n"])] for r in rows]
+    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "n"])
+
+

@@ -1,0 +1,89 @@
+"""Evaluation metrics, the POPE reader and the method x budget runner (on the dummy adapter)."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mipruner.eval.metrics import answer_matches, parse_yes_no, pope_metrics, query_recall, token_object_cover
+from mipruner.eval.runner import evaluate
+from mipruner.eval.tasks import EvalItem, read_pope
+from mipruner.models.base import TokenGeometry
+from mipruner.models.dummy import DummyAdapter
+
+
+def test_pope_metrics_by_hand():
+    # 3 yes-labels, 2 no-labels; predictions: TP=2, FN=1 (answered "maybe" -> no), FP=1, TN=1.
+    m = pope_metrics(["Yes, there is.", "yes", "maybe", "yes", "No."], ["yes", "yes", "yes", "no", "no"])
+    assert m["acc"] == pytest.approx(3 / 5)
+    assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(2 / 3)
+    assert m["f1"] == pytest.approx(2 / 3) and m["yes_rate"] == pytest.approx(3 / 5)
+
+
+def test_answer_parsing():
+    assert parse_yes_no("I think no.") == "no" and parse_yes_no("Nope") == ""
+    assert answer_matches("Two", "2") and answer_matches("red.", "Red") and not answer_matches("", "")
+
+
+def grid_geometry(gh, gw, p):
+    rr, cc = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
+    rr, cc = rr.flatten(), cc.flatten()
+    box = torch.stack([cc * p, rr * p, (cc + 1) * p, (rr + 1) * p], 1).float()
+    return TokenGeometry(frame=torch.zeros_like(rr), row=rr, col=cc, box=box, kind=["patch"] * len(rr),
+                         grids=[(gh, gw)], sizes=[(gw * p, gh * p)])
+
+
+def test_cover_and_query_recall():
+    geo = grid_geometry(4, 4, 10)  # 40 x 40 image, 16 tokens
+    mask = np.zeros((40, 40), bool)
+    mask[0:20, 0:15] = True  # token (0,0),(1,0) fully; (0,1),(1,1) half covered
+    cover = token_object_cover(geo, [mask])
+    assert cover[0].item() == 1.0 and cover[4].item() == 1.0
+    assert cover[1].item() == pytest.approx(0.5) and cover[2].item() == 0.0
+    assert query_recall(torch.tensor([0, 1, 9]), cover) == pytest.approx(2 / 4)
+    assert query_recall(torch.tensor([0, 1, 9]), cover, min_cover=0.9) == pytest.approx(1 / 2)
+    assert math.isnan(query_recall(torch.tensor([0]), torch.zeros(16)))
+
+
+def test_read_pope(tmp_path):
+    rows = [{"question_id": i, "image": f"im{i}.jpg", "text": f"Is there a cat {i}?", "label": "yes" if i % 2 else "no"}
+            for i in range(5)]
+    f = tmp_path / "coco_pope_adversarial.json"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    items = read_pope([str(f)], str(tmp_path), n=3)
+    assert [it.split for it in items] == ["adversarial"] * 3 and items[1].answer == "yes"
+    assert items[0].media == str(tmp_path / "im0.jpg")
+    bad = tmp_path / "x_random.json"
+    bad.write_text(json.dumps({"question_id": 1}) + "\n")
+    with pytest.raises(ValueError, match="lacks"):
+        read_pope([str(bad)], str(tmp_path))
+
+
+def scene(bright: bool):
+    a = np.full((32, 32, 3), 40, np.uint8)
+    mask = np.zeros((32, 32), bool)
+    if bright:
+        a[8:16, 16:24] = 255
+        mask[8:16, 16:24] = True
+    return Image.fromarray(a), mask
+
+
+def test_runner_rows_on_dummy_adapter():
+    items = []
+    for i in range(4):
+        im, mask = scene(bright=i % 2 == 0)
+        items.append(EvalItem(id=str(i), media=im, question="Is there a white square?", kind="yesno",
+                              answer="yes" if i % 2 == 0 else "no", split="random" if i < 2 else "popular",
+                              masks=[mask]))
+    rows = evaluate(DummyAdapter(patch=8), items, ["none", "mi", "random"], [1, 16], {"lam": 1.0}, "toy")
+    get = {(r["method"], r["budget"], r["split"]): r for r in rows}
+    # Unpruned and keep-all answers are right; MI keeps the one white token even at budget 1.
+    assert get[("none", "all", "average")]["acc"] == 1.0
+    assert get[("mi", 1, "average")]["acc"] == 1.0 and get[("mi", 1, "random")]["query_recall"] == 1.0
+    assert get[("mi", 16, "average")]["acc"] == 1.0
+    # Random with 1 of 16 tokens rarely hits the white token: yes-rate drops below the truth.
+    assert get[("random", 1, "average")]["yes_rate"] < 0.5
+    assert {r["split"] for r in rows} == {"random", "popular", "average"}
+    assert all(r["n"] == 2 for r in rows if r["split"] != "average")
