@@ -212,6 +212,11 @@ def test_cdpruner_hand_case_diversity_beats_relevance():
     torch.testing.assert_close(sel.extras["relevance"], torch.tensor([1.0, r1, 0.5, 0.0]), atol=1e-5, rtol=0)
     # budget 2 keeps {v0, v2}: the near-duplicate v1 is dropped although it is more relevant
     assert prune("cdpruner", visual=v, text=t, budget=2).keep.tolist() == [0, 2]
+    # theta = 1 is the released kernel diag(r) S diag(r); its MinMax keeps the least relevant
+    # token's weight at 1e-6 / (max - min) = 5e-7, not 0
+    plain = prune("cdpruner", visual=v, text=t, budget=4, theta=1.0)
+    assert plain.order.tolist() == [0, 2, 1, 3]
+    assert plain.extras["quality"][3].item() == pytest.approx(5e-7, rel=1e-2)
 
 
 @pytest.mark.parametrize("theta", [0.0, 0.5, 0.9, 1.0])
