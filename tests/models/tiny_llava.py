@@ -8,6 +8,7 @@ directory that `mipruner.load(path)` (AutoConfig + AutoProcessor + the model cla
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -108,9 +109,8 @@ def build(family: str, *, do_pad: bool = False):
         config = tf.VideoLlavaConfig(image_token_id=image_id, video_token_id=video_id, **common)
         model = tf.VideoLlavaForConditionalGeneration(config)
         ip = tf.VideoLlavaImageProcessor(**ip_kwargs)
-        proc = tf.VideoLlavaProcessor(image_processor=ip, video_processor=None, tokenizer=tok, patch_size=PATCH,
-                                      vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                                      chat_template=CHAT_TEMPLATE)
+        # VideoLlavaProcessor needs a torchvision video processor: ship tokenizer + image processor
+        proc = SimpleNamespace(tokenizer=tok, image_processor=ip)
     else:
         raise ValueError(family)
     model.eval()
@@ -118,6 +118,8 @@ def build(family: str, *, do_pad: bool = False):
 
 
 def save_tiny(family: str, path: str, **kw) -> str:
+    if family == "video_llava":
+        return save_tiny_video_llava(path)
     model, proc = build(family, **kw)
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
@@ -136,3 +138,13 @@ def scene(width: int = IMAGE_SIZE, height: int = IMAGE_SIZE, square: tuple[int, 
         x0, y0, x1, y1 = square
         arr[y0:y1, x0:x1] = (255, 0, 0)
     return Image.fromarray(arr)
+
+
+def save_tiny_video_llava(path: str) -> str:
+    """Video-LLaVA: model + tokenizer + image processor (its combined processor needs torchvision)."""
+    model, proc = build("video_llava")
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    proc.tokenizer.save_pretrained(path)
+    proc.image_processor.save_pretrained(path)
+    return path

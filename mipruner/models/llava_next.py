@@ -1,0 +1,122 @@
+"""LLaVA-NeXT (transformers `LlavaNextForConditionalGeneration`, model_type "llava_next").
+
+"anyres": the image is seen twice. The base view (the whole image resized to one CLIP input)
+gives a g x g grid; the high-resolution view resizes the image to the best of
+`image_grid_pinpoints` (aspect preserved, centred padding), cuts it into CLIP-sized tiles, and
+the model stitches the tiles' grids into one canvas, removes the padded rows/columns ("unpad")
+and appends an `image_newline` token after every canvas row. LLM order: base tokens, then the
+unpadded canvas row by row, each row followed by its newline token.
+
+Geometry, as views of the same image: frame 0 = the base view (kind "base", grid g x g), frame 1
+= the tile canvas (kind "tile", grid = the unpadded canvas); `Encoded.frames` holds the image
+twice so that `frames[geometry.frame]` is always the picture to draw on. Newline tokens (kind
+"newline", frame 1, col = canvas width) get the box of their row's extent. The token order is
+obtained by running the model's own public `pack_image_features` on index tensors, so it follows
+transformers' unpad/stitch code exactly rather than a re-implementation of it.
+
+Attention (need_attention=True): the vision tower sees the base view and every tile; `attention`
+/ `keys` are the BASE view's (N+1, N+1) / (N+1, d_head) with CLS first, matching the base tokens
+(the first g*g visual tokens); all views are in `state["attention_all"]` (views, N+1, N+1), with
+`state["attention_scope"] = "base"`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import _llava_common as C
+from .llava_hf import _null
+
+
+class LlavaNextAdapter(C.LlavaFamilyAdapter):
+    family = "llava_next"
+    model_class_name = "LlavaNextForConditionalGeneration"
+
+    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+        image = C.single_image(media, "LLaVA-NeXT")
+        inputs = self.processor(images=image, text=templated, return_tensors="pt")
+        pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)
+        sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)
+        tower = self.model.model.vision_tower
+        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
+        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+            feats = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes,
+                                                  return_dict=True).pooler_output
+        visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines
+        geometry = self._geometry(image, pixels.shape[-2:], sizes)
+        if len(geometry) != visual.shape[0]:
+            raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
+        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image, image],
+                   ref={k: v for k, v in inputs.items()})
+        if need_attention:
+            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True,
+                       state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu(),
+                              "attention_scope": "base"})
+        return out
+
+    def _geometry(self, image, processed_hw, sizes):
+        from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
+
+        cfg = self.config
+        patch = int(cfg.vision_config.patch_size)
+        hp, wp = int(processed_hw[0]), int(processed_hw[1])
+        g_r, g_c = hp // patch, wp // patch  # token grid of one view
+        W, H = image.size
+        ip = self.image_processor
+        # -- which (view, row, col) each visual token is: the model's own packing on index tensors
+        bh, bw = select_best_resolution((H, W), ip.image_grid_pinpoints)  # canvas (pixels)
+        tile_px = C._size_get(ip.crop_size, "height") or C._size_get(ip.size, "height") \
+            or C._size_get(ip.size, "shortest_edge")
+        n_tr, n_tc = bh // tile_px, bw // tile_px
+        views = 1 + n_tr * n_tc  # base view + tiles, as the processor stacks them
+        r, c = torch.meshgrid(torch.arange(g_r), torch.arange(g_c), indexing="ij")
+        idx = torch.stack([torch.arange(views).view(-1, 1).expand(views, g_r * g_c).float(),
+                           r.flatten().float().expand(views, -1), c.flatten().float().expand(views, -1)],
+                          dim=-1).to(torch.float64)  # (views, g*g, 3): (view, row, col)
+        marker = torch.full((3,), -1.0, dtype=torch.float64)
+        packed, _ = self.model.model.pack_image_features([idx], sizes.cpu(), cfg.vision_feature_select_strategy,
+                                                         image_newline=marker)
+        packed = packed[0].round().long()  # (N_V, 3)
+        view, row, col = packed[:, 0], packed[:, 1], packed[:, 2]
+        newline = view < 0
+        base = view == 0
+        tile = ~newline & ~base
+        # -- base view: original stretched to the base size, then the processor's resize/crop
+        sw = C._size_get(ip.size, "width") or C._size_get(ip.size, "shortest_edge")
+        sh = C._size_get(ip.size, "height") or C._size_get(ip.size, "shortest_edge")
+        bmap = C.resize_crop_map(sw, sh, ip)
+        box = torch.zeros(len(packed), 4)
+        br, bc = row[base], col[base]
+        b = bmap.boxes(bc * patch, br * patch, (bc + 1) * patch, (br + 1) * patch)  # in the (sw, sh) image
+        box[base] = b * torch.tensor([W / sw, H / sh, W / sw, H / sh])
+        # -- tiles: tile pixel -> canvas pixel -> original (undo resize-to-fit + centred padding)
+        tmap = C.resize_crop_map(tile_px, tile_px, ip)
+        dummy = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, H, W))
+        new_h, new_w = get_patch_output_size(dummy, (bh, bw), input_data_format="channels_first")
+        paste_x, paste_y = (bw - new_w) // 2, (bh - new_h) // 2
+        ti, tj = (view[tile] - 1) // n_tc, (view[tile] - 1) % n_tc  # tile grid position (row-major)
+        tr, tc = row[tile], col[tile]
+        t = tmap.boxes(tc * patch, tr * patch, (tc + 1) * patch, (tr + 1) * patch)  # in tile pixels
+        off = torch.stack([tj * tile_px, ti * tile_px, tj * tile_px, ti * tile_px], dim=-1).float()
+        t = t + off - torch.tensor([paste_x, paste_y, paste_x, paste_y], dtype=torch.float32)
+        t = t * torch.tensor([W / new_w, H / new_h, W / new_w, H / new_h])
+        box[tile] = torch.stack([t[:, 0].clamp(0, W), t[:, 1].clamp(0, H), t[:, 2].clamp(0, W),
+                                 t[:, 3].clamp(0, H)], dim=-1)
+        # canvas row/col, then shifted to the unpadded canvas
+        cr, cc = ti * g_r + tr, tj * g_c + tc
+        cr, cc = cr - cr.min(), cc - cc.min()
+        rows_u, cols_u = int(cr.max()) + 1, int(cc.max()) + 1
+        R, Cc = torch.full((len(packed),), -1), torch.full((len(packed),), -1)
+        R[base], Cc[base] = br, bc
+        R[tile], Cc[tile] = cr, cc
+        frame = torch.where(base, 0, 1)
+        # newline k closes canvas row k: its row's extent
+        nl = torch.nonzero(newline).flatten()
+        R[nl] = torch.arange(len(nl))
+        Cc[nl] = cols_u
+        for k, i in enumerate(nl.tolist()):
+            in_row = tile & (R == k)
+            box[i] = torch.cat([box[in_row, :2].min(0).values, box[in_row, 2:].max(0).values])
+        kind = ["newline" if n else ("base" if b_ else "tile") for n, b_ in zip(newline.tolist(), base.tolist())]
+        return C.TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
+                               grids=[(g_r, g_c), (rows_u, cols_u)], sizes=[(W, H), (W, H)])

@@ -1,0 +1,101 @@
+"""Video-LLaVA (transformers `VideoLlavaForConditionalGeneration`, model_type "video_llava").
+
+Images and videos. A video is sampled to 8 frames (`default_frames`; Video-LLaVA was trained on
+8) with PyAV; a list of several PIL images is taken as the frames of one video.
+
+Tokens, in LLM order:
+  image  the image tower's patch grid (CLS dropped under the "default" strategy), like LLaVA-1.5.
+  video  per frame, in frame order: the frame's [CLS] token (transformers' Video-LLaVA keeps it
+         for videos: N_V = F x (grid + 1), 8 x 257 = 2056 for the 7B model), then its patch grid.
+         CLS tokens have kind "cls", row = col = -1 and the box of the whole visible frame.
+
+Preprocessing: transformers' Video-LLaVA *video* processor needs torchvision, which is not usable
+on our machines (DESIGN.md), so frames are prepared by the image processor (PIL/NumPy), which the
+checkpoints configure identically (shortest-edge resize + center crop + CLIP normalisation), and
+the `<image>` / `<video>` placeholder is expanded here to the number of tokens the model returns.
+The plain-model inputs this builds are kept in `Encoded.state["ref"]` (the tests check them
+against `model.generate`).
+
+Attention (need_attention=True): for an image, (N+1, N+1) of the image tower with CLS first; for a
+video, per frame: attention (F, N+1, N+1) and keys (F, N+1, d_head) of the video tower.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..media import MediaError, Video
+from . import _llava_common as C
+from .llava_hf import _null, cls_token, image_geometry
+
+
+class VideoLlavaAdapter(C.LlavaFamilyAdapter):
+    family = "video_llava"
+    model_class_name = "VideoLlavaForConditionalGeneration"
+    default_frames = 8  # Video-LLaVA samples 8 frames per video
+
+    @classmethod
+    def _load_processor(cls, path: str):
+        """Tokenizer + image processor (the combined processor needs torchvision for its video part)."""
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        ip = AutoImageProcessor.from_pretrained(path)
+        return None, tok, ip
+
+    def _template(self, prompt: str, kind: str) -> str:
+        return C.chat_prompt(self.tokenizer, prompt, kind, fallback="USER: <" + kind + ">\n{prompt} ASSISTANT:")
+
+    def _pixels(self, images) -> torch.Tensor:
+        out = self.image_processor(images=images, return_tensors="pt", return_legacy_image_output=False)
+        return out["pixel_values"].to(self.device, self.dtype)  # (B, 3, Hp, Wp)
+
+    def _expand(self, templated: str, token_id: int, n: int) -> torch.Tensor:
+        token = self.tokenizer.convert_ids_to_tokens(token_id)
+        if templated.count(token) != 1:
+            raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
+        return self._tokenize(templated.replace(token, token * n))["input_ids"]  # (1, L)
+
+    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+        is_video = isinstance(media, Video) or (isinstance(media, list) and len(media) > 1)
+        if not is_video:
+            return self._encode_image(C.single_image(media, "Video-LLaVA"), templated, need_attention)
+        frames = media.frames if isinstance(media, Video) else list(media)
+        if not frames:
+            raise MediaError("a video with no frames")
+        pixels = self._pixels(frames).unsqueeze(0)  # (1, F, 3, Hp, Wp)
+        tower = self.model.model.video_tower
+        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
+        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+            feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
+        n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
+        visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
+        parts, grids = [], []
+        for f, frame in enumerate(frames):
+            g, _ = image_geometry(self, frame, pixels.shape[-2:], per_frame, frame=f)
+            parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
+            grids += g.grids
+        geometry = C.cat_geometry(parts, grids, [fr.size for fr in frames])
+        templated_video = self._expand(templated, self.config.video_token_id, visual.shape[0])
+        ref = dict(input_ids=templated_video, attention_mask=torch.ones_like(templated_video),
+                   pixel_values_videos=pixels.cpu())
+        out = dict(input_ids=templated_video, visual=visual, geometry=geometry, frames=list(frames),
+                   is_video=True, ref=ref)
+        if need_attention:
+            out.update(attention=cap["attention"].cpu(), keys=cap["keys"].cpu(), has_cls=True,
+                       state={"attention_layout": "per_frame"})
+        return out
+
+    def _encode_image(self, image, templated: str, need_attention: bool) -> dict:
+        pixels = self._pixels([image])  # (1, 3, Hp, Wp)
+        tower = self.model.model.image_tower
+        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
+        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+            feats = self.model.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
+        visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
+        geometry, _ = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])
+        ids = self._expand(templated, self.config.image_token_id, visual.shape[0])
+        ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels.cpu())
+        out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
+        if need_attention:
+            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True)
+        return out
