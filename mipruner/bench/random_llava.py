@@ -1,0 +1,68 @@
+"""A realistic-shaped, random-weight LLaVA for benchmarks: no download, built from configs.
+
+Default shape: the CLIP ViT-L/14-336 tower of LLaVA-1.5 (24 layers, width 1024, 336 px, patch 14
+-> 576 visual tokens) and a 4-layer Llama of width 4096 (LLaVA-1.5-7B's layer shape), with a tiny
+word-level tokenizer. Timings of such a model show where the time goes; its answers mean nothing.
+"""
+from __future__ import annotations
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}<image>\n"
+    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %} {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+)
+WORDS = ("what is in the image describe a red square circle on blue background how many objects are "
+         "there yes no one two three left right top bottom colour color of USER ASSISTANT : ? . ,").split()
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer (with offsets) over a small vocabulary, plus <image>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("<image>", "isolated"),
+                                                 pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation()])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: int = 24, vision_width: int = 1024,
+                       llm_layers: int = 4, llm_width: int = 4096, llm_ffn: int = 11008,
+                       dtype: torch.dtype = torch.bfloat16, seed: int = 0):
+    """(LlavaAdapter, description) for a random-weight model of the given shape, in eval mode."""
+    import transformers as tf
+
+    from mipruner.models.llava_hf import LlavaAdapter
+
+    tok = build_tokenizer()
+    vision = tf.CLIPVisionConfig(hidden_size=vision_width, intermediate_size=4 * vision_width,
+                                 num_hidden_layers=vision_layers, num_attention_heads=vision_width // 64,
+                                 image_size=image_size, patch_size=patch)
+    text = tf.LlamaConfig(hidden_size=llm_width, intermediate_size=llm_ffn, num_hidden_layers=llm_layers,
+                          num_attention_heads=llm_width // 128, num_key_value_heads=llm_width // 128,
+                          vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                          pad_token_id=3)
+    config = tf.LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                            vision_feature_layer=-2, vision_feature_select_strategy="default")
+    config.vision_config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = tf.LlavaForConditionalGeneration(config).to(dtype).eval()
+    ip = tf.LlavaImageProcessorPil(size={"shortest_edge": image_size},
+                                   crop_size={"height": image_size, "width": image_size})
+    proc = tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=patch,
+                             vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                             chat_template=CHAT_TEMPLATE)
+    desc = (f"random-weight LLaVA: CLIP {vision_layers}x{vision_width} @ {image_size}px/patch {patch}, "
+            f"Llama {llm_layers}x{llm_width} (ffn {llm_ffn}), {str(dtype).replace('torch.', '')}")
+    return LlavaAdapter(model, proc, tok, ip, name="random-llava"), desc
