@@ -150,13 +150,13 @@ class Qwen2VLAdapter(Adapter):
         return max(1, math.floor(n / t) * t) if n >= t else max(1, int(n))
 
     def _read_media(self, media):
-        """-> (frames, is_video, sampled frame indices, video fps)."""
+        """-> (frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream)."""
         if isinstance(media, Video):
-            return media.frames, True, list(media.indices), media.fps
+            return media.frames, True, list(media.indices), media.fps, media.total_frames
         if isinstance(media, (list, tuple)):
             if not media:
                 raise MediaError("an empty list of frames")
-            return [load_image(f) for f in media], True, list(range(len(media))), 0.0
+            return [load_image(f) for f in media], True, list(range(len(media))), 0.0, len(media)
         if isinstance(media, (str, os.PathLike)) and str(media).lower().endswith(
                 (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")):
             total, fps = _probe_video(os.fspath(media))
@@ -165,8 +165,8 @@ class Qwen2VLAdapter(Adapter):
                 keep = sample_indices(len(video.frames), self.num_frames(video.total_frames, video.fps))
                 video = Video([video.frames[i] for i in keep], [video.indices[i] for i in keep],
                               video.fps, video.total_frames, video.path)
-            return video.frames, True, list(video.indices), video.fps
-        return [load_image(media)], False, [0], 0.0
+            return video.frames, True, list(video.indices), video.fps, video.total_frames
+        return [load_image(media)], False, [0], 0.0, 1
 
     def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
         vc = self.video_config
@@ -200,12 +200,8 @@ class Qwen2VLAdapter(Adapter):
         n = int(grid.prod()) // self.merge ** 2
         return text.replace(self.video_token, self.video_token * n, 1)
 
-    def _video_rope_kwargs(self, indices: list[int], fps: float, n_frames: int) -> dict:
+    def _video_rope_kwargs(self, indices: list[int], fps: float, total: int) -> dict:
         """Extra `get_rope_index` inputs for videos (Qwen2.5-VL: seconds per temporal patch)."""
-        if self.config.model_type == "qwen2_5_vl":
-            duration = (max(indices) - min(indices) + 1) / fps if fps and indices else 0.0
-            sampled_fps = (n_frames / duration) if duration > 0 else 1.0 / self.temporal
-            return {"second_per_grid_ts": torch.tensor([self.temporal / sampled_fps])}
         return {}
 
     # ------------------------------------------------------------------ encode
@@ -217,7 +213,7 @@ class Qwen2VLAdapter(Adapter):
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt is empty: ask a question about the image or video")
         t0 = time.perf_counter()
-        frames, is_video, indices, fps = self._read_media(media)
+        frames, is_video, indices, fps, total = self._read_media(media)
         kind = "video" if is_video else "image"
         messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -226,7 +222,7 @@ class Qwen2VLAdapter(Adapter):
             pixels, grid, (rh, rw) = self._video_pixels(frames)
             text = self._expand_video_text(text, grid, indices, fps)
             vision = {"pixel_values_videos": pixels, "video_grid_thw": grid}
-            rope_kwargs = self._video_rope_kwargs(indices, fps, len(frames))
+            rope_kwargs = self._video_rope_kwargs(indices, fps, total)
         else:
             out = self.image_processor(images=frames, return_tensors="pt")
             grid = out["image_grid_thw"]
@@ -276,7 +272,8 @@ class Qwen2VLAdapter(Adapter):
                  "vision_inputs": {k: v.cpu() for k, v in vision.items()}, "rope_kwargs": rope_kwargs,
                  "templated": text, "sampled_frames": frames, "frame_indices": indices}
         if is_video:
-            state["frame_groups"] = [list(range(i, min(i + self.temporal, len(frames))))
+            # token-frame t -> its T sampled frames (the last one repeated where the video was padded)
+            state["frame_groups"] = [[min(i + j, len(frames) - 1) for j in range(self.temporal)]
                                      for i in range(0, len(frames), self.temporal)]
         self._extra_state(feats, state)
         attention = keys = None
@@ -468,6 +465,11 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
         window_index, _ = get_vision_window_index(grid.cpu(), spatial_merge_size=vc.spatial_merge_size,
                                                   window_size=vc.window_size, patch_size=vc.patch_size)
         return window_index.cpu()
+
+    def _video_rope_kwargs(self, indices: list[int], fps: float, total: int) -> dict:
+        """Qwen2_5_VLProcessor: second_per_grid_ts = T / sampled fps, sampled fps = n / total * fps."""
+        sampled_fps = len(indices) / total * fps if fps and total else (fps or 24.0)
+        return {"second_per_grid_ts": torch.tensor([self.temporal / sampled_fps])}
 
 
 def _probe_video(path: str) -> tuple[int, float]:

@@ -76,9 +76,6 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
                         for s in stamps[: int(grid[0, 0])])
         return text.replace(self.video_token, block, 1)
 
-    def _video_rope_kwargs(self, indices, fps, n_frames) -> dict:
-        return {}
-
     def _extra_state(self, feats, state: dict) -> None:
         # one (N_V, d) tensor per deepstack layer, rows in LLM order
         state["deepstack"] = [torch.cat(f, dim=0).detach() for f in feats.deepstack_features]
