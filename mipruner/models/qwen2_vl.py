@@ -323,7 +323,8 @@ class Qwen2VLAdapter(Adapter):
         Qwen's ViT attention returns no probabilities; a forward pre-hook on the block's attention
         module reads its inputs (hidden states, cu_seqlens, rotary cos/sin) and recomputes q, k
         with the module's own weights, per cu_seqlens segment. Heads are averaged and 2x2 merge
-        groups pooled (`merge_attention`). The hook is removed on exit.
+        groups pooled (`merge_attention`). The hook is removed on exit. With store["keep_heads"]
+        set, the per-head (H, P, P) probabilities and the values are kept too (tests).
         """
         if not enabled:
             yield
@@ -333,6 +334,8 @@ class Qwen2VLAdapter(Adapter):
         rope = sys.modules[type(module).__module__].apply_rotary_pos_emb_vision
         grid = vision.get("image_grid_thw", vision.get("video_grid_thw"))
 
+        unit = self.merge ** 2
+
         def pre_hook(mod, args, kwargs):
             hs = args[0] if args else kwargs["hidden_states"]
             cu = kwargs["cu_seqlens"]
@@ -341,22 +344,33 @@ class Qwen2VLAdapter(Adapter):
             qkv = mod.qkv(hs).reshape(n, 3, mod.num_heads, -1).permute(1, 0, 2, 3)
             q, k = rope(qkv[0], qkv[1], cos, sin)  # (P, H, hd)
             q, k = q.float().transpose(0, 1), k.float().transpose(0, 1)  # (H, P, hd)
-            probs = torch.zeros(mod.num_heads, n, n, dtype=torch.float32, device=hs.device)
+            # head-mean merged attention, one cu_seqlens segment (frame / window) and head at a time:
+            # memory O(S^2), not O(H P^2), for large images and long videos
+            merged = torch.zeros(n // unit, n // unit, dtype=torch.float32, device=hs.device)
+            heads = [] if store.get("keep_heads") else None
             for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
-                logits = q[:, s:e] @ k[:, s:e].transpose(1, 2) * mod.scaling  # (H, S, S)
-                probs[:, s:e, s:e] = logits.softmax(-1)
-            store["probs"] = probs
+                mean = torch.zeros(e - s, e - s, dtype=torch.float32, device=hs.device)
+                for h in range(mod.num_heads):
+                    p_h = (q[h, s:e] @ k[h, s:e].T * mod.scaling).softmax(-1)  # (S, S)
+                    mean += p_h / mod.num_heads
+                    if heads is not None:
+                        heads.append((h, s, e, p_h))
+                merged[s // unit:e // unit, s // unit:e // unit] = merge_attention(mean, unit)
+            store["merged"] = merged
             store["patch_keys"] = k
-            store["values"] = qkv[2]
             store["block"] = block
+            if heads is not None:  # per-head (H, P, P) probabilities and values, for tests
+                probs = torch.zeros(mod.num_heads, n, n, dtype=torch.float32, device=hs.device)
+                for h, s, e, p_h in heads:
+                    probs[h, s:e, s:e] = p_h
+                store["probs"], store["values"] = probs, qkv[2]
 
         handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
         try:
             yield
         finally:
             handle.remove()
-        unit = self.merge ** 2
-        attention = merge_attention(store["probs"].mean(0), unit)  # (N_V, N_V)
+        attention = store["merged"]  # (N_V, N_V)
         keys = store["patch_keys"].mean(0)  # (P, hd)
         keys = keys.view(keys.shape[0] // unit, unit, -1).mean(1)  # (N_V, hd)
         order = self._attention_order(grid)

@@ -276,7 +276,7 @@ def test_vision_attention(adapters, kind, media):
     module = ad.model.model.visual.blocks[ad._attention_block()].attn
     seen = {}
     handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
-    store = {}
+    store = {"keep_heads": True}
     try:
         with torch.no_grad(), ad._attention_capture(vision, store, enabled=True):
             if media == "video":
