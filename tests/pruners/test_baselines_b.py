@@ -157,6 +157,33 @@ def test_vispruner_duplicates_go_before_distinct_last_round_partial():
     assert sel.extras["drop_round"].tolist() == [-1] * 4 + [0] + [-1] * 5 + [0, -1]
 
 
+def naive_diverse(feats, n_keep, per_round):
+    """The diverse stage straight from its description: the full (A, B) block every round."""
+    u = torch.nn.functional.normalize(feats, dim=1).tolist()
+    alive = list(range(feats.shape[0]))
+    while len(alive) > n_keep:
+        a, b = alive[0::2], alive[1::2]
+        red = [max(sum(x * y for x, y in zip(u[i], u[j])) for j in b) for i in a]  # best cosine in B
+        r = min(per_round, len(alive) - n_keep, len(a))
+        ranked = sorted(range(len(a)), key=lambda i: (-red[i], i))  # most redundant, earliest first
+        gone = {a[i] for i in ranked[:r]}
+        alive = [t for t in alive if t not in gone]
+    return alive
+
+
+@pytest.mark.parametrize("neighbours", [32, 2])  # 2: most rows take the recompute path
+def test_vispruner_diverse_matches_naive(monkeypatch, neighbours):
+    from mipruner.pruners import vispruner as vp
+
+    monkeypatch.setattr(vp, "NEIGHBOURS", neighbours)
+    g = torch.Generator().manual_seed(5)
+    centres = torch.randn(6, 10, generator=g)
+    feats = centres[torch.randint(0, 6, (70,), generator=g)] + 0.3 * torch.randn(70, 10, generator=g)
+    for n_keep, per_round in [(1, 8), (9, 8), (30, 3), (69, 8)]:
+        survivors, _ = vp.drop_duplicates(feats, n_keep, per_round)
+        assert survivors.tolist() == naive_diverse(feats, n_keep, per_round)
+
+
 def test_vispruner_bad_args():
     kw = rand_inputs(n=10)
     with pytest.raises(ValueError, match="features"):
