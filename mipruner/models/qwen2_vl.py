@@ -30,7 +30,6 @@ import sys
 import time
 from contextlib import contextmanager
 
-import numpy as np
 import torch
 from PIL import Image
 

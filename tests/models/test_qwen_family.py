@@ -15,7 +15,6 @@ pixel values, grids): without torchvision no official processor can be built for
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
