@@ -48,7 +48,7 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
     k2 = budget - k1
     extras = {"relevance": relevance, "attention": attn}
     if lam == 1.0 or k2 == 0:
-        scores = lam * relevance  # (N_V,) lam == 1: S_cross itself, as in `mi`
+        scores = lam * relevance  # (N_V,) lam == 1: S_cross itself, as in `mi`; K2 == 0: no round 2 to score
         round2 = torch.topk(relevance.index_fill(0, round1, -math.inf), k2).indices  # (K2,)
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
