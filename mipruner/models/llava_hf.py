@@ -10,6 +10,8 @@ Shared machinery (splicing, positions, generation, attention capture): `_llava_c
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import _llava_common as C
@@ -27,7 +29,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         tower = self.model.model.vision_tower
         n_layers = len(C.encoder_layers(tower))
         layer = C.feature_layer_index(self.config.vision_feature_layer, n_layers)
-        ctx = C.capture_attention(tower, layer) if need_attention else _null()
+        ctx = C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
         with ctx as cap:
             feats = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra).pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d)
@@ -59,11 +61,3 @@ def cls_token(pmap, hp: int, wp: int, frame: int) -> dict:
     """The [CLS] token: row = col = -1, box = the part of the original the processed image shows."""
     return dict(frame=torch.tensor([frame]), row=torch.tensor([-1]), col=torch.tensor([-1]),
                 box=pmap.boxes([0.0], [0.0], [float(wp)], [float(hp)]), kind=["cls"])
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -21,11 +21,12 @@ Attention (need_attention=True): the vision tower sees the base view and every t
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
 from . import _llava_common as C
-from .llava_hf import _null
 
 
 class LlavaNextAdapter(C.LlavaFamilyAdapter):
@@ -39,7 +40,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)
         tower = self.model.model.vision_tower
         layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             feats = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes,
                                                   return_dict=True).pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines

@@ -21,11 +21,13 @@ video, per frame: attention (F, N+1, N+1) and keys (F, N+1, d_head) of the video
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..media import MediaError, Video
 from . import _llava_common as C
-from .llava_hf import _null, cls_token, image_geometry
+from .llava_hf import image_geometry
 
 
 class VideoLlavaAdapter(C.LlavaFamilyAdapter):
@@ -65,7 +67,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         pixels = self._pixels(frames).unsqueeze(0)  # (1, F, 3, Hp, Wp)
         tower = self.model.model.video_tower
         layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
         n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
         visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
@@ -89,7 +91,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         pixels = self._pixels([image])  # (1, 3, Hp, Wp)
         tower = self.model.model.image_tower
         layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else _null()) as cap:
+        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             feats = self.model.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
         visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
         geometry, _ = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])

@@ -1,0 +1,268 @@
+"""LLaVA-1.5, LLaVA-NeXT and Video-LLaVA adapters on tiny random checkpoints built offline.
+
+Per family: keep-all is exactly the unpruned model (logits torch.equal, greedy tokens equal to
+plain `model.generate`); a 25% keep shortens the LLM input by N_V - K and, with
+positions="original", equals the full sequence with the dropped tokens masked out of attention;
+geometry tiles the image and finds a red square; errors are plain ValueErrors.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mipruner
+from mipruner.media import MediaError, write_video
+from mipruner.pruners import Selection
+
+from .tiny_llava import IMAGE_SIZE, MAX_POSITIONS, PATCH, save_tiny, scene
+
+PROMPT = "What colour is the square?"
+RED = (28, 14, 42, 28)  # x0, y0, x1, y1: token row 1, col 2 of the 4 x 4 grid of a 56 px image
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_grad():
+    torch.manual_seed(0)
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_llava")
+    return {fam: save_tiny(fam, str(root / fam)) for fam in ("llava", "llava_next", "video_llava")}
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_dir):
+    return {fam: mipruner.load(path) for fam, path in tiny_dir.items()}
+
+
+@pytest.fixture(scope="module")
+def video_path(tmp_path_factory):
+    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
+    return write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
+
+
+CASES = [("llava", "image"), ("llava_next", "image"), ("video_llava", "image"), ("video_llava", "video")]
+
+
+@pytest.fixture(scope="module")
+def encoded(adapters, video_path):
+    out = {}
+    for fam, kind in CASES:
+        media = video_path if kind == "video" else scene(112, 56, square=(70, 14, 84, 28))
+        out[fam, kind] = adapters[fam].encode(media, PROMPT)
+    return out
+
+
+def _ids(fam, kind):
+    return f"{fam}-{kind}"
+
+
+@pytest.mark.parametrize("fam,kind", CASES, ids=[_ids(*c) for c in CASES])
+def test_loads_the_right_adapter(adapters, fam, kind):
+    assert adapters[fam].family == fam
+    assert adapters[fam].model.config.vision_config._attn_implementation == "eager"
+    assert adapters[fam].model.config.text_config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("fam,kind", CASES, ids=[_ids(*c) for c in CASES])
+def test_keep_all_is_the_unpruned_model(adapters, encoded, fam, kind):
+    a, e = adapters[fam], encoded[fam, kind]
+    ref_inputs = e.state["ref"]
+    ref = a.model(**ref_inputs).logits[0].float()
+    assert torch.equal(a.prefill_logits(e), ref)
+    assert torch.equal(a.prefill_logits(e, keep=torch.arange(e.n_visual)), ref)
+    plain = a.model.generate(**ref_inputs, do_sample=False, max_new_tokens=6)
+    ans = a.generate(e, max_new_tokens=6)
+    assert ans.token_ids == plain[0, ref_inputs["input_ids"].shape[1]:].tolist()
+    assert ans.input_tokens == ref_inputs["input_ids"].shape[1] and ans.visual_tokens == e.n_visual
+    assert ans.prefill_s > 0 and ans.decode_s >= 0
+
+
+@pytest.mark.parametrize("fam,kind", CASES, ids=[_ids(*c) for c in CASES])
+def test_pruned_equals_masked_full_sequence(adapters, encoded, fam, kind):
+    a, e = adapters[fam], encoded[fam, kind]
+    g = torch.Generator().manual_seed(1)
+    k = max(1, e.n_visual // 4)
+    keep = torch.randperm(e.n_visual, generator=g)[:k].sort().values
+    L = e.state["input_ids"].numel()
+    pruned = a.prefill_logits(e, keep=keep, positions="original")
+    assert pruned.shape[0] == L - (e.n_visual - k)
+    compact = a.prefill_logits(e, keep=keep)  # default: positions 0..L'-1
+    assert compact.shape == pruned.shape
+    # the same run on the full sequence, dropped visual tokens masked out of attention
+    vpos = e.state["visual_positions"]
+    dropped = vpos[torch.isin(torch.arange(e.n_visual), keep, invert=True)]
+    mask = torch.ones(1, L, dtype=torch.long)
+    mask[0, dropped] = 0
+    ref_inputs = dict(e.state["ref"], attention_mask=mask)
+    full = a.model(**ref_inputs).logits[0].float()
+    kept_pos = torch.ones(L, dtype=torch.bool)
+    kept_pos[dropped] = False
+    torch.testing.assert_close(pruned, full[kept_pos], atol=1e-5, rtol=0)
+    # generation on the pruned prompt
+    ans = a.generate(e, keep=keep, max_new_tokens=3)
+    assert ans.input_tokens == L - (e.n_visual - k) and ans.visual_tokens == k
+
+
+def test_merged_tokens_are_spliced_in_keep_order(adapters, encoded):
+    a, e = adapters["llava"], encoded["llava", "image"]
+    keep = torch.tensor([9, 2, 5])
+    # VisionZip-style Selection: `tokens` rows follow `keep`; here they are the original rows
+    sel = Selection(keep=keep.sort().values, order=keep, scores=torch.zeros(e.n_visual),
+                    tokens=e.visual[keep.sort().values])
+    torch.testing.assert_close(a.prefill_logits(e, keep=sel), a.prefill_logits(e, keep=keep), atol=0, rtol=0)
+    bad = Selection(keep=keep.sort().values, order=keep, scores=torch.zeros(e.n_visual),
+                    tokens=torch.zeros(2, e.visual.shape[1]))
+    with pytest.raises(ValueError, match="tokens"):
+        a.prefill_logits(e, keep=bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# geometry
+
+
+def _coverage(boxes: torch.Tensor, width: int, height: int) -> torch.Tensor:
+    """(H, W) count of boxes covering each pixel centre."""
+    ys, xs = torch.meshgrid(torch.arange(height) + 0.5, torch.arange(width) + 0.5, indexing="ij")
+    cov = torch.zeros(height, width, dtype=torch.long)
+    for x0, y0, x1, y1 in boxes.tolist():
+        cov += ((xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)).long()
+    return cov
+
+
+@pytest.mark.parametrize("fam", ["llava", "video_llava"])
+def test_patch_boxes_tile_a_square_image_and_find_the_red_square(adapters, fam):
+    a = adapters[fam]
+    e = a.encode(scene(2 * IMAGE_SIZE, 2 * IMAGE_SIZE, square=tuple(2 * v for v in RED)), PROMPT)
+    geo = e.geometry
+    assert len(geo) == e.n_visual == (IMAGE_SIZE // PATCH) ** 2 and set(geo.kind) == {"patch"}
+    assert torch.equal(_coverage(geo.box, 112, 112), torch.ones(112, 112, dtype=torch.long))
+    hit = [i for i, b in enumerate(geo.box.tolist()) if b[0] < 84 and b[2] > 56 and b[1] < 56 and b[3] > 28]
+    assert hit == [int(torch.nonzero((geo.row == 1) & (geo.col == 2)))]
+    assert geo.grids == [(4, 4)] and geo.sizes == [(112, 112)]
+
+
+def test_center_crop_and_pad_geometry(tmp_path):
+    # 112 x 56: shortest edge 56 (no resize), centre crop 56 drops 28 px each side
+    wide = scene(112, 56, square=(70, 14, 84, 28))
+    a = mipruner.load(save_tiny("llava", str(tmp_path / "crop")))
+    geo = a.encode(wide, PROMPT).geometry
+    assert geo.box[:, 0].min() == 28 and geo.box[:, 2].max() == 84
+    i = int(torch.nonzero((geo.box[:, 0] == 70) & (geo.box[:, 1] == 14)))
+    assert (geo.row[i].item(), geo.col[i].item()) == (1, 3)
+    # pad-to-square: 112 x 56 padded to 112 x 112 (28 px above and below), resized to 56
+    p = mipruner.load(save_tiny("llava", str(tmp_path / "pad"), do_pad=True))
+    geo = p.encode(wide, PROMPT).geometry
+    area = (geo.box[:, 2] - geo.box[:, 0]) * (geo.box[:, 3] - geo.box[:, 1])
+    assert torch.equal(_coverage(geo.box, 112, 56), torch.ones(56, 112, dtype=torch.long))
+    assert int((area == 0).sum()) == 8  # rows 0 and 3 of the grid lie in the padding
+    red = (geo.box[:, 0] < 84) & (geo.box[:, 2] > 70) & (geo.box[:, 1] < 28) & (geo.box[:, 3] > 14)
+    i = int(torch.nonzero(red))  # the one token that holds the red square: (56, 0, 84, 28)
+    assert (geo.row[i].item(), geo.col[i].item()) == (1, 2) and geo.box[i].tolist() == [56, 0, 84, 28]
+
+
+def test_llava_next_views_tiles_and_newlines(adapters, encoded):
+    e = encoded["llava_next", "image"]  # 112 x 56 -> best resolution 56 x 112: 1 x 2 tiles
+    geo = e.geometry
+    g = IMAGE_SIZE // PATCH
+    assert geo.kind[: g * g] == ["base"] * g * g
+    assert geo.grids == [(g, g), (g, 2 * g)] and len(e.frames) == 2
+    assert [geo.kind.count(k) for k in ("base", "tile", "newline")] == [g * g, 2 * g * g, g]
+    assert e.n_visual == g * g + 2 * g * g + g
+    base = torch.tensor([k == "base" for k in geo.kind])
+    tile = torch.tensor([k == "tile" for k in geo.kind])
+    newline = ~base & ~tile
+    # both views tile the whole 112 x 56 image
+    for sel in (base, tile):
+        assert torch.equal(_coverage(geo.box[sel], 112, 56), torch.ones(56, 112, dtype=torch.long))
+    # LLM order: every canvas row is followed by its newline token, whose box spans the row
+    nl_idx = torch.nonzero(newline).flatten()
+    assert torch.equal(nl_idx, g * g + torch.arange(1, g + 1) * (2 * g + 1) - 1)
+    assert torch.equal(geo.box[nl_idx][:, [0, 2]], torch.tensor([[0.0, 112.0]] * g))
+    # the red square (70..84, 14..28): base token at (1, 2) (2 px per 1 px horizontally), tile token at (1, 5)
+    red_base = (geo.box[:, 0] < 84) & (geo.box[:, 2] > 70) & (geo.box[:, 1] < 28) & (geo.box[:, 3] > 14) & base
+    red_tile = (geo.box[:, 0] < 84) & (geo.box[:, 2] > 70) & (geo.box[:, 1] < 28) & (geo.box[:, 3] > 14) & tile
+    assert [(geo.row[i].item(), geo.col[i].item()) for i in torch.nonzero(red_base).flatten()] == [(1, 2)]
+    assert [(geo.row[i].item(), geo.col[i].item()) for i in torch.nonzero(red_tile).flatten()] == [(1, 5)]
+
+
+def test_llava_next_unpads_a_letterboxed_image(adapters):
+    a = adapters["llava_next"]
+    e = a.encode(scene(100, 60), PROMPT)  # -> 112 x 112 canvas, padded rows removed by the model
+    geo = e.geometry
+    assert len(geo) == e.n_visual
+    tile = torch.tensor([k == "tile" for k in geo.kind])
+    rows, cols = geo.grids[1]
+    assert int(tile.sum()) == rows * cols and rows < 2 * (IMAGE_SIZE // PATCH)
+    assert bool((geo.box[tile][:, 2] <= 100).all() and (geo.box[tile][:, 3] <= 60).all())
+
+
+def test_video_geometry_per_frame(encoded):
+    e = encoded["video_llava", "video"]
+    geo = e.geometry
+    g = IMAGE_SIZE // PATCH
+    assert e.is_video and len(e.frames) == 8 and geo.grids == [(g, g)] * 8
+    assert e.n_visual == 8 * (g * g + 1)  # transformers' Video-LLaVA keeps each frame's CLS
+    assert torch.equal(geo.frame, torch.arange(8).repeat_interleave(g * g + 1))
+    assert geo.kind[: g * g + 1] == ["cls"] + ["patch"] * g * g
+    # 80 x 60 frame: shortest edge 60 -> 56 (74 x 56), centre crop 56 -> 9 px cut each side
+    patch = torch.tensor([k == "patch" for k in geo.kind])
+    assert abs(geo.box[patch][:, 0].min().item() - 9 * 80 / 74) < 1e-4
+
+
+@pytest.mark.parametrize("fam", ["llava", "llava_next", "video_llava"])
+def test_vision_attention_capture(adapters, video_path, fam):
+    a = adapters[fam]
+    media = video_path if fam == "video_llava" else scene(square=RED)
+    tower = a.model.model.video_tower if fam == "video_llava" else a.model.model.vision_tower
+    plain = a.encode(media, PROMPT)  # transformers installs its own output-capturing hooks once
+
+    def hooks():
+        return {(name, k) for name, m in tower.named_modules() for k in m._forward_hooks}
+
+    before = hooks()
+    e = a.encode(media, PROMPT, need_attention=True)
+    n = (IMAGE_SIZE // PATCH) ** 2 + 1
+    lead = (8,) if fam == "video_llava" else ()
+    assert e.has_cls and e.attention.shape == (*lead, n, n) and e.keys.shape[:-1] == (*lead, n)
+    torch.testing.assert_close(e.attention.sum(-1), torch.ones(*lead, n))
+    # the hook is gone afterwards, and the visual tokens do not depend on attention capture
+    assert hooks() == before
+    assert torch.equal(plain.visual, e.visual)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+@pytest.mark.parametrize("fam", ["llava", "llava_next", "video_llava"])
+def test_errors(adapters, encoded, tmp_path, fam):
+    a = adapters[fam]
+    e = encoded[fam, "image"]
+    with pytest.raises(ValueError, match="empty"):
+        a.encode(scene(), "   ")
+    with pytest.raises(ValueError, match="too long"):
+        a.encode(scene(), "square " * MAX_POSITIONS)
+    for bad in (torch.tensor([e.n_visual]), torch.tensor([-1]), torch.tensor([], dtype=torch.long)):
+        with pytest.raises(ValueError):
+            a.prefill_logits(e, keep=bad)
+    with pytest.raises(ValueError, match="positions"):
+        a.prefill_logits(e, positions="shuffled")
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"not an image")
+    with pytest.raises(MediaError):
+        a.encode(str(junk), PROMPT)
+    with pytest.raises(MediaError):
+        a.encode(str(tmp_path / "missing.mp4"), PROMPT)
+    if fam != "video_llava":
+        with pytest.raises(MediaError, match="one image"):
+            a.encode([scene(), scene(seed=1)], PROMPT)
+
+
+def test_text_mask_marks_the_question(encoded):
+    e = encoded["llava", "image"]
+    assert "".join(e.scoring_tokens).replace("\u0120", " ").strip() == PROMPT
+    assert e.text.shape == (len(e.text_tokens), e.visual.shape[1])
