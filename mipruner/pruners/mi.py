@@ -147,7 +147,8 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
 
     `init`: indices already selected (MI-Attention's round 1); they seed the redundancy term and
     are not returned. Returns (order (k,), scores (N_V,), redundancy (N_V,)); a picked token's
-    score is its gain when picked, the others' their gain given the final selected set.
+    score is its gain when picked, an `init` token's lam * S_cross, the others' their gain given
+    the final selected set.
     Ties go to the lowest index (torch.argmax returns the first maximum).
     """
     n = relevance.shape[0]
@@ -163,10 +164,10 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
         taken[j] = True
         have_any = True
 
+    scores = base.clone()  # `init` tokens keep lam * S_cross, their gain with nothing selected
     for j in ([] if init is None else init.tolist()):
         add(int(j))
     order = torch.empty(k, dtype=torch.long)
-    scores = torch.empty(n)
     for step in range(k):
         gain = base - (1.0 - lam) * red if have_any else base.clone()
         g = gain.masked_fill_(taken, -math.inf) if have_any else gain

@@ -209,3 +209,18 @@ def test_bad_parameters(kw, match):
     V, T = torch.randn(10, 4), torch.randn(2, 4)
     with pytest.raises(ValueError, match=match):
         mipruner.prune("mi", visual=V, text=T, budget=3, **kw)
+
+
+def test_greedy_init_seeds_redundancy_and_scores():
+    g = torch.Generator().manual_seed(10)
+    V, T = torch.randn(30, 8, generator=g), torch.randn(3, 8, generator=g)
+    rel = cross_pmi(V, T, 0.1).relevance("max")
+    sp = SelfPMI(V, 0.1)
+    init = torch.tensor([4, 11])
+    order, scores, red = greedy_select(rel, sp, 5, lam=0.5, init=init)
+    assert not set(order.tolist()) & {4, 11}
+    assert torch.equal(scores[init], 0.5 * rel[init]) and bool(torch.isfinite(scores).all())
+    # The first pick already pays for redundancy with the init tokens.
+    expected_first = int((0.5 * rel - 0.5 * torch.maximum(sp.pmi_col(4), sp.pmi_col(11)))
+                         .masked_fill(torch.isin(torch.arange(30), init), -math.inf).argmax())
+    assert order[0].item() == expected_first
