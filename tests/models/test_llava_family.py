@@ -35,7 +35,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapters(tiny_dir):
-    return {fam: mipruner.load(path) for fam, path in tiny_dir.items()}
+    return {fam: mipruner.load(path, device="cpu") for fam, path in tiny_dir.items()}
 
 
 @pytest.fixture(scope="module")
@@ -148,13 +148,13 @@ def test_patch_boxes_tile_a_square_image_and_find_the_red_square(adapters, fam):
 def test_center_crop_and_pad_geometry(tmp_path):
     # 112 x 56: shortest edge 56 (no resize), centre crop 56 drops 28 px each side
     wide = scene(112, 56, square=(70, 14, 84, 28))
-    a = mipruner.load(save_tiny("llava", str(tmp_path / "crop")))
+    a = mipruner.load(save_tiny("llava", str(tmp_path / "crop")), device="cpu")
     geo = a.encode(wide, PROMPT).geometry
     assert geo.box[:, 0].min() == 28 and geo.box[:, 2].max() == 84
     i = int(torch.nonzero((geo.box[:, 0] == 70) & (geo.box[:, 1] == 14)))
     assert (geo.row[i].item(), geo.col[i].item()) == (1, 3)
     # pad-to-square: 112 x 56 padded to 112 x 112 (28 px above and below), resized to 56
-    p = mipruner.load(save_tiny("llava", str(tmp_path / "pad"), do_pad=True))
+    p = mipruner.load(save_tiny("llava", str(tmp_path / "pad"), do_pad=True), device="cpu")
     geo = p.encode(wide, PROMPT).geometry
     area = (geo.box[:, 2] - geo.box[:, 0]) * (geo.box[:, 3] - geo.box[:, 1])
     assert torch.equal(_coverage(geo.box, 112, 56), torch.ones(56, 112, dtype=torch.long))
