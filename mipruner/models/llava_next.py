@@ -14,10 +14,12 @@ twice so that `frames[geometry.frame]` is always the picture to draw on. Newline
 obtained by running the model's own public `pack_image_features` on index tensors, so it follows
 transformers' unpad/stitch code exactly rather than a re-implementation of it.
 
-Attention (need_attention=True): the vision tower sees the base view and every tile; `attention`
-/ `keys` are the BASE view's (N+1, N+1) / (N+1, d_head) with CLS first, matching the base tokens
-(the first g*g visual tokens); all views are in `state["attention_all"]` (views, N+1, N+1), with
-`state["attention_scope"] = "base"`.
+Attention (need_attention=True): the vision tower sees the base view and every tile, each with
+its own [CLS]. `attention` is (N_V+1, N_V+1) over ALL visual tokens, [CLS] first: row 0 holds
+each token's [CLS] attention within its own view; block (1+i, 1+j) the attention between tokens
+of the same view (0 across views); newline tokens, which the tower never sees, get zeros. `keys`
+is (N_V+1, d_head): the base view's [CLS] key, then each token's key in its view (newlines 0).
+The raw per-view tensors are in `state["attention_all"]` (views, n+1, n+1) / `state["keys_all"]`.
 """
 from __future__ import annotations
 
@@ -44,16 +46,34 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
             feats = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes,
                                                   return_dict=True).pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines
-        geometry = self._geometry(image, pixels.shape[-2:], sizes)
+        geometry, packed = self._geometry(image, pixels.shape[-2:], sizes)
         if len(geometry) != visual.shape[0]:
             raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image, image],
                    ref={k: v for k, v in inputs.items()})
         if need_attention:
-            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True,
-                       state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu(),
-                              "attention_scope": "base"})
+            att, keys = self._token_attention(cap["attention"].cpu(), cap["keys"].cpu(), packed, pixels.shape[-1])
+            out.update(attention=att, keys=keys, has_cls=True,
+                       state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu()})
         return out
+
+    def _token_attention(self, att_all, keys_all, packed, width_px):
+        """Per-view attention (views, n+1, n+1) -> (N_V+1, N_V+1) over the visual tokens, CLS first."""
+        g_c = int(width_px) // int(self.config.vision_config.patch_size)
+        view, row, col = packed[:, 0], packed[:, 1], packed[:, 2]
+        seen = view >= 0  # newline tokens are not seen by the tower
+        v = view.clamp_min(0)
+        p = 1 + (row * g_c + col).clamp_min(0)  # index within the view, after its CLS
+        n = len(packed)
+        att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
+        att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))  # each token's CLS attention
+        same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
+        within = att_all[v[:, None], p[:, None], p[None, :]]  # (N_V, N_V) attention if same view
+        att[1:, 1:] = torch.where(same, within, torch.zeros(()))
+        keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
+        keys[0] = keys_all[0, 0]
+        keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
+        return att, keys
 
     def _geometry(self, image, processed_hw, sizes):
         from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
@@ -119,5 +139,6 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
             in_row = tile & (R == k)
             box[i] = torch.cat([box[in_row, :2].min(0).values, box[in_row, 2:].max(0).values])
         kind = ["newline" if n else ("base" if b_ else "tile") for n, b_ in zip(newline.tolist(), base.tolist())]
-        return C.TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
-                               grids=[(g_r, g_c), (rows_u, cols_u)], sizes=[(W, H), (W, H)])
+        geo = C.TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
+                              grids=[(g_r, g_c), (rows_u, cols_u)], sizes=[(W, H), (W, H)])
+        return geo, packed  # packed (N_V, 3): (view, row, col) in the view's grid; -1s for newlines

@@ -17,7 +17,10 @@ The plain-model inputs this builds are kept in `Encoded.state["ref"]` (the tests
 against `model.generate`).
 
 Attention (need_attention=True): for an image, (N+1, N+1) of the image tower with CLS first; for a
-video, per frame: attention (F, N+1, N+1) and keys (F, N+1, d_head) of the video tower.
+video, the frames attend only within themselves, and every frame's CLS is itself a visual token,
+so `attention` is block-diagonal (N_V, N_V) over the F blocks of (N+1, N+1) in token order, with
+no separate CLS (`has_cls` False), and `keys` is (N_V, d_head). This is the "(N, N)" form the
+attention pruners take; the per-frame stack (F, N+1, N+1) stays in `state["attention_per_frame"]`.
 """
 from __future__ import annotations
 
@@ -83,8 +86,10 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         out = dict(input_ids=templated_video, visual=visual, geometry=geometry, frames=list(frames),
                    is_video=True, ref=ref)
         if need_attention:
-            out.update(attention=cap["attention"].cpu(), keys=cap["keys"].cpu(), has_cls=True,
-                       state={"attention_layout": "per_frame"})
+            per_frame_att = cap["attention"].cpu()  # (F, N+1, N+1)
+            out.update(attention=torch.block_diag(*per_frame_att),  # (N_V, N_V), N_V = F * (N+1)
+                       keys=cap["keys"].cpu().reshape(n_f * per_frame, -1),  # (N_V, d_head)
+                       has_cls=False, state={"attention_per_frame": per_frame_att})
         return out
 
     def _encode_image(self, image, templated: str, need_attention: bool) -> dict:

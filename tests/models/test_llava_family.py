@@ -226,9 +226,33 @@ def test_vision_attention_capture(adapters, video_path, fam):
     before = hooks()
     e = a.encode(media, PROMPT, need_attention=True)
     n = (IMAGE_SIZE // PATCH) ** 2 + 1
-    lead = (8,) if fam == "video_llava" else ()
-    assert e.has_cls and e.attention.shape == (*lead, n, n) and e.keys.shape[:-1] == (*lead, n)
-    torch.testing.assert_close(e.attention.sum(-1), torch.ones(*lead, n))
+    if fam == "video_llava":  # block-diagonal over frames, every frame's CLS is a visual token
+        assert not e.has_cls and e.attention.shape == (8 * n, 8 * n) == (e.n_visual, e.n_visual)
+        assert e.keys.shape[0] == e.n_visual
+        blocks = e.state["attention_per_frame"]
+        assert torch.equal(e.attention[n:2 * n, n:2 * n], blocks[1]) and e.attention[:n, n:].abs().sum() == 0
+        torch.testing.assert_close(e.attention.sum(-1), torch.ones(8 * n))
+    elif fam == "llava_next":  # all views, CLS first; the base view's block is the tower's own
+        N = e.n_visual
+        assert e.has_cls and e.attention.shape == (N + 1, N + 1) and e.keys.shape[0] == N + 1
+        base = e.state["attention_all"][0]  # (n, n): the base view, its CLS first
+        assert torch.equal(e.attention[: n, : n][1:, 1:], base[1:, 1:]) and torch.equal(e.attention[0, 1:n], base[0, 1:])
+        newline = torch.tensor([k == "newline" for k in e.geometry.kind])
+        assert e.attention[1:][newline].abs().sum() == 0 and e.attention[0, 1:][newline].abs().sum() == 0
+        # a tile token attends only to tile tokens (its own view), never to base or newline tokens
+        kinds = e.geometry.kind
+        tile = [i for i, k in enumerate(kinds) if k == "tile"]
+        row = e.attention[1 + tile[0], 1:]
+        assert float(row.sum()) > 0 and float(row.sum()) <= 1.0 + 1e-5
+        assert {kinds[j] for j in torch.nonzero(row).flatten().tolist()} == {"tile"}
+    else:
+        assert e.has_cls and e.attention.shape == (n, n) and e.keys.shape[:-1] == (n,)
+        torch.testing.assert_close(e.attention.sum(-1), torch.ones(n))
+    # every attention-based pruner accepts the encoding as it is
+    for name in ("attention", "visionzip", "vispruner", "mi_attention"):
+        sel = mipruner.prune(name, visual=e.visual, text=e.scoring_text, budget=0.25,
+                             attention=e.attention, keys=e.keys)
+        assert sel.budget == round(0.25 * e.n_visual)
     # the hook is gone afterwards, and the visual tokens do not depend on attention capture
     assert hooks() == before
     assert torch.equal(plain.visual, e.visual)
