@@ -293,6 +293,10 @@ def test_vision_attention(adapters, kind, media):
         per = n // len(enc.geometry.grids)
         assert float(enc.attention[:per, per:].abs().max()) == 0.0
     assert torch.equal(store["attention"], enc.attention)
+    for name in ("attention", "visionzip", "vispruner", "mi_attention"):  # the pruners take it as is
+        sel = mipruner.prune(name, visual=enc.visual, text=enc.scoring_text, budget=0.25,
+                             attention=enc.attention, keys=enc.keys)
+        assert sel.budget == round(0.25 * n)
 
 
 def test_qwen2_5_video_temporal_positions(encoded, adapters):
