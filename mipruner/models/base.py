@@ -48,8 +48,12 @@ class Encoded:
     text: (N_P, d) LLM input embeddings of the prompt's non-visual tokens, in order.
     text_tokens: the N_P token strings; text_mask (N_P,) bool marks those that count as "text"
     for scoring (see `mipruner.models.text`). `scoring_text` / `scoring_tokens` apply the mask.
-    attention / keys: vision-encoder attention (head mean) and keys, only when asked for;
-    attention is (N+1, N+1) with [CLS] first when the encoder has one (`has_cls`), else (N, N).
+    attention / keys: vision-encoder attention (head mean) and keys, only when asked for, in the
+    form the attention pruners take: (N_V+1, N_V+1) with [CLS] first when the encoder has one
+    (`has_cls`), else (N_V, N_V); keys (N_V[+1], d_head). LLaVA-1.5: the tower's own matrix;
+    LLaVA-NeXT: all views, row 0 = each token's [CLS] attention in its view, 0 across views;
+    Video-LLaVA video: block-diagonal over frames (each frame's [CLS] is a visual token there);
+    Qwen: the ViT's attention pooled over each 2x2 merge group, no [CLS].
     frames: the original images / frames (PIL), for drawing masks.
     state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
     An Encoded is treated as immutable once built (derived tensors are cached on it).
