@@ -1,0 +1,347 @@
+"""Rendering a Selection over the original media: kept-patch masks, PMI / score heatmaps, pivot maps.
+
+Pure functions of (Encoded, Selection) -> PIL images, in numpy + PIL; matplotlib is used only for
+its colormap tables (`matplotlib.colormaps`, imported lazily; never pyplot). Geometry is read from
+`Encoded.geometry` alone: token boxes are in each frame's ORIGINAL pixel coordinates.
+
+How it stays fast (a slider drives these): everything that depends only on the encoding is built
+once into a `Layout` (the strip of frames as one uint8 array, its dimmed copy, and a label map
+giving, per pixel, the visual token whose box covers it). A render is then one gather through the
+label map (`lut[label]`) and one blend: no per-token drawing. Pass the same `layout=` to every call
+for one encoding (the engine caches it); without it each call builds its own.
+
+Conventions
+  * Several frames (video, multi-view, LLaVA-NeXT's base + tile views) are laid side by side in a
+    horizontal strip, `gap` pixels apart; `frame=i` crops one frame out of a render.
+  * Tokens of kind "newline" (and empty boxes) have no area and are ignored.
+  * Where boxes of one frame overlap, a pixel belongs to the smallest box covering it.
+  * Frames larger than `max_side` pixels are shown downscaled; click coordinates on the strip go
+    back to original coordinates through `Layout.locate`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+NO_BOX_KINDS = ("newline",)
+BACKGROUND = (255, 255, 255)  # between frames of the strip
+
+
+@dataclass
+class Layout:
+    """Everything about one encoding's picture that renders reuse.
+
+    base: (H, W, 3) uint8 strip of frames; dimmed: the same, darkened inside frames;
+    label: (H, W) int32, the visual token covering each pixel (-1: none); edges: (H, W) bool,
+    token-grid lines; rects: (N_V, 4) int32 (x0, y0, x1, y1) in strip pixels; has_box: (N_V,) bool;
+    frame_x: per frame its x offset in the strip; scales: per frame (sx, sy) strip px per original px.
+    """
+
+    base: np.ndarray
+    dimmed: np.ndarray
+    label: np.ndarray
+    edges: np.ndarray
+    rects: np.ndarray
+    has_box: np.ndarray
+    frame_x: list[int]
+    frame_wh: list[tuple[int, int]]
+    scales: list[tuple[float, float]]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return int(self.base.shape[1]), int(self.base.shape[0])
+
+    def crop(self, arr: np.ndarray, frame: int | None) -> np.ndarray:
+        """`arr` (H, W, ...) cut to one frame's region, or whole when frame is None."""
+        if frame is None:
+            return arr
+        if not 0 <= frame < len(self.frame_x):
+            raise ValueError(f"frame must be in [0, {len(self.frame_x) - 1}], got {frame}")
+        x, (w, h) = self.frame_x[frame], self.frame_wh[frame]
+        return arr[:h, x:x + w]
+
+    def locate(self, x: float, y: float) -> tuple[int, float, float] | None:
+        """A strip pixel -> (frame, x, y) in that frame's original coordinates, or None (gap)."""
+        for f, (fx, (w, h), (sx, sy)) in enumerate(zip(self.frame_x, self.frame_wh, self.scales)):
+            if fx <= x < fx + w and 0 <= y < h:
+                return f, (x - fx) / sx, y / sy
+        return None
+
+
+def build_layout(encoded, *, max_side: int = 768, gap: int = 4, dim: float = 0.3,
+                 grid_color: tuple[int, int, int] = (255, 255, 255), grid_alpha: float = 0.25) -> Layout:
+    """The per-encoding picture: strip, dimmed strip, label map and grid edges (see `Layout`).
+
+    max_side: frames whose longer side exceeds it are downscaled for display; dim: brightness
+    factor of dropped patches; grid_alpha: opacity of the token-grid outline (0 = none).
+    """
+    geo = encoded.geometry
+    n_frames = len(geo.sizes)
+    if len(encoded.frames) < n_frames:
+        raise ValueError(f"encoding has {len(encoded.frames)} frames but geometry names {n_frames}")
+    scales, whs = [], []
+    for w, h in geo.sizes:
+        s = min(1.0, max_side / max(w, h))
+        sw, sh = max(1, round(w * s)), max(1, round(h * s))
+        scales.append((sw / w, sh / h))
+        whs.append((sw, sh))
+    frame_x = [0]
+    for w, _ in whs[:-1]:
+        frame_x.append(frame_x[-1] + w + gap)
+    W, H = frame_x[-1] + whs[-1][0], max(h for _, h in whs)
+    base = np.empty((H, W, 3), dtype=np.uint8)
+    base[:] = BACKGROUND
+    inside = np.zeros((H, W), dtype=bool)
+    for f in range(n_frames):
+        im = encoded.frames[f].convert("RGB")
+        if im.size != whs[f]:
+            im = im.resize(whs[f], Image.BILINEAR)
+        x, (w, h) = frame_x[f], whs[f]
+        base[:h, x:x + w] = np.asarray(im)
+        inside[:h, x:x + w] = True
+
+    # token boxes -> strip rectangles (rounded the same way on both sides: neighbours share edges)
+    box = geo.box.detach().to(torch.float64).cpu().numpy()  # (N_V, 4) original px
+    fr = geo.frame.cpu().numpy().astype(np.int64)  # (N_V,)
+    sx = np.array([s[0] for s in scales])[fr]
+    sy = np.array([s[1] for s in scales])[fr]
+    fx = np.array(frame_x)[fr]
+    fw = np.array([w for w, _ in whs])[fr]
+    fh = np.array([h for _, h in whs])[fr]
+    finite = np.isfinite(box).all(axis=1)
+    box = np.where(finite[:, None], box, 0.0)
+    x0 = np.clip(np.floor(box[:, 0] * sx + 0.5), 0, fw)
+    x1 = np.clip(np.floor(box[:, 2] * sx + 0.5), 0, fw)
+    y0 = np.clip(np.floor(box[:, 1] * sy + 0.5), 0, fh)
+    y1 = np.clip(np.floor(box[:, 3] * sy + 0.5), 0, fh)
+    rects = np.stack([x0 + fx, y0, x1 + fx, y1], axis=1).astype(np.int32)  # (N_V, 4) strip px
+    kinds = np.array([k in NO_BOX_KINDS for k in geo.kind], dtype=bool)
+    has_box = finite & ~kinds & (x1 > x0) & (y1 > y0)
+
+    label = np.full((H, W), -1, dtype=np.int32)
+    idx = np.flatnonzero(has_box)
+    area = (rects[idx, 2] - rects[idx, 0]) * (rects[idx, 3] - rects[idx, 1])
+    for i in idx[np.argsort(-area, kind="stable")]:  # largest first: the smallest box wins a pixel
+        a, b, c, d = rects[i]
+        label[b:d, a:c] = i
+
+    edges = np.zeros((H, W), dtype=bool)  # a pixel whose right/lower neighbour is another token
+    diff_x = label[:, 1:] != label[:, :-1]
+    diff_y = label[1:, :] != label[:-1, :]
+    edges[:, :-1] |= diff_x
+    edges[:-1, :] |= diff_y
+    edges &= label >= 0
+    dimmed = base.copy()
+    dimmed[inside] = (base[inside].astype(np.float32) * dim).astype(np.uint8)
+    if grid_alpha > 0:
+        g = np.asarray(grid_color, dtype=np.float32)
+        for arr in (base, dimmed):
+            arr[edges] = (arr[edges] * (1 - grid_alpha) + g * grid_alpha).astype(np.uint8)
+    return Layout(base=base, dimmed=dimmed, label=label, edges=edges, rects=rects, has_box=has_box,
+                  frame_x=frame_x, frame_wh=whs, scales=scales)
+
+
+def _layout(encoded, layout: Layout | None) -> Layout:
+    return layout if layout is not None else build_layout(encoded)
+
+
+def _gather(layout: Layout, per_token: np.ndarray, fill) -> np.ndarray:
+    """Per-pixel value of the covering token: per_token[label], `fill` where no token: (H, W, ...)."""
+    lut = np.concatenate([np.asarray([fill], dtype=per_token.dtype).reshape((1,) + per_token.shape[1:]),
+                          per_token])  # index 0 = no token
+    return lut[layout.label + 1]
+
+
+def _numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float32).cpu().numpy() if x.is_floating_point() else x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def kept_mask(encoded, selection, frame: int | None = None, *, layout: Layout | None = None) -> Image.Image:
+    """The original image (or strip of frames) with dropped tokens' boxes dimmed, kept ones clear.
+
+    Pixels no token covers (e.g. outside a centre crop) are dimmed too: the model never saw them.
+    The token-grid outline is the layout's (`build_layout(grid_alpha=...)`).
+    """
+    lay = _layout(encoded, layout)
+    n = len(encoded.geometry)
+    keep = np.zeros(n, dtype=bool)
+    keep[_numpy(selection.keep if hasattr(selection, "keep") else selection).astype(np.int64)] = True
+    clear = _gather(lay, keep, False)  # (H, W) bool
+    out = np.where(clear[..., None], lay.base, lay.dimmed)  # (H, W, 3)
+    return Image.fromarray(lay.crop(out, frame))
+
+
+@functools.lru_cache(maxsize=16)
+def colormap_lut(name: str = "viridis") -> np.ndarray:
+    """(256, 3) uint8 colour table of a matplotlib colormap (pure data: safe to memoise)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[name]
+    lut = cmap(np.linspace(0.0, 1.0, 256))[:, :3]  # (256, 3) float in [0, 1]
+    lut = np.round(lut * 255).astype(np.uint8)
+    lut.setflags(write=False)
+    return lut
+
+
+def color_index(values, has_box: np.ndarray | None = None, vmin: float | None = None,
+                vmax: float | None = None) -> np.ndarray:
+    """Per-token colour index in [0, 255], linear in the value between vmin and vmax.
+
+    The range defaults to the finite values of boxed tokens; a constant vector maps to 128;
+    non-finite values map to 0. Monotone: a larger value never gets a smaller index.
+    """
+    v = _numpy(values).astype(np.float64).reshape(-1)
+    ok = np.isfinite(v) if has_box is None else (np.isfinite(v) & has_box)
+    lo = float(np.min(v[ok])) if vmin is None and ok.any() else (vmin if vmin is not None else 0.0)
+    hi = float(np.max(v[ok])) if vmax is None and ok.any() else (vmax if vmax is not None else 1.0)
+    if not hi > lo:
+        return np.where(np.isfinite(v), 128, 0).astype(np.uint8)
+    t = np.clip((np.nan_to_num(v, nan=lo, neginf=lo, posinf=hi) - lo) / (hi - lo), 0.0, 1.0)
+    return np.floor(t * 255 + 0.5).astype(np.uint8)
+
+
+def _blend(lay: Layout, colors: np.ndarray, alpha: float) -> np.ndarray:
+    """Per-token colours (N_V, 3) uint8 painted over their boxes at opacity alpha: (H, W, 3)."""
+    a = int(round(min(max(alpha, 0.0), 1.0) * 256))
+    col = _gather(lay, colors, (0, 0, 0)).astype(np.uint16)  # (H, W, 3)
+    mixed = ((lay.base.astype(np.uint16) * (256 - a) + col * a) >> 8).astype(np.uint8)
+    return np.where((lay.label >= 0)[..., None], mixed, lay.base)
+
+
+def scores_heatmap(encoded, values, frame: int | None = None, *, layout: Layout | None = None,
+                   cmap: str = "viridis", alpha: float = 0.6, vmin: float | None = None,
+                   vmax: float | None = None) -> Image.Image:
+    """Any per-token vector (N_V,) painted over the token boxes with a colormap, alpha-blended."""
+    lay = _layout(encoded, layout)
+    v = _numpy(values).reshape(-1)
+    if v.shape[0] != len(encoded.geometry):
+        raise ValueError(f"values must have one entry per visual token ({len(encoded.geometry)}), "
+                         f"got {v.shape[0]}")
+    colors = colormap_lut(cmap)[color_index(v, lay.has_box, vmin, vmax)]  # (N_V, 3)
+    return Image.fromarray(lay.crop(_blend(lay, colors, alpha), frame))
+
+
+def _check_mi(selection, what: str) -> None:
+    if selection.pmi is None or selection.pivot is None:
+        raise ValueError(f"{what} needs an MI selection (with PMI); method {selection.method!r} has none")
+
+
+def pmi_heatmap(encoded, selection, token_index: int, frame: int | None = None, *,
+                layout: Layout | None = None, cmap: str = "viridis", alpha: float = 0.6) -> Image.Image:
+    """PMI of every visual token with scoring-text token `token_index` (a column of Selection.pmi)."""
+    _check_mi(selection, "pmi_heatmap")
+    n_t = selection.pmi.shape[1]
+    if not (isinstance(token_index, (int, np.integer)) and 0 <= token_index < n_t):
+        raise ValueError(f"token_index must be in [0, {n_t - 1}] (scoring-text tokens), got {token_index!r}")
+    return scores_heatmap(encoded, selection.pmi[:, int(token_index)], frame, layout=layout, cmap=cmap,
+                          alpha=alpha)
+
+
+def pivot_palette(n: int) -> np.ndarray:
+    """(n, 3) uint8 distinct colours (tab20, then tab20b, tab20c; cycles past 60)."""
+    import matplotlib
+
+    cols = np.concatenate([np.asarray(matplotlib.colormaps[c].colors)[:, :3] for c in ("tab20", "tab20b", "tab20c")])
+    cols = np.round(cols * 255).astype(np.uint8)  # (60, 3)
+    return cols[np.arange(n) % len(cols)]
+
+
+def pivot_map(encoded, selection, frame: int | None = None, *, layout: Layout | None = None,
+              alpha: float = 0.6) -> tuple[Image.Image, list[tuple[str, str]]]:
+    """Each patch coloured by its pivot word (argmax_j PMI_cross(i, j)).
+
+    Returns (image, legend); legend lists (token string, "#rrggbb") for the pivot tokens that
+    occur on some boxed patch, most frequent first; colours are handed out in that order.
+    """
+    _check_mi(selection, "pivot_map")
+    lay = _layout(encoded, layout)
+    pivot = _numpy(selection.pivot).astype(np.int64)  # (N_V,)
+    tokens = encoded.scoring_tokens
+    counts = np.bincount(pivot[lay.has_box], minlength=len(tokens))
+    present = [int(j) for j in np.argsort(-counts, kind="stable") if counts[j] > 0]
+    palette = pivot_palette(len(present))
+    token_color = np.zeros((max(len(tokens), int(pivot.max(initial=0)) + 1), 3), dtype=np.uint8)
+    token_color[present] = palette
+    img = _blend(lay, token_color[pivot], alpha)
+    legend = [(tokens[j] if j < len(tokens) else str(j), "#%02x%02x%02x" % tuple(int(c) for c in token_color[j]))
+              for j in present]
+    return Image.fromarray(lay.crop(img, frame)), legend
+
+
+@dataclass(frozen=True)
+class TokenCell:
+    """One visual token for click-to-inspect: box in original coords (None if it has no area)."""
+
+    index: int
+    frame: int
+    row: int
+    col: int
+    kind: str
+    box: tuple[float, float, float, float] | None
+    kept: bool
+    score: float
+
+
+def token_cells(encoded, selection) -> list[TokenCell]:
+    """Per-token (frame, grid position, box, kept, score), in token order."""
+    geo = encoded.geometry
+    n = len(geo)
+    kept = np.zeros(n, dtype=bool)
+    kept[_numpy(selection.keep).astype(np.int64)] = True
+    scores = _numpy(selection.scores).astype(np.float64)
+    boxes = geo.box.detach().to(torch.float64).cpu().numpy()
+    fr, rows, cols = (geo.frame.tolist(), geo.row.tolist(), geo.col.tolist())
+    out = []
+    for i in range(n):
+        b = boxes[i]
+        boxed = geo.kind[i] not in NO_BOX_KINDS and bool(np.isfinite(b).all()) and b[2] > b[0] and b[3] > b[1]
+        out.append(TokenCell(i, int(fr[i]), int(rows[i]), int(cols[i]), geo.kind[i],
+                             tuple(float(x) for x in b) if boxed else None, bool(kept[i]), float(scores[i])))
+    return out
+
+
+def token_at(encoded, frame: int | None, x: float, y: float, *, layout: Layout | None = None) -> int | None:
+    """The visual token under a pixel, or None.
+
+    frame=int: (x, y) in that frame's ORIGINAL coordinates (boxes are half-open [x0, x1)).
+    frame=None: (x, y) in the rendered strip (as returned by these functions with `layout`).
+    The smallest box wins where boxes overlap; newline tokens are never returned.
+    """
+    if frame is None:
+        lay = _layout(encoded, layout)
+        xi, yi = int(math.floor(x)), int(math.floor(y))
+        W, H = lay.size
+        if not (0 <= xi < W and 0 <= yi < H):
+            return None
+        i = int(lay.label[yi, xi])
+        return i if i >= 0 else None
+    geo = encoded.geometry
+    box = geo.box.to(torch.float64)
+    no_box = torch.tensor([k in NO_BOX_KINDS for k in geo.kind], dtype=torch.bool)
+    inside = ((geo.frame == frame) & ~no_box & (box[:, 0] <= x) & (x < box[:, 2])
+              & (box[:, 1] <= y) & (y < box[:, 3]))  # (N_V,)
+    hits = torch.nonzero(inside).flatten()
+    if hits.numel() == 0:
+        return None
+    area = (box[hits, 2] - box[hits, 0]) * (box[hits, 3] - box[hits, 1])
+    return int(hits[torch.argmin(area)])  # argmin: first (lowest index) among equal areas
+
+
+def pmi_row(encoded, selection, index: int) -> list[tuple[str, float]]:
+    """(scoring-text token, PMI) for visual token `index`, in prompt order."""
+    _check_mi(selection, "pmi_row")
+    n = selection.pmi.shape[0]
+    if not 0 <= index < n:
+        raise ValueError(f"index must be in [0, {n - 1}], got {index}")
+    return [(t, float(p)) for t, p in zip(encoded.scoring_tokens, selection.pmi[index].tolist())]
+
+
+__all__ = ["Layout", "TokenCell", "build_layout", "color_index", "colormap_lut", "kept_mask", "pivot_map",
+           "pivot_palette", "pmi_heatmap", "pmi_row", "scores_heatmap", "token_at", "token_cells"]
