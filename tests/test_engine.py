@@ -1,0 +1,269 @@
+"""Engine and sessions: encode once per key, LRU + expiry, isolation between sessions, settings
+strings, answer caching, JSON export; one end-to-end run on a tiny real LLaVA."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mipruner
+from mipruner.engine import Engine, EncodingKey, MethodSpec, Settings, StaleKeyError, media_hash, \
+    selection_to_json
+from mipruner.models.dummy import DummyAdapter
+
+PROMPT = "Is there a white square?"
+
+
+class CountingAdapter(DummyAdapter):
+    """The dummy adapter, counting its forward passes."""
+
+    name = "counting-dummy"
+
+    def __init__(self):
+        super().__init__(patch=8, dim=16)
+        self.encodes, self.generates = 0, 0
+
+    def encode(self, *a, **kw):
+        self.encodes += 1
+        return super().encode(*a, **kw)
+
+    def generate(self, *a, **kw):
+        self.generates += 1
+        return super().generate(*a, **kw)
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def picture(seed: int, white: tuple[int, int, int, int] | None = None) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 90, (32, 48, 3), dtype=np.uint8)  # 4 x 6 grid of 8 px patches
+    if white:
+        x0, y0, x1, y1 = white
+        a[y0:y1, x0:x1] = 255
+    return Image.fromarray(a)
+
+
+@pytest.fixture
+def engine():
+    return Engine(CountingAdapter(), clock=FakeClock())
+
+
+def test_encode_once_across_many_prune_and_view_calls(engine):
+    s = engine.new_session()
+    img = picture(0, white=(8, 8, 16, 16))
+    key = engine.encode(s, img, PROMPT)
+    for b in (3, 5, 8, 0.5):
+        engine.prune(s, key, "mi", b, lam=0.5)
+        views = engine.view(s, key, ["mi", "random", MethodSpec("similarity", label="sim")], b,
+                            {"lam": 0.5, "seed": 1}, heat_token=0)
+        assert [v.method for v in views] == ["mi", "random", "similarity"] and views[2].label == "sim"
+        assert engine.encode(s, picture(0, white=(8, 8, 16, 16)), PROMPT) == key  # same content -> same key
+    assert engine.adapter.encodes == 1
+    v = views[0]
+    n = engine.encoded(s, key).n_visual
+    assert v.kept == 12 and v.share == pytest.approx(12 / n) and v.prune_ms >= 0 and v.render_ms >= 0
+    assert v.pivot is not None and v.legend and v.heat_title.startswith("PMI with")
+    assert views[1].pivot is None and views[1].heat_title == "random scores"
+    assert v.mask.size == img.size
+    assert "mi" in s.entries[key].mi_cache  # the MI cache filled once and reused
+
+
+def test_changed_prompt_or_mode_reencodes(engine):
+    s = engine.new_session()
+    img = picture(0)
+    k1 = engine.encode(s, img, PROMPT)
+    k2 = engine.encode(s, img, "Is there a bright square?")
+    k3 = engine.encode(s, img, PROMPT, text_mode="prompt")
+    assert len({k1, k2, k3}) == 3 and engine.adapter.encodes == 3
+    assert engine.encoded(s, k2).prompt == "Is there a bright square?"
+
+
+def test_need_attention_follows_methods(engine):
+    s = engine.new_session()
+    img = picture(0)
+    k = engine.encode(s, img, PROMPT, methods=["mi", "attention"])
+    assert k.need_attention and engine.encoded(s, k).attention is not None
+    assert engine.encode(s, img, PROMPT, methods=["mi"]) == k  # the attention encoding serves it too
+    assert engine.adapter.encodes == 1
+    engine.prune(s, k, "attention", 4)
+    k_plain = engine.encode(engine.new_session(), img, PROMPT, methods=["random"])
+    assert not k_plain.need_attention
+
+
+def test_attention_method_without_attention_raises(engine):
+    s = engine.new_session()
+    k = engine.encode(s, picture(0), PROMPT, need_attention=False)
+    with pytest.raises(ValueError, match="attention"):
+        engine.prune(s, k, "attention", 4)
+
+
+def test_cache_lru_and_expiry():
+    clock = FakeClock()
+    eng = Engine(CountingAdapter(), clock=clock, session_entries=2, session_max_age_s=60)
+    s = eng.new_session()
+    ka = eng.encode(s, picture(1), PROMPT)
+    kb = eng.encode(s, picture(2), PROMPT)
+    eng.prune(s, ka, "random", 3)  # touch a: b is now least recently used
+    kc = eng.encode(s, picture(3), PROMPT)
+    assert s.keys() == [ka, kc]
+    with pytest.raises(StaleKeyError):
+        eng.prune(s, kb, "random", 3)
+    clock.t += 30
+    eng.view(s, kc, ["random"], 3)  # keeps c alive
+    clock.t += 45  # a idle for 75 s > 60, c for 45 s
+    # expiry happens on the next access
+    with pytest.raises(StaleKeyError):
+        eng.encoded(s, ka)
+    assert eng.encoded(s, kc) is not None
+    assert s.keys() == [kc]
+    n = eng.adapter.encodes
+    assert eng.encode(s, picture(1), PROMPT) == ka and eng.adapter.encodes == n + 1  # re-encoded
+    with pytest.raises(ValueError):
+        Engine(CountingAdapter(), session_entries=0).new_session()
+
+
+def test_sessions_are_isolated_under_interleaving(engine):
+    s1, s2 = engine.new_session(), engine.new_session()
+    k1 = engine.encode(s1, picture(1, white=(0, 0, 8, 8)), PROMPT)
+    k2 = engine.encode(s2, picture(2, white=(40, 24, 48, 32)), "Is there a bright corner?")
+    assert k1 != k2
+    with pytest.raises(StaleKeyError):
+        engine.prune(s1, k2, "random", 3)  # a session cannot reach another's encoding
+    for b in (2, 4, 6):
+        v1 = engine.view(s1, k1, ["mi", "similarity"], b, {"lam": 1.0})
+        v2 = engine.view(s2, k2, ["mi", "similarity"], b, {"lam": 1.0})
+        e1, e2 = engine.encoded(s1, k1), engine.encoded(s2, k2)
+        ref1 = mipruner.prune("mi", visual=e1.visual, text=e1.scoring_text, budget=b, lam=1.0)
+        ref2 = mipruner.prune("mi", visual=e2.visual, text=e2.scoring_text, budget=b, lam=1.0)
+        assert torch.equal(v1[0].selection.keep, ref1.keep) and torch.equal(v2[0].selection.keep, ref2.keep)
+        assert engine.encoded(s1, k1).prompt == PROMPT
+    assert 0 in v1[0].selection.keep.tolist() and 23 in v2[0].selection.keep.tolist()  # their white patch
+    assert s1.entries[k1].mi_cache is not s2.entries[k2].mi_cache
+    assert s1.entries.keys() == {k1} and s2.entries.keys() == {k2}
+
+
+def test_threads_on_two_sessions():
+    eng = Engine(CountingAdapter())
+    errors = []
+
+    def user(seed):
+        try:
+            s = eng.new_session()
+            k = eng.encode(s, picture(seed), PROMPT)
+            for b in range(2, 10):
+                sel = eng.view(s, k, ["mi"], b, {"lam": 0.5})[0].selection
+                e = eng.encoded(s, k)
+                ref = mipruner.prune("mi", visual=e.visual, text=e.scoring_text, budget=b, lam=0.5)
+                assert torch.equal(sel.keep, ref.keep)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+
+
+def test_generate_is_cached(engine):
+    s = engine.new_session()
+    k = engine.encode(s, picture(0, white=(8, 8, 16, 16)), PROMPT)
+    ref = engine.generate(s, k, None, max_new_tokens=4)
+    assert ref.text == "yes" and ref.visual_tokens == 24
+    assert engine.generate(s, k, None, max_new_tokens=4) is ref
+    a = engine.generate(s, k, "mi", 3, {"lam": 1.0, "seed": 5}, max_new_tokens=4)
+    assert a.visual_tokens == 3
+    # seed is irrelevant to mi: same cache entry; a different budget or lam is a new answer
+    assert engine.generate(s, k, "mi", 3, {"lam": 1.0, "seed": 9}, max_new_tokens=4) is a
+    assert engine.adapter.generates == 2
+    engine.generate(s, k, "mi", 4, {"lam": 1.0}, max_new_tokens=4)
+    engine.generate(s, k, "mi", 3, {"lam": 0.5}, max_new_tokens=4)
+    engine.generate(s, k, "random", 3, {"seed": 1}, max_new_tokens=4)
+    engine.generate(s, k, "random", 3, {"seed": 2}, max_new_tokens=4)
+    assert engine.adapter.generates == 6
+
+
+def test_settings_roundtrip_and_errors():
+    st = Settings(methods=("mi", "random"), budget=64, lam=0.5, tau=0.1)
+    s = st.to_string()
+    assert s == "m=mi,random&b=64&lam=0.5&tau=0.1&agg=max&norm=softmax&tm=question&seed=0"
+    assert Settings.parse(s) == st
+    st2 = Settings(methods=("similarity",), budget=0.25, lam=1.0, tau=0.01, aggregation="mean",
+                   normalization="minmax", text_mode="nostop", seed=3)
+    assert Settings.parse(st2.to_string()) == st2 and isinstance(Settings.parse(st2.to_string()).budget, float)
+    assert Settings.parse("?m=mi&b=32").budget == 32 and Settings.parse("").methods == Settings().methods
+    assert st.params() == {"lam": 0.5, "tau": 0.1, "aggregation": "max", "normalization": "softmax", "seed": 0}
+    for bad, field in [("m=mii", "'m'"), ("b=0", "'b'"), ("b=1.5", "'b'"), ("b=abc", "'b'"),
+                       ("lam=2", "'lam'"), ("tau=0", "'tau'"), ("agg=sum", "'agg'"), ("norm=l2", "'norm'"),
+                       ("tm=all", "'tm'"), ("seed=-1", "'seed'"), ("zz=1", "'zz'"), ("lam", "'lam'"),
+                       ("b=3&b=4", "'b'"), ("m=", "'m'"), ("m=mi,mi", "'m'")]:
+        with pytest.raises(ValueError, match=field):
+            Settings.parse(bad)
+
+
+def test_selection_json_and_media_hash(engine, tmp_path):
+    s = engine.new_session()
+    k = engine.encode(s, picture(0), PROMPT)
+    doc = json.loads(engine.export_json(s, k, "mi", 5, lam=0.5))
+    enc = engine.encoded(s, k)
+    assert doc["method"] == "mi" and len(doc["keep"]) == 5 and len(doc["scores"]) == enc.n_visual
+    assert len(doc["pmi"]) == enc.n_visual and len(doc["pmi"][0]) == len(enc.scoring_tokens)
+    assert doc["pivot_tokens"][0] in enc.scoring_tokens and len(doc["geometry"]["box"]) == enc.n_visual
+    rnd = mipruner.prune("random", visual=enc.visual, budget=3)
+    assert "pmi" not in json.loads(selection_to_json(enc, rnd))
+    p = tmp_path / "a.png"
+    picture(0).save(p)
+    assert media_hash(str(p)) == media_hash(p) != media_hash(picture(0))
+    assert media_hash([picture(0), picture(1)]) != media_hash([picture(1), picture(0)])
+    assert isinstance(k, EncodingKey) and k.model == "counting-dummy"
+    with pytest.raises(ValueError, match="unsupported media"):
+        media_hash(3)
+
+
+def test_lazy_loader_called_once():
+    calls = []
+
+    def load():
+        calls.append(1)
+        return CountingAdapter()
+
+    eng = Engine(load)
+    assert not calls
+    s = eng.new_session()
+    eng.encode(s, picture(0), PROMPT)
+    eng.encode(s, picture(1), PROMPT)
+    assert len(calls) == 1
+    with pytest.raises(ValueError):
+        Engine(42)
+
+
+def test_tiny_llava_end_to_end(tmp_path):
+    from tests.models.tiny_llava import save_tiny, scene
+
+    torch.manual_seed(0)
+    path = save_tiny("llava", str(tmp_path / "llava"))
+    eng = Engine(lambda: mipruner.load(path, device="cpu"))
+    s = eng.new_session()
+    img = scene(56, 56, square=(28, 14, 42, 28))
+    with torch.no_grad():
+        key = eng.encode(s, img, "What colour is the square?")
+        enc = eng.encoded(s, key)
+        assert enc.n_visual == 16
+        views = eng.view(s, key, ["mi", "random", "similarity"], 4, {"lam": 0.5, "seed": 0}, heat_token=0)
+        for v in views:
+            assert v.kept == 4 and v.mask.size == img.size and v.heatmap.size == img.size
+        assert views[0].pivot is not None and views[0].legend
+        full = eng.generate(s, key, None, max_new_tokens=3)
+        pruned = eng.generate(s, key, "mi", 4, {"lam": 0.5}, max_new_tokens=3)
+    assert full.visual_tokens == 16 and pruned.visual_tokens == 4
+    assert pruned.input_tokens == full.input_tokens - 12
+    assert isinstance(full.text, str) and isinstance(pruned.text, str)
