@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -51,6 +51,15 @@ class Layout:
     frame_x: list[int]
     frame_wh: list[tuple[int, int]]
     scales: list[tuple[float, float]]
+    blend_base: dict = field(default_factory=dict, repr=False)  # alpha (of 256) -> (H, W, 3) uint16
+
+    def base_term(self, a: int) -> np.ndarray:
+        """base * (256 - a) under tokens, base * 256 elsewhere: the fixed half of a blend."""
+        if a not in self.blend_base:
+            covered = (self.label >= 0)[..., None]
+            b16 = self.base.astype(np.uint16)
+            self.blend_base[a] = np.where(covered, b16 * (256 - a), b16 * 256).astype(np.uint16)
+        return self.blend_base[a]
 
     @property
     def size(self) -> tuple[int, int]:
@@ -174,7 +183,8 @@ def kept_mask(encoded, selection, frame: int | None = None, *, layout: Layout | 
     keep = np.zeros(n, dtype=bool)
     keep[_numpy(selection.keep if hasattr(selection, "keep") else selection).astype(np.int64)] = True
     clear = _gather(lay, keep, False)  # (H, W) bool
-    out = np.where(clear[..., None], lay.base, lay.dimmed)  # (H, W, 3)
+    out = lay.dimmed.copy()  # (H, W, 3)
+    np.copyto(out, lay.base, where=clear[..., None])
     return Image.fromarray(lay.crop(out, frame))
 
 
@@ -210,9 +220,10 @@ def color_index(values, has_box: np.ndarray | None = None, vmin: float | None = 
 def _blend(lay: Layout, colors: np.ndarray, alpha: float) -> np.ndarray:
     """Per-token colours (N_V, 3) uint8 painted over their boxes at opacity alpha: (H, W, 3)."""
     a = int(round(min(max(alpha, 0.0), 1.0) * 256))
-    col = _gather(lay, colors, (0, 0, 0)).astype(np.uint16)  # (H, W, 3)
-    mixed = ((lay.base.astype(np.uint16) * (256 - a) + col * a) >> 8).astype(np.uint8)
-    return np.where((lay.label >= 0)[..., None], mixed, lay.base)
+    col = _gather(lay, colors.astype(np.uint16) * a, (0, 0, 0))  # (H, W, 3) uint16, 0 off tokens
+    col += lay.base_term(a)  # <= 255 * 256: no overflow
+    col >>= 8
+    return col.astype(np.uint8)
 
 
 def scores_heatmap(encoded, values, frame: int | None = None, *, layout: Layout | None = None,
