@@ -9,6 +9,8 @@ No encode and no LLM: the encodings are synthetic `Encoded` records built withou
 
 Each repeat moves the budget by one token, so nothing is served from an answer cache; the first
 update (cache fill, layout build) is reported separately as "first".
+On a 2-core machine shared with another busy process, torch's default of 2 threads oversubscribes
+the cores and times grow 3-5x; `--threads 1` measures the code rather than the contention.
 """
 from __future__ import annotations
 
