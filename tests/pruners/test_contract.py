@@ -137,3 +137,12 @@ def test_import_is_light():
     code = "import sys, mipruner; print('gradio' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_finite_check_is_exact_for_huge_values():
+    # the sum overflows to inf although every value is finite: no error
+    V = torch.full((8, 4), 3e38)
+    mipruner.prune("random", visual=V, budget=2)
+    V[3, 1] = float("-inf")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        mipruner.prune("random", visual=V, budget=2)
