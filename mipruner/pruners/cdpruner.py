@@ -43,7 +43,7 @@ import torch
 
 from ._registry import register_pruner
 from .divprune import CosineColumns
-from .selection import Selection, check_range, unit_rows
+from .selection import Selection, check_range, cosine_to
 
 _EPS = 1e-6  # relative floor on d_i^2: below it a token adds no volume in float32 (rank exhausted)
 _MINMAX_EPS = 1e-6  # as in the released code: keeps the least relevant token's weight above 0
@@ -51,7 +51,7 @@ _MINMAX_EPS = 1e-6  # as in the released code: keeps the least relevant token's 
 
 def relevance(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """r_i = MinMax_i( mean_m -cos(v_i, t_m) ): (N_V,) float32, the released code's relevance."""
-    x = -(unit_rows(visual) @ unit_rows(text).T).mean(dim=1)  # (N_V, N_T) -> (N_V,), note the minus
+    x = -cosine_to(visual, text).mean(dim=1)  # (N_V, N_T) -> (N_V,), note the minus
     lo, hi = x.min(), x.max()
     if float(hi - lo) <= 0.0:
         return torch.ones_like(x)  # a constant relevance carries no information: weight all alike

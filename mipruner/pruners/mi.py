@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ._registry import register_pruner
-from .selection import Selection, check_choice, check_range, gram, unit_rows
+from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
 AGGREGATIONS = ("max", "mean")  # max: Eq. 9-10 (default); mean: Eq. 11, the paper's "global"
@@ -73,10 +73,7 @@ def _minmax_stats(rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 def cross_pmi(visual: torch.Tensor, text: torch.Tensor, tau: float = 0.1,
               normalization: str = "softmax") -> CrossPMI:
     """Cross-modal PMI (N_V, N_T). Depends only on (V, T, tau, normalization): cache it."""
-    v = visual.to(torch.float32)
-    t = unit_rows(text)
-    norms = torch.linalg.vector_norm(v, dim=1).clamp_min(1e-12)  # (N_V,)
-    rho = (v @ t.T) / norms[:, None] / tau  # (N_V, N_T); dividing by norms avoids copying V
+    rho = cosine_to(visual, text) / tau  # (N_V, N_T)
     n_v = rho.shape[0]
     if normalization == "softmax":
         log_p = torch.log_softmax(rho, dim=1)  # log p(t_j|v_i)

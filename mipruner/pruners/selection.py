@@ -106,6 +106,17 @@ def unit_rows(x: torch.Tensor) -> torch.Tensor:
     return F.normalize(x.to(torch.float32), dim=-1, eps=1e-12)
 
 
+def cosine_to(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    """cos(v_i, t_j) in float32: (N_V, N_T); zero-norm rows give 0, never NaN.
+
+    Computed as (V @ t~^T) / ||v_i||: V is read twice (matmul, norms) but never copied, which
+    matters at N_V x d = 16384 x 4096.
+    """
+    v = visual.to(torch.float32)
+    norms = torch.linalg.vector_norm(v, dim=1).clamp_min(1e-12)  # (N_V,)
+    return (v @ unit_rows(text).T) / norms[:, None]  # (N_V, d) @ (d, N_T) -> (N_V, N_T)
+
+
 def gram(u: torch.Tensor) -> torch.Tensor:
     """u @ u.T for a (N, d) float32 matrix, exploiting symmetry on the CPU.
 

@@ -13,14 +13,9 @@ from __future__ import annotations
 import torch
 
 from ._registry import register_pruner
-from .selection import Selection, check_choice, unit_rows
+from .selection import Selection, check_choice, cosine_to
 
 AGGREGATIONS = ("max", "mean")  # max: best-matching prompt token, as MI-Pruner's default
-
-
-def text_cosine(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-    """cos(v_i, t_m) in float32: (N_V, N_T); zero-norm rows give 0, never NaN."""
-    return unit_rows(visual) @ unit_rows(text).T  # (N_V, d) @ (d, N_T) -> (N_V, N_T)
 
 
 @register_pruner("similarity", needs_text=True)
@@ -29,7 +24,7 @@ def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                       ) -> Selection:
     """Similarity: keep the visual tokens with the highest cosine to the prompt."""
     check_choice("aggregation", aggregation, AGGREGATIONS)
-    cos = text_cosine(visual, text)  # (N_V, N_T)
+    cos = cosine_to(visual, text)  # (N_V, N_T)
     score = cos.max(dim=1).values if aggregation == "max" else cos.mean(dim=1)  # (N_V,)
     order = torch.argsort(score, descending=True, stable=True)[:budget]  # (K,), ties to lowest index
     return Selection.from_order(order, score, extras={"cosine": cos})
