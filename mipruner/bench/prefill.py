@@ -72,7 +72,10 @@ def main(argv=None) -> None:
     p.add_argument("--lam", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--llm-layers", type=int, default=4, help="random model only")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
     t0 = time.perf_counter()
     if a.model == "random":

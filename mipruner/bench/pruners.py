@@ -77,7 +77,10 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--quick", action="store_true", help="N_V=576 only, 3 repeats")
     p.add_argument("--json", help="also write the rows as JSON to this file")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     sizes = [576] if a.quick else [int(s) for s in a.sizes.split(",")]
     budgets = [float(b) if "." in b else int(b) for b in a.budgets.split(",")]
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
