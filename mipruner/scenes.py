@@ -43,7 +43,13 @@ POPE_SPLITS: tuple[str, ...] = ("random", "popular", "adversarial")
 
 MAX_OBJECTS = 4
 COLOR_JITTER = 12  # per-channel jitter of an object's colour; colours stay far apart
-RADIUS = (10, 15)  # object radius range in pixels at size 112, scaled with the image size
+# Objects sit on a lattice of LATTICE px (at size 112; scaled with the size) with radius LATTICE:
+# each still object covers a 2 x 2 block of 8-px cells, one quarter of its outline per cell, and
+# every object of one shape covers the same number of cells. That keeps shape and count within
+# reach of the small model trained here on 2 CPU cores in minutes (mipruner.train_shapes); the
+# price is less variety of position and size. Clips move by whole lattice steps.
+LATTICE = 8
+PATCH_MIN_COVER = 0.2  # a token-grid cell "shows" an object when the object covers this share of it
 THEME_P = 0.5  # chance that a further object repeats a colour already in the scene (co-occurrence)
 # A fixed (seed-independent) Zipf-like prior over the 24 categories, so "popular" has a meaning.
 _PRIOR_ORDER = np.random.default_rng(12345).permutation(len(CATEGORIES))
@@ -211,17 +217,15 @@ def _pick_categories(rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
     return picked
 
 
-def _place(rng: np.random.Generator, radii: list[float], size: int) -> list[tuple[float, float]] | None:
-    """Non-overlapping centres (bounding circles apart by 2 px), or None after too many tries."""
+def _place(rng: np.random.Generator, n: int, size: int) -> list[tuple[float, float]]:
+    """n lattice centres at least 3 lattice steps apart (Chebyshev), so objects never touch."""
+    step = LATTICE * size / 112
+    points = np.arange(2, round(size / step) - 1) * step  # keep a whole step of margin
     centres: list[tuple[float, float]] = []
-    for r in radii:
-        for _ in range(200):
-            c = tuple(rng.uniform(r * 1.15 + 1, size - r * 1.15 - 1, size=2))
-            if all(np.hypot(c[0] - d[0], c[1] - d[1]) > 1.15 * (r + rr) + 2 for d, rr in zip(centres, radii)):
-                centres.append(c)
-                break
-        else:
-            return None
+    while len(centres) < n:
+        c = (float(rng.choice(points)), float(rng.choice(points)))
+        if all(max(abs(c[0] - d[0]), abs(c[1] - d[1])) >= 3 * step for d in centres):
+            centres.append(c)
     return centres
 
 
@@ -247,12 +251,8 @@ def _layout(rng: np.random.Generator, size: int, n_objects: int | None,
         cats = _pick_categories(rng, n)
     else:
         cats = list(categories)
-    scale = size / 112
-    while True:
-        radii = [float(rng.uniform(*RADIUS)) * scale for _ in cats]
-        centres = _place(rng, radii, size)
-        if centres is not None:
-            break
+    radii = [LATTICE * size / 112] * len(cats)
+    centres = _place(rng, len(cats), size)
     rgbs = [tuple(int(np.clip(v + rng.integers(-COLOR_JITTER, COLOR_JITTER + 1), 0, 255))
                   for v in COLORS[c]) for c, _ in cats]
     return cats, radii, centres, rgbs
@@ -274,7 +274,7 @@ def make_scene(seed: int, index: int, size: int = 112, n_objects: int | None = N
 
 def make_clip(seed: int, index: int, size: int = 112, n_frames: int = 8,
               n_objects: int | None = None) -> Scene:
-    """Clip `index` of data set `seed`: objects move in straight lines and bounce off the borders.
+    """Clip `index` of data set `seed`: objects move one lattice step a frame and bounce off the borders.
 
     Objects may pass over each other; masks are the visible parts, so a mask can shrink while
     an object is covered.
@@ -282,11 +282,10 @@ def make_clip(seed: int, index: int, size: int = 112, n_frames: int = 8,
     rng = np.random.default_rng([seed, index, 1])
     background, kind = _background(rng, size)
     cats, radii, centres, rgbs = _layout(rng, size, n_objects)
-    speed = size / 112 * rng.uniform(2.0, 5.0, size=len(cats))
-    angle = rng.uniform(0, 2 * np.pi, size=len(cats))
-    vel = np.stack([speed * np.cos(angle), speed * np.sin(angle)], 1)
+    step = LATTICE * size / 112  # one lattice step per frame along x, y or a diagonal
+    vel = step * np.array([(1, 0), (0, 1), (1, 1), (1, -1)], dtype=float)[rng.integers(4, size=len(cats))]
+    vel *= rng.choice([-1.0, 1.0], size=(len(cats), 1))
     pos = np.array(centres, dtype=float)
-    radii_a = np.array(radii)[:, None]
     frames, tracks = [], [[] for _ in cats]
     for _ in range(n_frames):
         img, objs = _render(background, [(c, s, rgb, x, y, r) for (c, s), rgb, (x, y), r
@@ -295,7 +294,7 @@ def make_clip(seed: int, index: int, size: int = 112, n_frames: int = 8,
         for track, o in zip(tracks, objs):
             track.append(o)
         pos = pos + vel
-        lo, hi = radii_a * 1.15, size - radii_a * 1.15
+        lo, hi = 2 * step, size - 2 * step
         bounce = (pos < lo) | (pos > hi)
         vel = np.where(bounce, -vel, vel)
         pos = np.clip(pos, lo, hi)
