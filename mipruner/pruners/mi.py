@@ -99,18 +99,44 @@ class SelfPMI:
         n = self.u.shape[0]
         self.log_n = math.log(n)
         self.cos = gram(self.u) if n <= DENSE_LIMIT else None  # (N_V, N_V) symmetric, or None
-        stats = [self._row_stats(self._cos_rows(slice(s, min(n, s + _CHUNK)))) for s in range(0, n, _CHUNK)]
-        self.stats = [torch.cat(parts) for parts in zip(*stats)]  # each (N_V,)
+        self.stats = self._row_stats(n)  # each (N_V,)
         self._dense: dict[str, torch.Tensor] = {}
 
-    def _cos_rows(self, rows: slice) -> torch.Tensor:
-        return self.cos[rows] if self.cos is not None else self.u[rows] @ self.u.T  # (chunk, N_V)
+    def _row_stats(self, n: int) -> list[torch.Tensor]:
+        """Per-row normaliser of rho_self = cos / tau, from decomposable running statistics.
 
-    def _row_stats(self, cos: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        rho = cos / self.tau
+        softmax: log-sum-exp. MinMax: min, range and sum_j (rho_ij - min_i) / range_i, which is
+        (sum_j rho_ij - N min_i) / range_i, so min, max and the plain row sum suffice. Without the
+        dense matrix, blocks (a, b) with a <= b are computed once and serve the rows of a (over
+        b's columns) and, transposed, the rows of b: half the flops of a row-by-row pass.
+        """
+        lse = torch.full((n,), -math.inf)
+        lo, hi, tot = torch.full((n,), math.inf), torch.full((n,), -math.inf), torch.zeros(n)
+
+        def update(rows: slice, rho: torch.Tensor) -> None:  # rho (len(rows), m): a part of these rows
+            if self.normalization == "softmax":
+                lse[rows] = torch.logaddexp(lse[rows], torch.logsumexp(rho, dim=1))
+            else:
+                lo[rows] = torch.minimum(lo[rows], rho.min(dim=1).values)
+                hi[rows] = torch.maximum(hi[rows], rho.max(dim=1).values)
+                tot[rows] += rho.sum(dim=1)
+
+        if self.cos is not None:
+            update(slice(0, n), self.cos / self.tau)
+        else:
+            for a in range(0, n, _CHUNK):
+                ra = slice(a, min(n, a + _CHUNK))
+                for b in range(a, n, _CHUNK):
+                    rb = slice(b, min(n, b + _CHUNK))
+                    rho = (self.u[ra] @ self.u[rb].T) / self.tau  # (chunk, chunk) block of rho_self
+                    update(ra, rho)
+                    if b != a:
+                        update(rb, rho.T)
         if self.normalization == "softmax":
-            return (torch.logsumexp(rho, dim=1),)
-        return _minmax_stats(rho)
+            return [lse]
+        rng = hi - lo
+        z = torch.where(rng > 0, (tot - n * lo) / rng.clamp_min(_TINY), torch.full((n,), float(n)))
+        return [lo, rng, z]
 
     def _log_p_t(self, cos_t: torch.Tensor) -> torch.Tensor:
         """log p(v_j | v_i) laid out as [j, i], from cos_t[j, i] = cos(v_i, v_j): (m, N_V)."""
