@@ -8,13 +8,14 @@ from typing import Callable
 
 def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 1, budget_s: float = 3.0) -> list[float]:
     """Run `fn` `warmup` times, then up to `repeats` times (stopping early once `budget_s` is
-    spent, after at least one run); return the timed runs in seconds. A first run slower than
-    `budget_s` counts as the warm-up's replacement: slow cells are measured once."""
+    spent, after at least one run); return the timed runs in seconds. A warm-up run slower than
+    `budget_s` is itself the measurement: multi-second cells are run once, cold."""
     for _ in range(warmup):
         t0 = time.perf_counter()
         fn()
-        if time.perf_counter() - t0 > budget_s:
-            break
+        first = time.perf_counter() - t0
+        if first > budget_s:
+            return [first]
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < repeats:
