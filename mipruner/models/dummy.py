@@ -75,7 +75,8 @@ class DummyAdapter(Adapter):
         return Encoded(model="dummy", prompt=prompt, visual=visual, geometry=geo, text=text,
                        text_tokens=tokens, text_mask=text_mask(tokens, offsets, templated, prompt, text_mode),
                        text_mode=text_mode, frames=frames, is_video=isinstance(media, Video),
-                       attention=att, keys=visual.clone() if need_attention else None, has_cls=need_attention)
+                       attention=att, has_cls=need_attention,
+                       keys=torch.cat([visual.mean(0, keepdim=True), visual]) if need_attention else None)
 
     def prefill_logits(self, encoded, keep=None):
         idx = keep_indices(keep, encoded.n_visual)

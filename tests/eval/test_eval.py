@@ -87,3 +87,16 @@ def test_runner_rows_on_dummy_adapter():
     assert get[("random", 1, "average")]["yes_rate"] < 0.5
     assert {r["split"] for r in rows} == {"random", "popular", "average"}
     assert all(r["n"] == 2 for r in rows if r["split"] != "average")
+
+
+def test_dummy_attention_feeds_every_attention_pruner():
+    import mipruner
+    from mipruner.pruners import get_pruner
+
+    enc = DummyAdapter(patch=8).encode(scene(True)[0], "Is there a white square?", need_attention=True)
+    assert enc.attention.shape == (enc.n_visual + 1,) * 2 and enc.keys.shape[0] == enc.n_visual + 1
+    for name in mipruner.list_pruners():
+        if get_pruner(name).needs_attention:
+            sel = mipruner.prune(name, visual=enc.visual, text=enc.scoring_text, budget=4,
+                                 attention=enc.attention, keys=enc.keys)
+            assert sel.budget == 4
