@@ -27,14 +27,13 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..media import MediaError, Video, load_media
-from ..pruners.selection import Selection
-from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from ..pruners.selection import Selection, check_choice
+from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
@@ -62,18 +61,6 @@ def load_model(model_cls, path: str, device, dtype, vision_attn: str = "eager"):
     model = model_cls.from_pretrained(
         path, dtype=dtype, attn_implementation={"vision_config": vision_attn, "text_config": "sdpa"})
     return model.to(device).eval()
-
-
-def check_prompt(prompt: Any) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError("prompt is empty: ask a question about the image or video")
-    return prompt
-
-
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
 
 
 def chat_prompt(template_owner, prompt: str, kind: str, fallback: str) -> str:

@@ -102,6 +102,13 @@ class Answer:
     decode_s: float
 
 
+def check_prompt(prompt: Any) -> str:
+    """The prompt itself, or ValueError when it is not a non-blank string (every adapter's rule)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt is empty: ask a question about the image or video")
+    return prompt
+
+
 def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: int) -> torch.Tensor | None:
     """Normalise `keep` to a sorted unique LongTensor on the CPU (None = keep all).
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..media import Video, load_media
-from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
 
 
@@ -37,8 +37,7 @@ class DummyAdapter(Adapter):
         return cls(**kwargs)
 
     def encode(self, media, prompt, *, text_mode="question", need_attention=False) -> Encoded:
-        if not prompt or not prompt.strip():
-            raise ValueError("prompt is empty")
+        check_prompt(prompt)
         media = load_media(media)
         frames = media.frames if isinstance(media, Video) else (media if isinstance(media, list) else [media])
         feats, fr, rows, cols, boxes, grids = [], [], [], [], [], []

@@ -35,7 +35,7 @@ from PIL import Image
 
 from ..media import MediaError, Video, load_image, load_video, sample_indices
 from ..pruners.selection import Selection
-from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
 
 
@@ -209,8 +209,7 @@ class Qwen2VLAdapter(Adapter):
 
     @torch.no_grad()
     def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False) -> Encoded:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt is empty: ask a question about the image or video")
+        check_prompt(prompt)
         t0 = time.perf_counter()
         frames, is_video, indices, fps, total = self._read_media(media)
         kind = "video" if is_video else "image"
