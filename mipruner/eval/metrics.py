@@ -2,7 +2,9 @@
 
 Query recall is the measure the synthetic scenes make possible: the share of the asked object's
 visual tokens that a pruner keeps. A token "shows" the object when at least `min_cover` of its
-pixel box is object pixels (in the original image / frame coordinates of `TokenGeometry`).
+pixel box is object pixels (in the original image / frame coordinates of `TokenGeometry`); the
+default is the scenes' own definition, `scenes.PATCH_MIN_COVER`, which the trainer's recall
+report and the model test use too, so every recall figure means the same thing.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import re
 
 import numpy as np
 import torch
+
+from mipruner.scenes import PATCH_MIN_COVER
 
 NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
                 "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
@@ -83,7 +87,7 @@ def token_object_cover(geometry, masks: list[np.ndarray]) -> torch.Tensor:
     return cover
 
 
-def query_recall(keep: torch.Tensor | None, cover: torch.Tensor, min_cover: float = 0.25) -> float:
+def query_recall(keep: torch.Tensor | None, cover: torch.Tensor, min_cover: float = PATCH_MIN_COVER) -> float:
     """Share of the object's tokens (cover >= min_cover) that `keep` retains; NaN if none."""
     obj = cover >= min_cover
     total = int(obj.sum())

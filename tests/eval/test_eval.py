@@ -45,6 +45,17 @@ def test_cover_and_query_recall():
     assert query_recall(torch.tensor([0, 1, 9]), cover) == pytest.approx(2 / 4)
     assert query_recall(torch.tensor([0, 1, 9]), cover, min_cover=0.9) == pytest.approx(1 / 2)
     assert math.isnan(query_recall(torch.tensor([0]), torch.zeros(16)))
+    # one definition of "object token" for every recall figure: the scenes' PATCH_MIN_COVER (0.2)
+    from mipruner.scenes import PATCH_MIN_COVER, patch_coverage
+
+    thin = np.zeros((40, 40), bool)
+    thin[0:10, 0:3] = True  # 30 % of token (0,0)
+    thin[10:20, 0:2] = True  # 20 % of token (1,0)
+    thin[20:30, 0:1] = True  # 10 % of token (2,0)
+    c = token_object_cover(geo, [thin])
+    grid = torch.from_numpy(patch_coverage(thin, 4, 4)).float()
+    assert torch.equal((c >= PATCH_MIN_COVER), (grid >= PATCH_MIN_COVER))
+    assert query_recall(torch.tensor([4]), c) == pytest.approx(1 / 2)  # tokens 0 and 4 count, 8 does not
 
 
 def test_read_pope(tmp_path):
