@@ -63,11 +63,17 @@ def _minmax_log_p(rho: torch.Tensor, row_min: torch.Tensor, row_rng: torch.Tenso
     return torch.log((hat / row_sum[:, None]).clamp_min(_TINY))
 
 
-def _minmax_stats(rho: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    lo, hi = rho.min(dim=1).values, rho.max(dim=1).values
+def _minmax_finish(lo: torch.Tensor, hi: torch.Tensor, tot: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """MinMax row normaliser from each row's min, max and plain sum over its n entries:
+    (min, range, Z) with Z = sum_j (rho_ij - min) / range = (sum - n min) / range; a constant row
+    is uniform (every normalised entry 1, Z = n)."""
     rng = hi - lo
-    hat = torch.where(rng[:, None] > 0, (rho - lo[:, None]) / rng.clamp_min(_TINY)[:, None], torch.ones_like(rho))
-    return lo, rng, hat.sum(dim=1)
+    z = torch.where(rng > 0, (tot - n * lo) / rng.clamp_min(_TINY), torch.full_like(lo, float(n)))
+    return [lo, rng, z]
+
+
+def _minmax_stats(rho: torch.Tensor) -> list[torch.Tensor]:
+    return _minmax_finish(rho.min(dim=1).values, rho.max(dim=1).values, rho.sum(dim=1), rho.shape[1])
 
 
 def cross_pmi(visual: torch.Tensor, text: torch.Tensor, tau: float = 0.1,
@@ -132,11 +138,7 @@ class SelfPMI:
                     update(ra, rho)
                     if b != a:
                         update(rb, rho.T)
-        if self.normalization == "softmax":
-            return [lse]
-        rng = hi - lo
-        z = torch.where(rng > 0, (tot - n * lo) / rng.clamp_min(_TINY), torch.full((n,), float(n)))
-        return [lo, rng, z]
+        return [lse] if self.normalization == "softmax" else _minmax_finish(lo, hi, tot, n)
 
     def _log_p_t(self, cos_t: torch.Tensor) -> torch.Tensor:
         """log p(v_j | v_i) laid out as [j, i], from cos_t[j, i] = cos(v_i, v_j): (m, N_V)."""
