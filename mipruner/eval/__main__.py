@@ -32,7 +32,7 @@ def build_items(a):
     if a.task == "pope":
         if not a.data or not a.images:
             raise SystemExit("--task pope needs --data FILE[,FILE...] and --images DIR")
-        return read_pope(a.data.split(","), a.images, n=a.n, seed=a.seed)
+        return read_pope(a.data.split(","), a.images, n=a.n)
     from .shapes import shapes_items
 
     return shapes_items(a.task, n=a.n, seed=a.seed)

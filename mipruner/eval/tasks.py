@@ -31,11 +31,11 @@ def _split_of(path: str) -> str:
     return next((s for s in POPE_SPLITS if s in name), "all")
 
 
-def read_pope(files: list[str], images: str, n: int | None = None, seed: int = 0) -> list[EvalItem]:
+def read_pope(files: list[str], images: str, n: int | None = None) -> list[EvalItem]:
     """POPE question files (JSON lines or a JSON list of {question_id, image, text, label}).
 
     The split (random / popular / adversarial) is read from each file name. With `n`, the first
-    n items of each split are kept (POPE files are already shuffled; `seed` is unused here).
+    n items of each split are kept (POPE files are already shuffled).
     """
     items: list[EvalItem] = []
     for path in files:
