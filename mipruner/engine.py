@@ -161,15 +161,20 @@ class MethodView:
 # ---------------------------------------------------------------------------------- settings
 
 _CODES = {"methods": "m", "budget": "b", "lam": "lam", "tau": "tau", "aggregation": "agg",
-          "normalization": "norm", "text_mode": "tm", "seed": "seed"}
+          "normalization": "norm", "text_mode": "tm", "seed": "seed", "theta": "theta",
+          "dominant_ratio": "dom", "ratio": "vr", "split": "split", "heat": "ht"}
+_SHARES = ("theta", "dominant_ratio", "ratio", "split")  # method parameters in [0, 1]
 
 
 @dataclass(frozen=True)
 class Settings:
     """The app's controls, and their compact string form (`to_string` / `Settings.parse`).
 
-    `m=mi,random&b=64&lam=0.5&tau=0.1&agg=max&norm=softmax&tm=question&seed=0`; b is tokens (int)
-    or a share (float in (0, 1]). Invalid values raise ValueError naming the field.
+    `m=mi,random&b=64&lam=0.5&tau=0.1&agg=max&norm=softmax&tm=question&seed=0&theta=0.5&...`; b is
+    tokens (int) or a share (float in (0, 1]). Method parameters: theta (CDPruner), dom (VisionZip's
+    dominant share), vr (VisPruner's important share), split (MI+Attention's first-round share);
+    ht: the prompt token whose PMI the heatmaps show (-1: each method's scores).
+    Invalid values raise ValueError naming the field.
     """
 
     methods: tuple[str, ...] = ("mi", "random", "similarity")
@@ -180,6 +185,11 @@ class Settings:
     normalization: str = "softmax"
     text_mode: str = "question"
     seed: int = 0
+    theta: float = 0.5
+    dominant_ratio: float = 0.84375
+    ratio: float = 0.5
+    split: float = 0.5
+    heat: int = -1
 
     def __post_init__(self):
         from mipruner.models.text import TEXT_MODES
@@ -217,11 +227,18 @@ class Settings:
             bad("text_mode", f"must be one of {TEXT_MODES}, got {self.text_mode!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             bad("seed", f"must be an int >= 0, got {self.seed!r}")
+        for name in _SHARES:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+                bad(name, f"must be in [0, 1], got {v!r}")
+        if isinstance(self.heat, bool) or not isinstance(self.heat, int) or self.heat < -1:
+            bad("heat", f"must be a prompt-token index >= 0, or -1 for none, got {self.heat!r}")
 
     def params(self) -> dict:
         """Keyword parameters for the pruners (each pruner takes the ones it accepts)."""
         return {"lam": float(self.lam), "tau": float(self.tau), "aggregation": self.aggregation,
-                "normalization": self.normalization, "seed": self.seed}
+                "normalization": self.normalization, "seed": self.seed,
+                **{name: float(getattr(self, name)) for name in _SHARES}}
 
     def method_specs(self) -> list[MethodSpec]:
         return [MethodSpec(m) for m in self.methods]
@@ -230,7 +247,8 @@ class Settings:
         vals = {"methods": ",".join(self.methods), "budget": repr(self.budget) if isinstance(self.budget, float)
                 else str(self.budget), "lam": repr(float(self.lam)), "tau": repr(float(self.tau)),
                 "aggregation": self.aggregation, "normalization": self.normalization,
-                "text_mode": self.text_mode, "seed": str(self.seed)}
+                "text_mode": self.text_mode, "seed": str(self.seed), "heat": str(self.heat),
+                **{name: repr(float(getattr(self, name))) for name in _SHARES}}
         return "&".join(f"{_CODES[k]}={vals[k]}" for k in _CODES)
 
     @classmethod
@@ -254,9 +272,9 @@ class Settings:
                     kw[name] = tuple(m.strip() for m in val.split(",") if m.strip())
                 elif name == "budget":
                     kw[name] = float(val) if any(c in val for c in ".eE") else int(val)
-                elif name in ("lam", "tau"):
+                elif name in ("lam", "tau", *_SHARES):
                     kw[name] = float(val)
-                elif name == "seed":
+                elif name in ("seed", "heat"):
                     kw[name] = int(val)
                 else:
                     kw[name] = val
@@ -446,19 +464,29 @@ class Engine:
 
     # -- generate
 
+    def _answer_key(self, enc, method: str | None, budget, params: dict | None, max_new_tokens: int) -> tuple:
+        if method is None:
+            return (None, None, (), max_new_tokens)
+        spec = get_pruner(method)
+        k = resolve_budget(budget, enc.n_visual)
+        used = {p: v for p, v in (params or {}).items() if p in spec.params and p != "cache"}
+        return (method, k, _freeze(used), max_new_tokens)
+
+    def cached_answer(self, session: Session, key: EncodingKey, method: str | None, budget=None,
+                      params: dict | None = None, max_new_tokens: int = 64):
+        """The answer `generate` would return if it is already cached, else None (never runs the LLM)."""
+        e = self.entry(session, key)
+        akey = self._answer_key(e.encoded, method, budget, params, max_new_tokens)
+        with session.lock:
+            return e.answers.get(akey)
+
     def generate(self, session: Session, key: EncodingKey, method: str | None, budget=None,
                  params: dict | None = None, max_new_tokens: int = 64):
         """The model's answer on the kept tokens (method=None: unpruned reference), cached per
         (encoding, method, budget, the params that method accepts, max_new_tokens)."""
         e = self.entry(session, key)
         enc = e.encoded
-        if method is None:
-            akey: tuple = (None, None, (), max_new_tokens)
-        else:
-            spec = get_pruner(method)
-            k = resolve_budget(budget, enc.n_visual)
-            used = {p: v for p, v in (params or {}).items() if p in spec.params and p != "cache"}
-            akey = (method, k, _freeze(used), max_new_tokens)
+        akey = self._answer_key(enc, method, budget, params, max_new_tokens)
         with session.lock:
             if akey in e.answers:
                 return e.answers[akey]

@@ -1,0 +1,80 @@
+"""The examples gallery: generated scenes and one clip under assets/examples (ours to redistribute).
+
+    python -m components.examples        # (re)writes assets/examples/ deterministically
+
+Scenes come from `mipruner.scenes` with a seed the embedded model never trained on; each example's
+prompt asks about an object that is really in the picture (checked when writing). Images are
+upscaled 3x with nearest-neighbour so they show crisply; the processor resizes them back.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from PIL import Image
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
+SEED = 424_242  # never used by mipruner.train_shapes (training draws from seed 0)
+SCALE = 3
+
+
+FAMILY_ORDER = ("color", "count", "presence", "color")  # one question family per example, in turn
+
+
+def _question(scene, family: str) -> str:
+    """A question of `family` about an object really in the scene (colour: of a unique shape)."""
+    from mipruner import scenes as sc
+
+    objs = scene.objects
+    shapes = [o.shape for o in objs]
+    unique = [o for o in objs if shapes.count(o.shape) == 1]
+    if family == "color" and unique:
+        return sc.color_question(unique[0].shape)
+    if family == "count":
+        return sc.count_question(objs[0].shape)
+    return sc.presence_question(objs[-1].color, objs[-1].shape)
+
+
+def write_examples(out_dir: str = EXAMPLES_DIR, n_images: int = 4) -> list[dict]:
+    """Write n_images scenes (PNG) and one 8-frame clip (MP4) with prompts; returns the index."""
+    from mipruner import scenes as sc
+    from mipruner.media import write_video
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows, index = [], 0
+    while len(rows) < n_images:
+        scene = sc.make_scene(SEED, index)
+        index += 1
+        if len(scene.objects) < 2:  # pruning is more telling with a few objects
+            continue
+        name = f"scene_{len(rows)}.png"
+        img = scene.pil()[0]
+        img.resize((img.width * SCALE, img.height * SCALE), Image.NEAREST).save(os.path.join(out_dir, name))
+        q = _question(scene, FAMILY_ORDER[len(rows) % len(FAMILY_ORDER)])
+        rows.append({"file": name, "kind": "image", "prompt": q,
+                     "objects": [o.category for o in scene.objects]})
+    clip = sc.make_clip(SEED, 0, n_objects=2)
+    frames = [f.resize((f.width * 2, f.height * 2), Image.NEAREST) for f in clip.pil()]
+    write_video(frames, os.path.join(out_dir, "clip_0.mp4"), fps=4)
+    rows.append({"file": "clip_0.mp4", "kind": "video", "prompt": _question(clip, "color"),
+                 "objects": [o.category for o in clip.objects]})
+    with open(os.path.join(out_dir, "index.json"), "w") as f:
+        json.dump({"seed": SEED, "examples": rows}, f, indent=1)
+    return rows
+
+
+def load_examples(out_dir: str = EXAMPLES_DIR) -> list[dict]:
+    """The shipped examples with absolute paths ([] when the folder is missing)."""
+    path = os.path.join(out_dir, "index.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        rows = json.load(f)["examples"]
+    return [{**r, "path": os.path.join(out_dir, r["file"])} for r in rows
+            if os.path.exists(os.path.join(out_dir, r["file"]))]
+
+
+if __name__ == "__main__":
+    for r in write_examples():
+        print(r["kind"], r["file"], "|", r["prompt"], "|", ", ".join(r["objects"]))

@@ -1,0 +1,123 @@
+"""Which models the app can run, and one shared `Engine` per loaded model.
+
+The embedded model (`shapes-llava`, shipped under assets/) is loaded at start-up and never
+unloaded: it is the fallback when another model cannot be loaded (offline, missing weights, out of
+memory, unsupported type). At most `max_loaded` models are held at once; loading another drops the
+least recently used one that is not the fallback. Engines hold no per-user state (see
+`mipruner.engine`), so one engine per model serves every browser session.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+from collections import OrderedDict
+from typing import Callable
+
+from mipruner.engine import Engine
+
+EMBEDDED = "shapes-llava"
+
+# Real checkpoints offered in the dropdown (any other hub id or local path can be typed in).
+SUGGESTED = (
+    EMBEDDED,
+    "llava-hf/llava-1.5-7b-hf",
+    "llava-hf/llava-v1.6-mistral-7b-hf",
+    "LanguageBind/Video-LLaVA-7B-hf",
+    "Qwen/Qwen2-VL-2B-Instruct",
+    "Qwen/Qwen2.5-VL-3B-Instruct",
+    "Qwen/Qwen3-VL-2B-Instruct",
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says why in plain words."""
+
+
+def describe_load_error(name: str, err: BaseException) -> str:
+    """A plain-language reason for a failed load."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+        why = "not enough memory to load it"
+    elif isinstance(err, (OSError, ValueError)) and any(s in str(err) for s in (
+            "offline", "not a local folder", "cannot load a model config", "Connection", "resolve")):
+        why = "its files are not on this machine and the model hub cannot be reached"
+    else:
+        why = f"{type(err).__name__}: {text}"
+    return f"Could not load {name!r} ({why})."
+
+
+class ModelHub:
+    """Engines by model name, loaded on demand; `get` falls back to the embedded model.
+
+    loader(name, device, dtype) -> Adapter; defaults to `mipruner.load`.
+    """
+
+    def __init__(self, default: str = EMBEDDED, *, device=None, dtype=None, max_loaded: int = 2,
+                 loader: Callable | None = None, fallback: str = EMBEDDED):
+        if max_loaded < 1:
+            raise ValueError(f"max_loaded must be >= 1, got {max_loaded}")
+        self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
+        self.fallback = fallback
+        self._loader = loader
+        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._lock = threading.Lock()
+        self.default = default
+        self.startup_message = ""
+
+    def load_default(self) -> str:
+        """Load the start-up model (or the fallback when it fails); returns a status message."""
+        try:
+            self._load(self.default)
+            self.startup_message = f"Model {self.default!r} loaded."
+        except ModelLoadError as e:
+            if self.default == self.fallback:
+                raise
+            self._load(self.fallback)
+            self.startup_message = f"{e} Using the embedded model {self.fallback!r} instead."
+            self.default = self.fallback
+        return self.startup_message
+
+    @property
+    def loaded(self) -> list[str]:
+        return list(self._engines)
+
+    def choices(self) -> list[str]:
+        return list(dict.fromkeys([self.default, *SUGGESTED, *self._engines]))
+
+    def _adapter(self, name: str):
+        if self._loader is not None:
+            return self._loader(name, self.device, self.dtype)
+        import mipruner
+
+        return mipruner.load(name, device=self.device, dtype=self.dtype)
+
+    def _load(self, name: str) -> Engine:
+        with self._lock:
+            if name in self._engines:
+                self._engines.move_to_end(name)
+                return self._engines[name]
+            try:
+                adapter = self._adapter(name)
+            except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up
+                gc.collect()
+                raise ModelLoadError(describe_load_error(name, e)) from e
+            self._engines[name] = Engine(adapter, name=name)
+            while len(self._engines) > self.max_loaded:
+                victim = next((k for k in self._engines if k not in (self.fallback, name)), None)
+                if victim is None:
+                    break
+                del self._engines[victim]
+                gc.collect()
+            return self._engines[name]
+
+    def get(self, name: str | None) -> tuple[Engine, str]:
+        """(engine, message). An empty name means the default; a failed load returns the fallback
+        engine and a message saying so (the message is empty on success)."""
+        name = (name or "").strip() or self.default
+        try:
+            return self._load(name), ""
+        except ModelLoadError as e:
+            return self._load(self.fallback), f"{e} Showing the embedded model {self.fallback!r} instead."
+
+
+__all__ = ["EMBEDDED", "ModelHub", "ModelLoadError", "SUGGESTED", "describe_load_error"]

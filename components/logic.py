@@ -1,0 +1,303 @@
+"""What the app's buttons and sliders do, without Gradio: encode, view, generate, inspect, export.
+
+Every handler takes the caller's `UIState` (one per browser session, held by `gr.State`) and
+returns plain values; `components.ui` turns them into component updates. Nothing here is shared
+between sessions except the model engines (`components.hub`), which hold no per-user state.
+User mistakes raise `UserError` with a message meant for the page.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+
+from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, selection_to_json
+from mipruner.media import MediaError, is_video_path
+from mipruner.pruners import get_pruner, list_pruners
+
+from .hub import ModelHub
+
+MAX_PANELS = 6
+DEFAULT_METHODS = ("mi", "random", "similarity", "attention")
+LABELS = {"mi": "MI-Pruner", "mi_attention": "MI-Pruner + attention", "random": "Random",
+          "similarity": "Similarity", "attention": "Attention", "visionzip": "VisionZip",
+          "vispruner": "VisPruner", "divprune": "DivPrune", "cdpruner": "CDPruner",
+          "fastv": "FastV", "dart": "DART"}
+MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
+
+
+class UserError(ValueError):
+    """A problem with what the user gave (file, prompt, settings); the message is for the page."""
+
+
+@dataclass
+class UIState:
+    """One browser session's state: its encodings cache and which encoding is on screen."""
+
+    session: Session | None = None
+    model: str = ""
+    key: EncodingKey | None = None
+    tokens: list[str] = field(default_factory=list)
+    n_visual: int = 0
+
+
+def method_choices() -> list[tuple[str, str]]:
+    """(label, registry name) for every method the app can show."""
+    return [(LABELS.get(n, n), n) for n in list_pruners()]
+
+
+def is_in_llm(name: str) -> bool:
+    return False
+
+
+def probe_video(path: str) -> int:
+    """Frames in the video's first stream (from the container's metadata; 0 when it does not say).
+
+    Refuses files with no video stream and videos longer than MAX_VIDEO_FRAMES before anything is
+    decoded."""
+    import av
+
+    try:
+        with av.open(path) as c:
+            if not c.streams.video:
+                raise UserError(f"{os.path.basename(path)!r} has no video stream")
+            s = c.streams.video[0]
+            n = int(s.frames or 0)
+            if not n and s.duration and s.time_base and s.average_rate:
+                n = int(float(s.duration * s.time_base) * float(s.average_rate))
+            if not n and c.duration and s.average_rate:
+                n = int(c.duration / 1e6 * float(s.average_rate))
+    except (av.error.FFmpegError, OSError) as e:
+        raise UserError(f"cannot read video {os.path.basename(path)!r}: {e}") from None
+    if n > MAX_VIDEO_FRAMES:
+        raise UserError(f"the video has {n} frames; this app takes at most {MAX_VIDEO_FRAMES} "
+                        "(trim it to a short clip)")
+    return n
+
+
+def budget_of(value, unit: str, n_visual: int):
+    """The pruners' budget from the UI: tokens (int, at most N_V) or a percentage (share)."""
+    if value is None:
+        raise UserError("set a budget")
+    if unit == "%":
+        share = float(value) / 100.0
+        if not 0.0 < share <= 1.0:
+            raise UserError(f"a budget in % must be in (0, 100], got {value}")
+        return share
+    k = int(round(float(value)))
+    if k < 1:
+        raise UserError(f"the budget must keep at least 1 token, got {value}")
+    return min(k, n_visual) if n_visual else k
+
+
+def _answer_dict(ans) -> dict:
+    return {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
+            "prefill_ms": round(ans.prefill_s * 1e3, 2), "decode_ms": round(ans.decode_s * 1e3, 2),
+            "new_tokens": len(ans.token_ids)}
+
+
+class AppLogic:
+    """The handlers; one instance per app, shared by all sessions (it holds no user state)."""
+
+    def __init__(self, hub: ModelHub, *, max_new_tokens: int = 32, gpu=None):
+        self.hub = hub
+        self.max_new_tokens = max_new_tokens
+        if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: only the model-running handlers
+            self.encode = gpu(self.encode)
+            self.generate = gpu(self.generate)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _engine(self, state: UIState):
+        engine, _ = self.hub.get(state.model)
+        return engine
+
+    def _current(self, state: UIState):
+        if state is None or state.key is None or state.session is None:
+            raise UserError("run the model first: choose an image or a video, type a prompt and press Run")
+        engine = self._engine(state)
+        try:
+            enc = engine.encoded(state.session, state.key)
+        except StaleKeyError:
+            raise UserError("this result expired from the cache: press Run again") from None
+        return engine, enc
+
+    # -- encode ----------------------------------------------------------------------------
+
+    def encode(self, state: UIState | None, model: str, kind: str, image, video, prompt: str,
+               text_mode: str = "question") -> tuple[UIState, str]:
+        """Run the vision tower and embed the prompt (once per media+prompt in this session).
+
+        Returns the new state and a status line. kind: "image" or "video" (which input to use)."""
+        state = state if isinstance(state, UIState) else UIState()
+        if state.session is None:
+            state.session = self.hub.get(None)[0].new_session()
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise UserError("the prompt is empty: ask a question about the image or video")
+        media = video if kind == "video" else image
+        if media is None or media == "":
+            raise UserError(f"no {kind} given: upload one, or pick an example")
+        if kind == "video":
+            if not is_video_path(str(media)):
+                raise UserError(f"{os.path.basename(str(media))!r} is not a video file this app reads")
+            probe_video(str(media))
+        engine, note = self.hub.get(model)
+        t0 = time.perf_counter()
+        try:
+            key = engine.encode(state.session, media, prompt.strip(), text_mode=text_mode, need_attention=True)
+        except MediaError as e:
+            raise UserError(str(e)) from None
+        except ValueError as e:  # empty prompt, too long, unsupported media for this family
+            raise UserError(str(e)) from None
+        except MemoryError:
+            raise UserError("out of memory while encoding: try a smaller image or a shorter video") from None
+        except RuntimeError as e:
+            if "out of memory" in str(e).lower():
+                raise UserError("out of memory while encoding: try a smaller image or a shorter video") from None
+            raise
+        enc = engine.encoded(state.session, key)
+        state.model, state.key = engine.model_name, key
+        state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
+        frames = len(enc.geometry.sizes)
+        what = f"{frames} frames" if enc.is_video else "1 image"
+        status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "
+                  f"{len(enc.scoring_tokens)} prompt tokens scored; encoded in "
+                  f"{(time.perf_counter() - t0) * 1e3:.0f} ms (cached for this session).")
+        return state, (note + " " + status).strip()
+
+    # -- view ------------------------------------------------------------------------------
+
+    def view(self, state: UIState, settings: Settings) -> tuple[list[MethodView], dict]:
+        """Prune with every chosen method and render its panel; no vision tower, no LLM."""
+        engine, enc = self._current(state)
+        methods = list(settings.methods)[:MAX_PANELS]
+        heat = settings.heat if 0 <= settings.heat < len(enc.scoring_tokens) else None
+        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        try:
+            views = engine.view(state.session, state.key, methods, budget, settings.params(), heat_token=heat)
+        except StaleKeyError:
+            raise UserError("this result expired from the cache: press Run again") from None
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        for v in views:
+            v.label = LABELS.get(v.method, v.method)
+        summary = {"model": state.model, "n_visual": enc.n_visual, "settings": settings.to_string(),
+                   "heat_token": None if heat is None else enc.scoring_tokens[heat],
+                   "methods": [{"method": v.method, "kept": v.kept, "share": round(v.share, 4),
+                                "keep": v.selection.keep.tolist(), "prune_ms": round(v.prune_ms, 2),
+                                "render_ms": round(v.render_ms, 2)} for v in views]}
+        return views, summary
+
+    # -- generate --------------------------------------------------------------------------
+
+    def generate(self, state: UIState, settings: Settings, max_new_tokens: int | None = None,
+                 progress=None) -> dict:
+        """The unpruned reference answer and each method's answer (cached per settings)."""
+        engine, enc = self._current(state)
+        n = int(max_new_tokens or self.max_new_tokens)
+        if n < 1:
+            raise UserError(f"max new tokens must be >= 1, got {n}")
+        methods = list(settings.methods)[:MAX_PANELS]
+        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        todo = [None, *methods]
+        out: dict = {"reference": None, "methods": {}}
+        for i, m in enumerate(todo):
+            if progress is not None:
+                progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else LABELS.get(m, m)}")
+            try:
+                ans = engine.generate(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
+            except StaleKeyError:
+                raise UserError("this result expired from the cache: press Run again") from None
+            except RuntimeError as e:
+                if "out of memory" in str(e).lower():
+                    raise UserError("out of memory while generating: lower the budget or max new tokens") from None
+                raise
+            if m is None:
+                out["reference"] = _answer_dict(ans)
+            else:
+                out["methods"][m] = _answer_dict(ans)
+        return out
+
+    def cached_answers(self, state: UIState, settings: Settings, max_new_tokens: int | None = None) -> dict:
+        """Like `generate` but only what is already cached (never runs the LLM)."""
+        engine, enc = self._current(state)
+        n = int(max_new_tokens or self.max_new_tokens)
+        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        out: dict = {"reference": None, "methods": {}}
+        for m in [None, *list(settings.methods)[:MAX_PANELS]]:
+            ans = engine.cached_answer(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
+            if ans is None:
+                continue
+            if m is None:
+                out["reference"] = _answer_dict(ans)
+            else:
+                out["methods"][m] = _answer_dict(ans)
+        return out
+
+    # -- inspect ---------------------------------------------------------------------------
+
+    def inspect(self, state: UIState, settings: Settings, x: float, y: float) -> dict:
+        """The visual token under strip pixel (x, y) of any panel image: where it is, which methods
+        keep it, and its PMI with every prompt token (MI's PMI at the current tau/normalization)."""
+        from mipruner import viz
+
+        engine, enc = self._current(state)
+        lay = engine.layout(state.session, state.key)
+        idx = viz.token_at(enc, None, float(x), float(y), layout=lay)
+        if idx is None:
+            raise UserError(f"no visual token at ({x:.0f}, {y:.0f}): click on the picture")
+        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        params = settings.params()
+        mi = engine.prune(state.session, state.key, "mi", budget, **params)
+        kept_by = []
+        for m in list(settings.methods)[:MAX_PANELS]:
+            sel = engine.prune(state.session, state.key, m, budget, **params)
+            if idx in set(sel.keep.tolist()):
+                kept_by.append(m)
+        geo = enc.geometry
+        row = viz.pmi_row(enc, mi, idx)
+        return {"token": idx, "frame": int(geo.frame[idx]), "row": int(geo.row[idx]), "col": int(geo.col[idx]),
+                "box": [round(float(b), 1) for b in geo.box[idx].tolist()], "kept_by": kept_by,
+                "pivot": enc.scoring_tokens[int(mi.pivot[idx])], "pmi": [[t, round(v, 5)] for t, v in row]}
+
+    # -- export ----------------------------------------------------------------------------
+
+    def export(self, state: UIState, settings: Settings, out_dir: str) -> list[str]:
+        """PNG of every panel image and JSON of every selection, written under out_dir."""
+        views, summary = self.view(state, settings)
+        engine, enc = self._current(state)
+        os.makedirs(out_dir, exist_ok=True)
+        paths = []
+        for v in views:
+            for what, img in (("mask", v.mask), ("heatmap", v.heatmap), ("pivots", v.pivot)):
+                if img is not None:
+                    p = os.path.join(out_dir, f"{v.method}_{what}.png")
+                    img.save(p)
+                    paths.append(p)
+            p = os.path.join(out_dir, f"{v.method}_selection.json")
+            with open(p, "w") as f:
+                f.write(selection_to_json(enc, v.selection))
+            paths.append(p)
+        p = os.path.join(out_dir, "view.json")
+        with open(p, "w") as f:
+            json.dump(summary, f)
+        paths.append(p)
+        return paths
+
+
+def check_methods(methods) -> tuple[str, ...]:
+    """The chosen method names, validated; at least one, at most MAX_PANELS."""
+    methods = tuple(methods or ())
+    if not methods:
+        raise UserError("choose at least one method")
+    if len(methods) > MAX_PANELS:
+        raise UserError(f"choose at most {MAX_PANELS} methods at once")
+    for m in methods:
+        if not is_in_llm(m):
+            get_pruner(m)
+    return methods
+
+
+__all__ = ["AppLogic", "DEFAULT_METHODS", "LABELS", "MAX_PANELS", "UIState", "UserError", "budget_of",
+           "check_methods", "method_choices", "probe_video"]
