@@ -1,0 +1,55 @@
+"""FastV (Chen et al., ECCV 2024): keep the image tokens the last prompt token attends to most.
+
+Rule (PEERS.md): at decoder layer K-1, take the attention probabilities of the LAST prompt token
+(query) over the whole prompt, average them over heads, and keep the top-`budget` image tokens
+by that score; from layer K on only those image tokens (and every text token) remain.
+Original defaults: K = 2, drop ratio R = 50% (budget = share 0.5).
+
+The model runs SDPA, which returns no probabilities, so we compute that one row ourselves, from
+what the layer actually used: its attention input of the last token (captured by a pre-hook in
+`_decoder.run_prefix`) goes through the module's own `q_proj` (and `q_norm` where the family has
+one) and its module's `apply_rotary_pos_emb`; the keys are the ones the layer wrote into the KV
+cache (post-norm, post-rotary). softmax(q k^T * scaling) over the L keys, mean over heads. The
+test checks this row against the model's eager `output_attentions`.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ..pruners.selection import Selection
+
+
+def last_token_attention(attn, query_input: torch.Tensor, cos_sin, keys: torch.Tensor,
+                         window: int | None = None) -> torch.Tensor:
+    """Head-mean attention probabilities (L,) float32 of the last query over all L keys.
+
+    attn: the layer's attention module; query_input (1, 1, d): its input for the last token;
+    cos_sin: that token's rotary cos/sin; keys (1, KV, L, d_head) from the cache; window: sliding
+    window of the layer (keys older than it get no attention), None for full attention.
+    """
+    rope = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    if rope is None:
+        raise NotImplementedError(f"{type(attn).__name__}: no apply_rotary_pos_emb in its module")
+    d_head = keys.shape[-1]
+    q = attn.q_proj(query_input).view(1, 1, -1, d_head)  # (1, 1, H, d_head)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3: RMSNorm over d_head before rotary
+        q = attn.q_norm(q)
+    q = q.transpose(1, 2)  # (1, H, 1, d_head)
+    cos, sin = cos_sin
+    q, _ = rope(q, q, cos, sin)
+    n_kv, L = keys.shape[1], keys.shape[2]
+    groups = q.shape[1] // n_kv  # grouped-query attention: head h reads KV head h // groups
+    q = q[0, :, 0].float().view(n_kv, groups, d_head)  # (KV, G, d_head)
+    logits = q @ keys[0].float().transpose(1, 2) * float(attn.scaling)  # (KV, G, d) @ (KV, d, L) -> (KV, G, L)
+    if window is not None and L > window:
+        logits[..., : L - window] = -float("inf")  # the last query sees keys (L-1-window, L-1]
+    return logits.softmax(dim=-1).mean(dim=(0, 1))  # (L,)
+
+
+def fastv_rank(attention: torch.Tensor, budget: int) -> Selection:
+    """Top-`budget` image tokens by `attention` (N_V,), ties to the lower index."""
+    scores = attention.detach().float().cpu()
+    order = torch.sort(scores, descending=True, stable=True).indices[:budget]
+    return Selection.from_order(order, scores)

@@ -1,0 +1,283 @@
+"""FastV and DART inside the LLM (`mipruner.inllm`) on tiny LLaVA / Qwen checkpoints built offline.
+
+  keep-all     logits torch.equal the adapter's unpruned prefill; greedy tokens equal its generate
+               (with and without the select cache), for every family and K in {1, 2};
+  pruned       logits (1e-5) and greedy tokens equal the model's OWN forward on the full sequence
+               with the dropped tokens hidden as keys in layers >= K only (tests/inllm/reference.py);
+  FastV        its scores are the last token's head-mean attention at layer K-1 read from the
+               model's eager `output_attentions`, its keep their top-k;
+  DART         pivots and picks by hand on 2-D vectors; on a model, the keep equals the rule applied
+               to keys and hidden states read from the model's own outputs;
+  cache        another budget or method at the same K runs no decoder layer (counting hook);
+               generate with the cache runs only layers >= K on the prompt;
+  errors       unknown method / parameter, bad layer / budget / pivots, foreign cache, dummy adapter.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mipruner
+from mipruner import inllm
+from mipruner.inllm.dart import dart_rank
+from mipruner.models.dummy import DummyAdapter
+
+from ..models import tiny_qwen
+from ..models.test_qwen_family import scene as qwen_scene
+from ..models.test_qwen_family import video as qwen_video
+from ..models.tiny_llava import save_tiny, scene
+from .reference import reference_run
+
+PROMPT = "What colour is the square?"
+LLAVA = ("llava", "llava_next", "video_llava")
+QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inllm")
+    out = {fam: save_tiny(fam, str(root / fam)) for fam in LLAVA}
+    out.update({kind: tiny_qwen.build(kind, str(root)) for kind in QWEN})
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(paths):
+    return {fam: mipruner.load(p, device="cpu") for fam, p in paths.items()}
+
+
+CASES = [("llava", "image"), ("llava_next", "image"), ("video_llava", "image"), ("qwen2_vl", "image"),
+         ("qwen2_5_vl", "image"), ("qwen3_vl", "image"), ("qwen3_vl", "video")]
+
+
+@pytest.fixture(scope="module")
+def encoded(adapters):
+    out = {}
+    for fam, media in CASES:
+        if fam in LLAVA:
+            out[fam, media] = adapters[fam].encode(scene(112, 56, square=(70, 14, 84, 28)), PROMPT)
+        else:
+            out[fam, media] = adapters[fam].encode(qwen_video() if media == "video" else qwen_scene(), PROMPT)
+    return out
+
+
+def _id(c):
+    return "-".join(c)
+
+
+# ------------------------------------------------------------------------------------ keep-all
+@pytest.mark.parametrize("fam,media", CASES, ids=[_id(c) for c in CASES])
+def test_keep_all_is_the_unpruned_model(adapters, encoded, fam, media):
+    ad, enc = adapters[fam], encoded[fam, media]
+    ref = ad.prefill_logits(enc)
+    ans = ad.generate(enc, max_new_tokens=5)
+    for layer in (1, 2):
+        assert torch.equal(inllm.prefill_logits(ad, enc, None, layer=layer), ref)
+        assert torch.equal(inllm.prefill_logits(ad, enc, torch.arange(enc.n_visual), layer=layer), ref)
+        got = inllm.generate(ad, enc, None, layer=layer, max_new_tokens=5)
+        assert got.token_ids == ans.token_ids
+        assert got.input_tokens == ans.input_tokens and got.visual_tokens == enc.n_visual
+    cache: dict = {}
+    sel = inllm.select(ad, enc, "fastv", 1.0, cache=cache, layer=1)
+    assert sel.budget == enc.n_visual
+    assert inllm.generate(ad, enc, sel, layer=1, max_new_tokens=5, cache=cache).token_ids == ans.token_ids
+
+
+# ------------------------------------------------------------------------------------ pruned
+def _reference_inputs(ad, enc):
+    """(prefill kwargs, step kwargs fn) of the model's own forward on the full sequence."""
+    L = int(enc.state["input_ids"].shape[-1])
+    if ad.family in LLAVA:
+        embeds = ad.pruned_inputs(enc, None)["inputs_embeds"]
+        inputs = dict(inputs_embeds=embeds, attention_mask=torch.ones(1, L, dtype=torch.long))
+
+        def step(token, s):
+            return dict(input_ids=torch.tensor([[token]]), attention_mask=torch.ones(1, L + s, dtype=torch.long),
+                        position_ids=torch.tensor([[L + s - 1]]))
+        return inputs, step
+    st = enc.state
+    inputs = dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], position_ids=st["positions"],
+                  attention_mask=torch.ones(1, L, dtype=torch.long), **st["vision_inputs"], **st["rope_kwargs"])
+    start = int(st["positions"].max()) + 1
+
+    def step(token, s):
+        return dict(input_ids=torch.tensor([[token]]), position_ids=torch.full((3, 1, 1), start + s - 1),
+                    attention_mask=torch.ones(1, L + s, dtype=torch.long))
+    return inputs, step
+
+
+PRUNED = [(fam, media, method) for fam, media in [("llava", "image"), ("llava_next", "image"), ("qwen2_vl", "image"),
+                                                  ("qwen3_vl", "image"), ("qwen3_vl", "video")]
+          for method in ("fastv", "dart")]
+
+
+@pytest.mark.parametrize("fam,media,method", PRUNED, ids=[_id(c) for c in PRUNED])
+def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, method):
+    ad, enc = adapters[fam], encoded[fam, media]
+    layer = 1  # the tiny models have 2 decoder layers: layer 0 full, layer 1 pruned
+    k = max(1, enc.n_visual // 4)
+    sel = inllm.select(ad, enc, method, k, layer=layer)
+    assert sel.budget == k and sel.method == method and sel.extras["layer"] == layer
+    L = int(enc.state["input_ids"].shape[-1])
+    dropped = torch.zeros(L, dtype=torch.bool)
+    gone = torch.ones(enc.n_visual, dtype=torch.bool)
+    gone[sel.keep] = False
+    dropped[enc.state["visual_positions"].cpu()[gone]] = True
+    inputs, step = _reference_inputs(ad, enc)
+    ref_logits, ref_tokens = reference_run(ad.model, inputs, step, layer, dropped, max_new_tokens=5)
+    got = inllm.prefill_logits(ad, enc, sel, layer=layer)
+    assert got.shape[0] == L - (enc.n_visual - k)
+    torch.testing.assert_close(got, ref_logits[~dropped], atol=1e-5, rtol=1e-5)
+    ans = inllm.generate(ad, enc, sel, layer=layer, max_new_tokens=5)
+    eos = set(inllm._get_prompt(ad, enc, None).eos)
+    cut = next((i + 1 for i, t in enumerate(ref_tokens) if t in eos), len(ref_tokens))
+    assert ans.token_ids == ref_tokens[:cut]
+    assert ans.input_tokens == L - (enc.n_visual - k) and ans.visual_tokens == k
+    # the pruned run is not the unpruned one (the test could fail)
+    assert not torch.allclose(got, ad.prefill_logits(enc)[~dropped], atol=1e-4)
+
+
+def test_min_new_tokens_forces_the_length(adapters, encoded):
+    ad, enc = adapters["llava"], encoded["llava", "image"]
+    ans = inllm.generate(ad, enc, [0, 3], layer=1, max_new_tokens=7, min_new_tokens=7)
+    assert len(ans.token_ids) == 7 and not set(ans.token_ids) & set(inllm._get_prompt(ad, enc, None).eos)
+
+
+# ------------------------------------------------------------------------------------ FastV
+def _eager(paths, fam):
+    from transformers import AutoModelForImageTextToText, LlavaForConditionalGeneration, LlavaNextForConditionalGeneration
+
+    cls = {"llava": LlavaForConditionalGeneration, "llava_next": LlavaNextForConditionalGeneration}.get(
+        fam, AutoModelForImageTextToText)
+    return cls.from_pretrained(paths[fam], attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("fam", ["llava", "qwen2_vl", "qwen3_vl"])
+def test_fastv_is_the_top_k_of_eager_attention(paths, adapters, encoded, fam):
+    ad, enc = adapters[fam], encoded[fam, "image"]
+    eager = _eager(paths, fam)
+    if fam in LLAVA:
+        inputs = dict(inputs_embeds=ad.pruned_inputs(enc, None)["inputs_embeds"])
+    else:
+        inputs = ad._llm_inputs(enc, None)  # the adapter's own public-input kwargs (ids, positions, visual rows)
+    vis = enc.state["visual_positions"].cpu()
+    for layer in (1, 2):
+        att = eager(**inputs, output_attentions=True).attentions[layer - 1]  # (1, H, L, L)
+        expected = att[0, :, -1, vis].float().mean(0)  # the last token's head-mean attention on the image
+        sel = inllm.select(ad, enc, "fastv", 5, layer=layer)
+        torch.testing.assert_close(sel.scores, expected, atol=1e-6, rtol=1e-5)
+        assert sel.keep.tolist() == sorted(torch.topk(expected, 5).indices.tolist())
+        assert sel.order.tolist() == torch.topk(expected, 5).indices.tolist()
+
+
+# ------------------------------------------------------------------------------------ DART
+def test_dart_rule_by_hand():
+    # six image tokens on the unit circle, one text token pointing up
+    ang = torch.tensor([0.0, 180.0, 270.0, 90.0, 45.0, 200.0]) * torch.pi / 180
+    img = torch.stack([ang.cos(), ang.sin()], 1)  # (6, 2)
+    txt = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    key_img = torch.tensor([5.0, 1.0, 1.0, 1.0, 2.0, 1.0])  # token 0 is the image pivot, then 4
+    key_txt = torch.tensor([3.0, 1.0])  # text token 0 (up) is the text pivot
+    sel = dart_rank(key_img, key_txt, img, txt, budget=3, image_pivots=1, text_pivots=1)
+    # 2 picks for 2 pivots: pivot 0 (east) takes the westmost (180 deg); the up-pivot the downmost (270 deg)
+    assert sel.order.tolist() == [0, 1, 2] and sel.keep.tolist() == [0, 1, 2]
+    assert sel.extras["pivots_image"].tolist() == [0] and sel.extras["pivots_text"].tolist() == [0]
+    assert sel.extras["picked_by"].tolist() == [0, 0, 1, -1, -1, -1]
+    assert sel.scores[1].item() == pytest.approx(1.0) and sel.scores[2].item() == pytest.approx(1.0)
+    # 3 picks for 2 pivots: the first pivot gets 2 (180 then 200 deg), the up-pivot 1 (270 deg)
+    sel = dart_rank(key_img, key_txt, img, txt, budget=4, image_pivots=1, text_pivots=1)
+    assert sel.order.tolist() == [0, 1, 5, 2]
+    # two image pivots (0, then 4 by key norm) and no text pivot: picks share out 1 + 1
+    sel = dart_rank(key_img, key_txt, img, txt, budget=4, image_pivots=2, text_pivots=0)
+    assert sel.order.tolist() == [0, 4, 1, 5]  # 0 -> 180 deg; 45 deg -> least similar left: 200 deg
+    # budget below the pivot count: the top-norm image tokens only
+    assert dart_rank(key_img, key_txt, img, txt, budget=1).keep.tolist() == [0]
+
+
+@pytest.mark.parametrize("fam", ["llava", "qwen2_vl"])
+def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
+    ad, enc = adapters[fam], encoded[fam, "image"]
+    layer = 1
+    inputs, _ = _reference_inputs(ad, enc)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=ad.model.config.get_text_config())
+    out = ad.model(**inputs, past_key_values=cache, use_cache=True, output_hidden_states=True)
+    keys = cache.layers[layer - 1].keys[0]  # (KV, L, d_head)
+    l1 = keys.abs().sum(dim=(0, 2))  # (L,)
+    hidden = ad.model.model.language_model.norm(out.hidden_states[layer])[0]  # input of layer K, final norm
+    vis = enc.state["visual_positions"].cpu()
+    after = torch.arange(int(vis.max()) + 1, l1.numel())
+    k = enc.n_visual // 2
+    expected = dart_rank(l1[vis], l1[after], hidden[vis], hidden[after], k)
+    sel = inllm.select(ad, enc, "dart", k, layer=layer)
+    assert sel.keep.tolist() == expected.keep.tolist() and sel.budget == k
+    assert sel.extras["pivots_text_positions"].tolist() == after[expected.extras["pivots_text"]].tolist()
+
+
+# ------------------------------------------------------------------------------------ cache
+def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
+    ad, enc = adapters["qwen2_vl"], encoded["qwen2_vl", "image"]
+    layers = ad.model.model.language_model.layers
+    calls = [0] * len(layers)
+    handles = [m.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+               for i, m in enumerate(layers)]
+    try:
+        cache: dict = {}
+        a = inllm.select(ad, enc, "fastv", 4, cache=cache, layer=1)
+        assert calls == [1, 0]  # layers 0..K-1 once
+        b = inllm.select(ad, enc, "fastv", 12, cache=cache, layer=1)
+        c = inllm.select(ad, enc, "dart", 0.5, cache=cache, layer=1)
+        assert calls == [1, 0]  # re-rank only
+        assert set(a.keep.tolist()) <= set(b.keep.tolist()) and c.budget == round(enc.n_visual * 0.5)
+        ans = inllm.generate(ad, enc, b, layer=1, max_new_tokens=3, min_new_tokens=3, cache=cache)
+        assert calls == [1 + 2, 1 + 2]  # prompt: layer 1 only; then 2 decoding steps through both
+        assert ans.token_ids == inllm.generate(ad, enc, b, layer=1, max_new_tokens=3, min_new_tokens=3).token_ids
+        assert calls == [3 + 3, 3 + 3]  # without the cache: both layers on the prompt, then 2 steps
+        inllm.select(ad, enc, "fastv", 4, cache=cache, layer=2)  # another K: a new prefix
+        assert calls == [7, 7]
+    finally:
+        for h in handles:
+            h.remove()
+
+
+# ------------------------------------------------------------------------------------ errors
+def test_api_and_errors(adapters, encoded):
+    ad, enc = adapters["llava"], encoded["llava", "image"]
+    assert inllm.METHODS == ("fastv", "dart") and inllm.is_in_llm("dart") and not inllm.is_in_llm("mi")
+    assert inllm.defaults("fastv") == {"layer": 2}
+    assert inllm.defaults("dart") == {"layer": 2, "image_pivots": 4, "text_pivots": 4}
+    with pytest.raises(ValueError, match="Did you mean 'fastv'"):
+        inllm.select(ad, enc, "fastvv", 4)
+    with pytest.raises(TypeError, match="lam"):
+        inllm.select(ad, enc, "fastv", 4, lam=0.5)
+    for bad in (0, 3, 1.5):
+        with pytest.raises(ValueError, match="layer"):
+            inllm.select(ad, enc, "fastv", 4, layer=bad)
+    with pytest.raises(ValueError, match="layer"):
+        inllm.prefill_logits(ad, enc, None, layer=0)
+    with pytest.raises(ValueError, match="budget"):
+        inllm.select(ad, enc, "dart", enc.n_visual + 1, layer=1)
+    with pytest.raises(ValueError, match="image_pivots"):
+        inllm.select(ad, enc, "dart", 4, layer=1, image_pivots=-1)
+    with pytest.raises(ValueError, match="text_pivots"):
+        inllm.select(ad, enc, "dart", 4, layer=1, image_pivots=0, text_pivots=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        inllm.generate(ad, enc, None, layer=1, max_new_tokens=0)
+    with pytest.raises(ValueError, match="keep"):
+        inllm.generate(ad, enc, [enc.n_visual], layer=1)
+    cache: dict = {}
+    inllm.select(ad, enc, "fastv", 4, cache=cache, layer=1)
+    other = ad.encode(scene(56, 56), "Is there a cat?")
+    with pytest.raises(ValueError, match="another encoding"):
+        inllm.select(ad, other, "fastv", 4, cache=cache, layer=1)
+    dummy = DummyAdapter(patch=8)
+    denc = dummy.encode(scene(32, 32), "Is there a white square?")
+    with pytest.raises(NotImplementedError, match="dummy"):
+        inllm.select(dummy, denc, "fastv", 4)
