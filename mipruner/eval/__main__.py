@@ -5,6 +5,7 @@ Examples:
   python -m mipruner.eval --model llava-hf/llava-1.5-7b-hf --task pope \
       --data coco_pope_random.json,coco_pope_popular.json,coco_pope_adversarial.json --images val2014/ \
       --methods mi,random,similarity --budgets 64,32 --json pope.json
+  python -m mipruner.eval --model shapes-llava --task shapes-pope --n 60 --methods mi,fastv,dart --budgets 8,16 --layer 2
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 import sys
 
 import mipruner
+from mipruner import inllm
 
 from .runner import evaluate, format_rows
 from .tasks import read_pope
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--tau", type=float, default=None)
     p.add_argument("--aggregation", choices=("max", "mean"), default=None)
     p.add_argument("--normalization", choices=("softmax", "minmax"), default=None)
+    p.add_argument("--layer", type=int, default=None,
+                   help="fastv/dart: prune after decoder layer K (default: the method's, K=2)")
     p.add_argument("--text-mode", choices=("question", "nostop", "prompt"), default="question")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--device", default=None)
@@ -61,10 +65,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
-        if m != "none":
+        if m != "none" and not inllm.is_in_llm(m):
             mipruner.get_pruner(m)  # unknown names fail before any model is loaded
     params = {k: v for k, v in (("lam", a.lam), ("tau", a.tau), ("aggregation", a.aggregation),
-                                ("normalization", a.normalization)) if v is not None}
+                                ("normalization", a.normalization), ("layer", a.layer)) if v is not None}
     items = build_items(a)
     adapter = mipruner.load(a.model, device=a.device)
     progress = None

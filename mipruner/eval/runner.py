@@ -2,7 +2,9 @@
 
 Per item: encode once, answer unpruned (method "none"), then for every method and budget prune
 the cached encoding and answer on the kept tokens. Random is run with 3 seeds and averaged,
-as in the paper.
+as in the paper. In-LLM methods (`mipruner.inllm`: fastv, dart) select inside the LLM: their
+first K layers run once per item and are shared by every budget (`inllm.select` +
+`inllm.generate` with one cache per item).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Iterable
 import torch
 
 import mipruner
+from mipruner import inllm
 from mipruner.pruners import get_pruner
 
 from .metrics import answer_matches, pope_metrics, query_recall, token_object_cover
@@ -42,7 +45,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
              task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None) -> list[dict]:
     """Answers for every (item, method, budget, seed); returns the aggregated rows."""
     items = list(items)
-    need_att = any(get_pruner(m).needs_attention for m in methods if m != "none")
+    need_att = any(get_pruner(m).needs_attention for m in methods if m != "none" and not inllm.is_in_llm(m))
     records = []  # (method, budget, seed, item, prediction, recall)
     bar = progress(total=len(items), desc=f"eval {task}") if progress else None
     for item in items:
@@ -53,6 +56,12 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
         cache: dict = {}
         for m in methods:
             if m == "none":
+                continue
+            if inllm.is_in_llm(m):
+                for b in budgets:
+                    sel, out = _in_llm(adapter, enc, m, b, params, cache.setdefault("inllm", {}), max_new_tokens)
+                    rec = query_recall(sel.keep, cover) if cover is not None else math.nan
+                    records.append((m, b, None, item, out.text, rec))
                 continue
             for b in budgets:
                 seeds = RANDOM_SEEDS if "seed" in get_pruner(m).params else (None,)
@@ -67,6 +76,14 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     if bar:
         bar.close()
     return aggregate(records, task)
+
+
+def _in_llm(adapter, enc, method: str, budget, params: dict, cache: dict, max_new_tokens: int):
+    """(Selection, Answer) of in-LLM `method`; `cache` is shared by the budgets of one item."""
+    kw = {k: v for k, v in params.items() if k in inllm.defaults(method)}
+    sel = inllm.select(adapter, enc, method, budget, cache=cache, **kw)
+    out = inllm.generate(adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=max_new_tokens, cache=cache)
+    return sel, out
 
 
 def _mean(xs):
