@@ -13,6 +13,7 @@ import gradio as gr
 from .logic import LABELS, MAX_PANELS
 
 PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, legend, answer
+IMAGE_HEIGHT = 240  # px on the page; the image itself keeps its resolution (click coordinates use it)
 
 
 @dataclass
@@ -37,12 +38,12 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                     panels.append(Panel(
                         title=gr.Markdown(visible=False, elem_id=f"panel-{i}-title"),
                         mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format="png",
-                                      interactive=False, visible=False, elem_id=f"panel-{i}-mask",
+                                      interactive=False, visible=False, elem_id=f"panel-{i}-mask", height=IMAGE_HEIGHT,
                                       buttons=["download", "fullscreen"]),
-                        heat=gr.Image(label="scores", type="pil", format="png", interactive=False, visible=False,
+                        heat=gr.Image(label="scores", type="pil", format="png", interactive=False, visible=False, height=IMAGE_HEIGHT,
                                       elem_id=f"panel-{i}-heat", buttons=["download", "fullscreen"]),
                         pivot=gr.Image(label="pivot word of each patch", type="pil", format="png",
-                                       interactive=False, visible=False, elem_id=f"panel-{i}-pivot",
+                                       interactive=False, visible=False, elem_id=f"panel-{i}-pivot", height=IMAGE_HEIGHT,
                                        buttons=["download", "fullscreen"]),
                         legend=gr.HTML(visible=False, elem_id=f"panel-{i}-legend"),
                         answer=gr.Markdown(visible=False, elem_id=f"panel-{i}-answer"),

@@ -37,6 +37,12 @@ def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
 
+def token_chips(tokens: list[str], heat: int) -> list[tuple[str, str | None]]:
+    """The prompt's scored tokens for the clickable HighlightedText (the heatmap's token marked)."""
+    return [(t.replace("\u2581", "").replace("\u0120", "") + " ", "shown" if i == heat else None)
+            for i, t in enumerate(tokens)]
+
+
 def named(*names: str, extra: tuple = ()):
     """Give a `*vals` handler a signature with these parameter names, so the API (and
     `gradio_client`'s view_api) shows readable names instead of param_1, param_2, ..."""
@@ -137,7 +143,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             progress(1.0, desc="encoded")
             unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
             heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
-            return (st, msg, [(t, None) for t in st.tokens],
+            return (st, msg, token_chips(st.tokens, -1),
                     C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat))
 
         @named("state", *names)
@@ -148,7 +154,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
                 cached = logic.cached_answers(st, s)
             except UserError as e:
                 _error(e)
-            toks = [(t, "shown" if i == s.heat else None) for i, t in enumerate(st.tokens)]
+            toks = token_chips(st.tokens, s.heat)
             return (*P.panel_updates(views, st.n_visual, cached, hint), P.reference_md(cached["reference"]),
                     s.to_string(), summary, toks)
 
