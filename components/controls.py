@@ -31,6 +31,7 @@ class Controls:
     dominant_ratio: gr.Slider
     ratio: gr.Slider
     split: gr.Slider
+    layer: gr.Slider
     heat: gr.Number
 
     def inputs(self) -> list:
@@ -70,20 +71,23 @@ def build_controls() -> Controls:
                                    label="VisionZip: dominant share of the budget")
         ratio = gr.Slider(0.0, 1.0, value=d.ratio, step=0.05, label="VisPruner: important share of the budget")
         split = gr.Slider(0.0, 1.0, value=d.split, step=0.05, label="MI + attention: first-round share")
+        layer = gr.Slider(1, 8, value=d.layer, step=1, label="FastV / DART: decoder layer K where they prune",
+                          elem_id="layer")
         heat = gr.Number(value=d.heat, precision=0, minimum=-1, elem_id="heat-token",
                          label="Heatmap prompt token (index; -1 = each method's scores). Click a prompt word to set it.")
     return Controls(methods, unit, budget, lam, tau, aggregation, normalization, text_mode, seed, theta,
-                    dominant_ratio, ratio, split, heat)
+                    dominant_ratio, ratio, split, layer, heat)
 
 
 def settings_from(methods, unit, budget, lam, tau, aggregation, normalization, text_mode, seed, theta,
-                  dominant_ratio, ratio, split, heat, n_visual: int = 0) -> Settings:
+                  dominant_ratio, ratio, split, layer, heat, n_visual: int = 0) -> Settings:
     """Settings from the control values (in `Controls.inputs()` order); UserError when invalid."""
     try:
         return Settings(methods=check_methods(methods), budget=budget_of(budget, unit, n_visual), lam=float(lam),
                         tau=float(tau), aggregation=aggregation, normalization=normalization, text_mode=text_mode,
                         seed=int(seed or 0), theta=float(theta), dominant_ratio=float(dominant_ratio),
-                        ratio=float(ratio), split=float(split), heat=int(-1 if heat is None else heat))
+                        ratio=float(ratio), split=float(split), layer=int(layer or 2),
+                        heat=int(-1 if heat is None else heat))
     except (ValueError, TypeError) as e:
         raise UserError(str(e)) from None
 
@@ -95,7 +99,7 @@ def control_values(s: Settings, n_visual: int) -> list:
     else:
         unit, budget = "tokens", s.budget
     return [list(s.methods), unit, budget, s.lam, s.tau, s.aggregation, s.normalization, s.text_mode, s.seed,
-            s.theta, s.dominant_ratio, s.ratio, s.split, s.heat]
+            s.theta, s.dominant_ratio, s.ratio, s.split, s.layer, s.heat]
 
 
 def budget_slider(unit: str, n_visual: int, value=None):

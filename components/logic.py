@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from mipruner import inllm
 from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, selection_to_json
 from mipruner.media import MediaError, is_video_path
 from mipruner.pruners import get_pruner, list_pruners
@@ -40,15 +41,16 @@ class UIState:
     key: EncodingKey | None = None
     tokens: list[str] = field(default_factory=list)
     n_visual: int = 0
+    n_layers: int = 0  # decoder layers of the model (FastV / DART's K is at most this)
 
 
 def method_choices() -> list[tuple[str, str]]:
     """(label, registry name) for every method the app can show."""
-    return [(LABELS.get(n, n), n) for n in list_pruners()]
+    return [(LABELS.get(n, n), n) for n in [*list_pruners(), *inllm.METHODS]]
 
 
 def is_in_llm(name: str) -> bool:
-    return False
+    return inllm.is_in_llm(name)
 
 
 def probe_video(path: str) -> int:
@@ -159,6 +161,8 @@ class AppLogic:
         enc = engine.encoded(state.session, key)
         state.model, state.key = engine.model_name, key
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
+        cfg = getattr(getattr(engine.adapter, "model", None), "config", None)
+        state.n_layers = int(getattr(getattr(cfg, "text_config", cfg), "num_hidden_layers", 0) or 0)
         frames = len(enc.geometry.sizes)
         what = f"{frames} frames" if enc.is_video else "1 image"
         status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "

@@ -141,10 +141,12 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             except UserError as e:
                 _error(e)
             progress(1.0, desc="encoded")
-            unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
+            unit, budget, heat, layer = (vals[names.index(n)] for n in ("unit", "budget", "heat", "layer"))
             heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
+            top = st.n_layers or 32
             return (st, msg, token_chips(st.tokens, -1),
-                    C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat))
+                    C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
+                    gr.update(maximum=top, value=min(int(layer or 2), top)))
 
         @named("state", *names)
         def on_view(st, *vals):
@@ -226,10 +228,10 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         live = dict(trigger_mode="always_last", show_progress="hidden")
 
         enc = run.click(on_encode, [state, model, use, image, video, prompt, *inputs],
-                        [state, status, tokens, ctl.budget, ctl.heat], api_name="encode",
+                        [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_name="encode",
                         concurrency_limit=1)
         prompt.submit(on_encode, [state, model, use, image, video, prompt, *inputs],
-                      [state, status, tokens, ctl.budget, ctl.heat], api_visibility="private",
+                      [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_visibility="private",
                       concurrency_limit=1).then(
             on_view, [state, *inputs], view_outs, api_visibility="private").then(
             on_auto, [state, auto, *inputs, max_new], gen_outs, api_visibility="private")

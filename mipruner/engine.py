@@ -26,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 import mipruner
+from mipruner import inllm
 from mipruner.eval.runner import prune_kwargs
 from mipruner.pruners import Selection, get_pruner, resolve_budget
 from mipruner.pruners.mi import AGGREGATIONS, NORMALIZATIONS
@@ -45,6 +46,17 @@ class EncodingKey(NamedTuple):
 
 class StaleKeyError(LookupError):
     """The key names no encoding of this session (never encoded, evicted or expired)."""
+
+
+def check_method(name: str) -> None:
+    """A registry pruner or an in-LLM method (`mipruner.inllm`); unknown names raise ValueError."""
+    if not inllm.is_in_llm(name):
+        get_pruner(name)  # "did you mean" for unknown names
+
+
+def method_params(name: str) -> set[str]:
+    """The parameter names method `name` accepts."""
+    return set(inllm.defaults(name)) if inllm.is_in_llm(name) else set(get_pruner(name).params)
 
 
 # ---------------------------------------------------------------------------------- media hashing
@@ -133,7 +145,7 @@ class MethodSpec:
     label: str = ""
 
     def __post_init__(self):
-        get_pruner(self.name)  # unknown names raise with "did you mean"
+        check_method(self.name)  # unknown names raise with "did you mean"
 
     @property
     def title(self) -> str:
@@ -162,7 +174,7 @@ class MethodView:
 
 _CODES = {"methods": "m", "budget": "b", "lam": "lam", "tau": "tau", "aggregation": "agg",
           "normalization": "norm", "text_mode": "tm", "seed": "seed", "theta": "theta",
-          "dominant_ratio": "dom", "ratio": "vr", "split": "split", "heat": "ht"}
+          "dominant_ratio": "dom", "ratio": "vr", "split": "split", "layer": "K", "heat": "ht"}
 _SHARES = ("theta", "dominant_ratio", "ratio", "split")  # method parameters in [0, 1]
 
 
@@ -172,7 +184,8 @@ class Settings:
 
     `m=mi,random&b=64&lam=0.5&tau=0.1&agg=max&norm=softmax&tm=question&seed=0&theta=0.5&...`; b is
     tokens (int) or a share (float in (0, 1]). Method parameters: theta (CDPruner), dom (VisionZip's
-    dominant share), vr (VisPruner's important share), split (MI+Attention's first-round share);
+    dominant share), vr (VisPruner's important share), split (MI+Attention's first-round share),
+    K (FastV / DART's decoder layer);
     ht: the prompt token whose PMI the heatmaps show (-1: each method's scores).
     Invalid values raise ValueError naming the field.
     """
@@ -189,6 +202,7 @@ class Settings:
     dominant_ratio: float = 0.84375
     ratio: float = 0.5
     split: float = 0.5
+    layer: int = 2  # FastV / DART: the decoder layer K where they prune (both papers: 2)
     heat: int = -1
 
     def __post_init__(self):
@@ -202,7 +216,7 @@ class Settings:
             bad("methods", "at least one method is needed")
         for m in methods:
             try:
-                get_pruner(m)
+                check_method(m)
             except ValueError as e:
                 bad("methods", str(e))
         if len(set(methods)) != len(methods):
@@ -231,13 +245,15 @@ class Settings:
             v = getattr(self, name)
             if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
                 bad(name, f"must be in [0, 1], got {v!r}")
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 1:
+            bad("layer", f"must be an int >= 1, got {self.layer!r}")
         if isinstance(self.heat, bool) or not isinstance(self.heat, int) or self.heat < -1:
             bad("heat", f"must be a prompt-token index >= 0, or -1 for none, got {self.heat!r}")
 
     def params(self) -> dict:
         """Keyword parameters for the pruners (each pruner takes the ones it accepts)."""
         return {"lam": float(self.lam), "tau": float(self.tau), "aggregation": self.aggregation,
-                "normalization": self.normalization, "seed": self.seed,
+                "normalization": self.normalization, "seed": self.seed, "layer": self.layer,
                 **{name: float(getattr(self, name)) for name in _SHARES}}
 
     def method_specs(self) -> list[MethodSpec]:
@@ -248,6 +264,7 @@ class Settings:
                 else str(self.budget), "lam": repr(float(self.lam)), "tau": repr(float(self.tau)),
                 "aggregation": self.aggregation, "normalization": self.normalization,
                 "text_mode": self.text_mode, "seed": str(self.seed), "heat": str(self.heat),
+                "layer": str(self.layer),
                 **{name: repr(float(getattr(self, name))) for name in _SHARES}}
         return "&".join(f"{_CODES[k]}={vals[k]}" for k in _CODES)
 
@@ -274,7 +291,7 @@ class Settings:
                     kw[name] = float(val) if any(c in val for c in ".eE") else int(val)
                 elif name in ("lam", "tau", *_SHARES):
                     kw[name] = float(val)
-                elif name in ("seed", "heat"):
+                elif name in ("seed", "heat", "layer"):
                     kw[name] = int(val)
                 else:
                     kw[name] = val
@@ -371,8 +388,8 @@ class Engine:
         encoder's attention. An encoding with attention also serves requests without it.
         """
         if need_attention is None:
-            need_attention = any(get_pruner(m.name if isinstance(m, MethodSpec) else m).needs_attention
-                                 for m in methods)
+            names = [m.name if isinstance(m, MethodSpec) else m for m in methods]
+            need_attention = any(get_pruner(n).needs_attention for n in names if not inllm.is_in_llm(n))
         key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
         with session.lock:
             now = self.clock()
@@ -419,6 +436,12 @@ class Engine:
         params = dict(params)
         seed = params.pop("seed", None)
         enc = e.encoded
+        if inllm.is_in_llm(method):
+            # runs the first K decoder layers once per (encoding, K), then only re-ranks
+            kw = {k: v for k, v in params.items() if k in method_params(method)}
+            with self._model_lock:
+                return inllm.select(self.adapter, enc, method, budget, cache=e.mi_cache.setdefault("inllm", {}),
+                                    **kw)
         kw = prune_kwargs(method, enc, params, seed, e.mi_cache)
         return mipruner.prune(method, visual=enc.visual, text=enc.scoring_text, budget=budget, **kw)
 
@@ -467,9 +490,9 @@ class Engine:
     def _answer_key(self, enc, method: str | None, budget, params: dict | None, max_new_tokens: int) -> tuple:
         if method is None:
             return (None, None, (), max_new_tokens)
-        spec = get_pruner(method)
+        accepted = method_params(method)
         k = resolve_budget(budget, enc.n_visual)
-        used = {p: v for p, v in (params or {}).items() if p in spec.params and p != "cache"}
+        used = {p: v for p, v in (params or {}).items() if p in accepted and p != "cache"}
         return (method, k, _freeze(used), max_new_tokens)
 
     def cached_answer(self, session: Session, key: EncodingKey, method: str | None, budget=None,
@@ -492,7 +515,11 @@ class Engine:
                 return e.answers[akey]
             sel = None if method is None else self._prune(e, method, budget, params or {})
         with self._model_lock:
-            ans = self.adapter.generate(enc, keep=sel, max_new_tokens=max_new_tokens)
+            if sel is not None and inllm.is_in_llm(method):
+                ans = inllm.generate(self.adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=max_new_tokens,
+                                     cache=e.mi_cache.setdefault("inllm", {}))
+            else:
+                ans = self.adapter.generate(enc, keep=sel, max_new_tokens=max_new_tokens)
         with session.lock:
             e.answers[akey] = ans
         return ans

@@ -185,3 +185,15 @@ def test_hub_falls_back_to_the_embedded_model():
     assert "model hub cannot be reached" in note
     engine, note = hub.get("")
     assert note == "" and engine.model_name == "shapes-llava"
+
+
+def test_in_llm_methods_side_by_side(logic, encoded):
+    s = Settings(methods=("mi", "fastv", "dart"), budget=24, layer=2)
+    views, summary = logic.view(encoded, s)
+    assert [m["kept"] for m in summary["methods"]] == [24, 24, 24]
+    assert views[1].selection.extras["layer"] == 2
+    out = logic.generate(encoded, s, 4)
+    assert out["methods"]["fastv"]["visual_tokens"] == 24 == out["methods"]["dart"]["visual_tokens"]
+    assert encoded.n_layers == 3
+    with pytest.raises(UserError, match="layer"):
+        logic.view(encoded, Settings(methods=("fastv",), budget=24, layer=9))
