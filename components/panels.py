@@ -13,6 +13,10 @@ import gradio as gr
 from .logic import LABELS, MAX_PANELS
 
 PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, legend, answer
+# Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
+# 8-frame strip 66-76 ms, JPEG 0.3-3.6 ms (`python -m mipruner.bench slider` counts it); the
+# downloads (Downloads accordion) are PNG.
+IMAGE_FORMAT = "jpeg"
 IMAGE_HEIGHT = 240  # px on the page; the image itself keeps its resolution (click coordinates use it)
 
 
@@ -37,12 +41,12 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                 with gr.Column(min_width=240):
                     panels.append(Panel(
                         title=gr.Markdown(visible=False, elem_id=f"panel-{i}-title"),
-                        mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format="png",
+                        mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format=IMAGE_FORMAT,
                                       interactive=False, visible=False, elem_id=f"panel-{i}-mask", height=IMAGE_HEIGHT,
                                       buttons=["download", "fullscreen"]),
-                        heat=gr.Image(label="scores", type="pil", format="png", interactive=False, visible=False, height=IMAGE_HEIGHT,
+                        heat=gr.Image(label="scores", type="pil", format=IMAGE_FORMAT, interactive=False, visible=False, height=IMAGE_HEIGHT,
                                       elem_id=f"panel-{i}-heat", buttons=["download", "fullscreen"]),
-                        pivot=gr.Image(label="pivot word of each patch", type="pil", format="png",
+                        pivot=gr.Image(label="pivot word of each patch", type="pil", format=IMAGE_FORMAT,
                                        interactive=False, visible=False, elem_id=f"panel-{i}-pivot", height=IMAGE_HEIGHT,
                                        buttons=["download", "fullscreen"]),
                         legend=gr.HTML(visible=False, elem_id=f"panel-{i}-legend"),

@@ -197,3 +197,10 @@ def test_in_llm_methods_side_by_side(logic, encoded):
     assert encoded.n_layers == 3
     with pytest.raises(UserError, match="layer"):
         logic.view(encoded, Settings(methods=("fastv",), budget=24, layer=9))
+
+
+def test_slider_benchmark_encodes_panels_as_the_app_does():
+    from components.panels import IMAGE_FORMAT
+    from mipruner.bench.slider import PANEL_FORMAT
+
+    assert PANEL_FORMAT == IMAGE_FORMAT
