@@ -63,12 +63,12 @@ def load_model(model_cls, path: str, device, dtype, vision_attn: str = "eager"):
     return model.to(device).eval()
 
 
-def chat_prompt(template_owner, prompt: str, kind: str, fallback: str) -> str:
-    """The user turn `[{type: kind}, {type: text}]` through the chat template, generation prompt on.
-
-    `fallback` (with `{prompt}`) is used only when neither processor nor tokenizer has a template.
+def chat_prompt(template_owner, prompt: str, kind: str, fallback: str, n_media: int = 1) -> str:
+    """The user turn `[{type: kind} x n_media, {type: text}]` through the chat template, generation
+    prompt on. `fallback` (with `{prompt}`) is used only when neither processor nor tokenizer has a
+    template.
     """
-    messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}]
+    messages = [{"role": "user", "content": [{"type": kind}] * n_media + [{"type": "text", "text": prompt}]}]
     if getattr(template_owner, "chat_template", None):
         return template_owner.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return fallback.format(prompt=prompt)
@@ -214,6 +214,29 @@ def capture_attention(tower, layer_index: int):
             h.remove()
 
 
+def views_attention(att_all: torch.Tensor, keys_all: torch.Tensor, view: torch.Tensor, pos: torch.Tensor):
+    """Per-view tower attention (views, n+1, n+1) and keys (views, n+1, d_head) -> the pruners' form
+    over all N_V visual tokens: (N_V+1, N_V+1) with [CLS] first and keys (N_V+1, d_head).
+
+    view (N_V,): the view (image, tile, frame) each token comes from, -1 for tokens the tower never
+    saw (LLaVA-NeXT's newlines); pos (N_V,): its index within the view, [CLS] = 0. Row 0 holds each
+    token's [CLS] attention within its own view; tokens of different views get 0; key 0 is view 0's
+    [CLS] key.
+    """
+    seen = view >= 0
+    v = view.clamp_min(0)
+    p = pos.clamp_min(0)
+    n = int(view.numel())
+    att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
+    att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))
+    same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
+    att[1:, 1:] = torch.where(same, att_all[v[:, None], p[:, None], p[None, :]], torch.zeros(()))
+    keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
+    keys[0] = keys_all[0, 0]
+    keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
+    return att, keys
+
+
 # ----------------------------------------------------------------------------------------------
 # the shared adapter
 
@@ -313,7 +336,8 @@ class LlavaFamilyAdapter(Adapter):
         t0 = time.perf_counter()
         media = self._media(media)
         kind = "video" if isinstance(media, Video) else "image"
-        templated = self._template(prompt, kind)
+        templated = self._template(prompt, kind, n_media=len(media.frames) if isinstance(media, Video)
+                                   else len(media) if isinstance(media, list) else 1)
         # cheap length check before running the vision tower (text tokens alone)
         plain = self.tokenizer(templated, return_offsets_mapping=True)
         self._check_length(len(plain["input_ids"]))
@@ -344,7 +368,8 @@ class LlavaFamilyAdapter(Adapter):
                        keys=out.get("keys"), has_cls=out.get("has_cls", False), state=state,
                        timings={"encode_s": time.perf_counter() - t0})
 
-    def _template(self, prompt: str, kind: str) -> str:
+    def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
+        """One `kind` placeholder (a video is one placeholder in the families that take videos)."""
         owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
         return chat_prompt(owner, prompt, kind, fallback="USER: <" + kind + ">\n{prompt} ASSISTANT:")
 

@@ -1,5 +1,11 @@
 """LLaVA-1.5 (transformers `LlavaForConditionalGeneration`, model_type "llava").
 
+Images, several images, and videos read as `default_frames` (8) evenly sampled frames, each frame
+one image with its own <image> placeholder (LLaVA-1.5 has no video token; the embedded
+shapes-llava answers about clips this way). Tokens are image after image; `frame` in the geometry
+is the image's index. With several images the attention is one (N_V+1, N_V+1) matrix: row 0 is each
+token's [CLS] attention within its own image, tokens of different images get 0.
+
 One image -> the CLIP tower's patch grid at `vision_feature_layer` (CLS dropped under the
 "default" strategy) -> projector -> N_V = (H/p) x (W/p) tokens of the processed image, row-major.
 Geometry undoes the processor's pad-to-square / shortest-edge resize / center crop, so every box
@@ -14,17 +20,28 @@ import contextlib
 
 import torch
 
+from ..media import Video
 from . import _llava_common as C
 
 
 class LlavaAdapter(C.LlavaFamilyAdapter):
     family = "llava"
     model_class_name = "LlavaForConditionalGeneration"
+    default_frames = 8  # a video is read as this many evenly sampled frames, each one an image
+
+    def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
+        """One <image> per image; a video's frames are `n_media` images (LLaVA has no video token)."""
+        owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
+        fallback = "USER: " + "<image>\n" * n_media + "{prompt} ASSISTANT:"
+        return C.chat_prompt(owner, prompt, "image", fallback=fallback, n_media=n_media)
 
     def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
-        image = C.single_image(media, "LLaVA-1.5")
-        inputs = self.processor(images=image, text=templated, return_tensors="pt")
-        pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, 3, Hp, Wp)
+        if isinstance(media, Video):
+            images, is_video = list(media.frames), True
+        else:
+            images, is_video = (list(media) if isinstance(media, list) else [media]), False
+        inputs = self.processor(images=images, text=templated, return_tensors="pt")
+        pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (F, 3, Hp, Wp)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         tower = self.model.model.vision_tower
         n_layers = len(C.encoder_layers(tower))
@@ -32,17 +49,31 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         ctx = C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
         with ctx as cap:
             feats = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra).pooler_output
-        visual = torch.cat(list(feats), dim=0)  # (N_V, d)
-        geometry, has_cls = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])
-        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image],
-                   ref={k: v for k, v in inputs.items()})
+        per_image = [f.shape[0] for f in feats]
+        visual = torch.cat(list(feats), dim=0)  # (N_V, d): image after image
+        parts, grids, has_cls = [], [], False
+        for f, (image, n) in enumerate(zip(images, per_image)):
+            p, grid, has_cls = image_parts(self, image, pixels.shape[-2:], n, frame=f)
+            parts += p
+            grids.append(grid)
+        geometry = C.cat_geometry(parts, grids, [im.size for im in images])
+        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
+                   is_video=is_video, ref={k: v for k, v in inputs.items()})
         if need_attention:
-            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True)
+            att, keys = cap["attention"].cpu(), cap["keys"].cpu()  # (F, n+1, n+1), (F, n+1, d_head)
+            if len(images) == 1:
+                out.update(attention=att[0], keys=keys[0], has_cls=True)
+            else:  # several images: one matrix over all tokens, each image's [CLS] row in row 0
+                view = torch.cat([torch.full((n,), f, dtype=torch.long) for f, n in enumerate(per_image)])
+                first = 0 if has_cls else 1  # the tokens' index within their image's tower sequence
+                pos = torch.cat([torch.arange(first, first + n) for n in per_image])
+                a, k = C.views_attention(att, keys, view, pos)
+                out.update(attention=a, keys=k, has_cls=True)
         return out
 
 
-def image_geometry(adapter, image, processed_hw, n_visual: int, frame: int = 0):
-    """Geometry of one CLIP-grid image (LLaVA-1.5, Video-LLaVA): (TokenGeometry, has CLS token)."""
+def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
+    """Geometry parts of one CLIP-grid image: (parts for `cat_geometry`, (rows, cols), has CLS token)."""
     patch = int(adapter.config.vision_config.patch_size)
     hp, wp = int(processed_hw[0]), int(processed_hw[1])
     rows, cols = hp // patch, wp // patch
@@ -54,7 +85,13 @@ def image_geometry(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     if has_cls:
         parts.append(cls_token(pmap, hp, wp, frame))
     parts.append(C.grid_geometry(pmap, rows, cols, patch, frame=frame))
-    return C.cat_geometry(parts, [(rows, cols)], [image.size]), has_cls
+    return parts, (rows, cols), has_cls
+
+
+def image_geometry(adapter, image, processed_hw, n_visual: int, frame: int = 0):
+    """Geometry of one CLIP-grid image (LLaVA-1.5, Video-LLaVA): (TokenGeometry, has CLS token)."""
+    parts, grid, has_cls = image_parts(adapter, image, processed_hw, n_visual, frame)
+    return C.cat_geometry(parts, [grid], [image.size]), has_cls
 
 
 def cls_token(pmap, hp: int, wp: int, frame: int) -> dict:

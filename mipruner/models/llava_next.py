@@ -61,19 +61,8 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         """Per-view attention (views, n+1, n+1) -> (N_V+1, N_V+1) over the visual tokens, CLS first."""
         g_c = int(width_px) // int(self.config.vision_config.patch_size)
         view, row, col = packed[:, 0], packed[:, 1], packed[:, 2]
-        seen = view >= 0  # newline tokens are not seen by the tower
-        v = view.clamp_min(0)
-        p = 1 + (row * g_c + col).clamp_min(0)  # index within the view, after its CLS
-        n = len(packed)
-        att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
-        att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))  # each token's CLS attention
-        same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
-        within = att_all[v[:, None], p[:, None], p[None, :]]  # (N_V, N_V) attention if same view
-        att[1:, 1:] = torch.where(same, within, torch.zeros(()))
-        keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
-        keys[0] = keys_all[0, 0]
-        keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
-        return att, keys
+        pos = torch.where(view >= 0, 1 + (row * g_c + col).clamp_min(0), torch.zeros((), dtype=torch.long))
+        return C.views_attention(att_all, keys_all, view, pos)
 
     def _geometry(self, image, processed_hw, sizes):
         from transformers.image_processing_utils import get_patch_output_size, select_best_resolution

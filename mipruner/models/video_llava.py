@@ -47,7 +47,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         ip = AutoImageProcessor.from_pretrained(path)
         return None, tok, ip
 
-    def _template(self, prompt: str, kind: str) -> str:
+    def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         return C.chat_prompt(self.tokenizer, prompt, kind, fallback="USER: <" + kind + ">\n{prompt} ASSISTANT:")
 
     def _pixels(self, images) -> torch.Tensor:

@@ -99,10 +99,16 @@ def test_video_frame_limit(tmp_path, monkeypatch):
         probe_video(path)
 
 
-def test_image_model_refuses_video_plainly(logic):
+def test_video_on_the_embedded_model_shows_a_strip_of_frames(logic):
     clip = next(e for e in load_examples() if e["kind"] == "video")
-    with pytest.raises(UserError, match="image"):
-        logic.encode(None, "shapes-llava", "video", None, clip["path"], clip["prompt"])
+    st, msg = logic.encode(None, "shapes-llava", "video", None, clip["path"], clip["prompt"])
+    assert "8 frames" in msg and st.n_visual == 8 * 196
+    views, summary = logic.view(st, Settings(methods=("mi", "random", "fastv"), budget=0.1))
+    assert [m["kept"] for m in summary["methods"]] == [157, 157, 157]
+    w, h = views[0].mask.size
+    assert w > 7 * h  # eight frames side by side
+    out = logic.generate(st, Settings(methods=("mi",), budget=0.1), 4)
+    assert out["methods"]["mi"]["visual_tokens"] == 157 and out["reference"]["visual_tokens"] == 1568
 
 
 def test_view_before_encode_says_what_to_do(logic):

@@ -44,7 +44,8 @@ def video_path(tmp_path_factory):
     return write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
 
 
-CASES = [("llava", "image"), ("llava_next", "image"), ("video_llava", "image"), ("video_llava", "video")]
+CASES = [("llava", "image"), ("llava", "video"), ("llava_next", "image"), ("video_llava", "image"),
+         ("video_llava", "video")]
 
 
 @pytest.fixture(scope="module")
@@ -281,7 +282,7 @@ def test_errors(adapters, encoded, tmp_path, fam):
         a.encode(str(junk), PROMPT)
     with pytest.raises(MediaError):
         a.encode(str(tmp_path / "missing.mp4"), PROMPT)
-    if fam != "video_llava":
+    if fam == "llava_next":
         with pytest.raises(MediaError, match="one image"):
             a.encode([scene(), scene(seed=1)], PROMPT)
 
@@ -290,3 +291,24 @@ def test_text_mask_marks_the_question(encoded):
     e = encoded["llava", "image"]
     assert "".join(e.scoring_tokens).replace("\u0120", " ").strip() == PROMPT
     assert e.text.shape == (len(e.text_tokens), e.visual.shape[1])
+
+
+def test_llava_reads_a_video_as_several_images(adapters, encoded):
+    """LLaVA-1.5 has no video token: each sampled frame is one image with its own placeholder."""
+    a, e = adapters["llava"], encoded["llava", "video"]
+    img = encoded["llava", "image"]
+    assert e.is_video and len(e.frames) == a.default_frames == 8
+    assert e.n_visual == 8 * img.n_visual and e.geometry.grids == img.geometry.grids * 8
+    assert e.geometry.frame.tolist() == [f for f in range(8) for _ in range(img.n_visual)]
+    ids = e.state["input_ids"]
+    assert int((ids == a.config.image_token_id).sum()) == e.n_visual
+    # attention over all frames: one [CLS] row, blocks within frames, zeros across frames
+    e2 = a.encode(e.frames, PROMPT, need_attention=True)
+    n = img.n_visual
+    att = e2.attention
+    assert e2.has_cls and att.shape == (e2.n_visual + 1, e2.n_visual + 1)
+    assert torch.all(att[1:n + 1, n + 1:2 * n + 1] == 0) and torch.all(att[1:n + 1, 1:n + 1] > 0)
+    assert torch.all(att[0, 1:] > 0)
+    single = a.encode(e.frames[3], PROMPT, need_attention=True)
+    torch.testing.assert_close(att[3 * n + 1:4 * n + 1, 3 * n + 1:4 * n + 1], single.attention[1:, 1:])
+    torch.testing.assert_close(att[0, 3 * n + 1:4 * n + 1], single.attention[0, 1:])
