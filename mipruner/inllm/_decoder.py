@@ -24,6 +24,7 @@ forward / generate, so the logits are bit-identical (tested per family).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,8 +106,9 @@ def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False)
     """Layers 0..layer-1 on the full sequence.
 
     With `capture` (needs `cache`, a DynamicCache): also the FastV attention and DART key norms of
-    layer `layer`-1, read from the layer's attention input (a forward pre-hook, removed on exit)
-    and from the keys it wrote into the cache.
+    layer `layer`-1, read from the layer's attention input (a forward pre-hook, removed on exit,
+    that ignores calls from other threads sharing the model) and from the keys it wrote into the
+    cache.
     """
     h = prompt.embeds
     pe = prompt.lm.rotary_emb(h, prompt.rope_positions)  # (cos, sin), once for the full sequence
@@ -117,8 +119,11 @@ def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False)
         if cache is None:
             raise ValueError("capture needs a KV cache")
         attn = prompt.lm.layers[layer - 1].self_attn
+        me = threading.get_ident()
 
         def pre_hook(_module, args, kwargs):
+            if threading.get_ident() != me:  # another request running the same model meanwhile
+                return
             x = args[0] if args else kwargs["hidden_states"]
             cos, sin = kwargs["position_embeddings"]
             seen["query_input"] = x[:, -1:]  # (1, 1, d): the last prompt token, after the input norm
