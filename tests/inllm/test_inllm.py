@@ -19,6 +19,7 @@ import torch
 
 import mipruner
 from mipruner import inllm
+from mipruner.media import write_video
 from mipruner.inllm.dart import dart_rank
 from mipruner.models.dummy import DummyAdapter
 
@@ -52,15 +53,19 @@ def adapters(paths):
     return {fam: mipruner.load(p, device="cpu") for fam, p in paths.items()}
 
 
-CASES = [("llava", "image"), ("llava_next", "image"), ("video_llava", "image"), ("qwen2_vl", "image"),
-         ("qwen2_5_vl", "image"), ("qwen3_vl", "image"), ("qwen3_vl", "video")]
+CASES = [("llava", "image"), ("llava_next", "image"), ("video_llava", "image"), ("video_llava", "video"),
+         ("qwen2_vl", "image"), ("qwen2_5_vl", "image"), ("qwen3_vl", "image"), ("qwen3_vl", "video")]
 
 
 @pytest.fixture(scope="module")
-def encoded(adapters):
+def encoded(adapters, tmp_path_factory):
     out = {}
     for fam, media in CASES:
-        if fam in LLAVA:
+        if fam in LLAVA and media == "video":  # 8 frames x (16 patches + [CLS])
+            frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
+            path = write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
+            out[fam, media] = adapters[fam].encode(path, PROMPT)
+        elif fam in LLAVA:
             out[fam, media] = adapters[fam].encode(scene(112, 56, square=(70, 14, 84, 28)), PROMPT)
         else:
             out[fam, media] = adapters[fam].encode(qwen_video() if media == "video" else qwen_scene(), PROMPT)
@@ -112,8 +117,8 @@ def _reference_inputs(ad, enc):
     return inputs, step
 
 
-PRUNED = [(fam, media, method) for fam, media in [("llava", "image"), ("llava_next", "image"), ("qwen2_vl", "image"),
-                                                  ("qwen3_vl", "image"), ("qwen3_vl", "video")]
+PRUNED = [(fam, media, method) for fam, media in [("llava", "image"), ("llava_next", "image"), ("video_llava", "video"),
+                                                  ("qwen2_vl", "image"), ("qwen3_vl", "image"), ("qwen3_vl", "video")]
           for method in ("fastv", "dart")]
 
 
