@@ -7,6 +7,7 @@ import sys
 COMMANDS = {
     "pruners": ("mipruner.bench.pruners", "each pruner's median time vs. a V @ T.T + topk floor"),
     "prefill": ("mipruner.bench.prefill", "vision encode, prefill at keep 100/50/25/10%, pruning overhead"),
+    "efficiency": ("mipruner.bench.efficiency", "end-to-end latency + peak memory per method x budget (incl. fastv, dart)"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
 }
 
