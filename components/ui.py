@@ -65,7 +65,10 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         with gr.Row(equal_height=False):
             with gr.Column(scale=1):
                 model = gr.Dropdown(hub.choices(), value=hub.default, allow_custom_value=True, elem_id="model",
-                                    label="Model (pick one, or type a hub id or a local path)")
+                                    label="Model")
+                model_path = gr.Textbox(label="...or a model id / local path (used instead of the list when given)",
+                                        placeholder="e.g. llava-hf/llava-1.5-7b-hf or /models/my-llava",
+                                        elem_id="model-path")
                 gr.Markdown(hub.startup_message or "", elem_id="model-status")
                 with gr.Tabs():
                     with gr.Tab("Image"):
@@ -132,10 +135,12 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         # Each takes positional values in the order of its inputs (state first); `named` gives it
         # the API's parameter names. Gradio injects gr.Progress positionally, as the last argument.
 
-        @named("state", "model", "use", "image", "video", "prompt", *names, extra=progress_param)
-        def on_encode(st, model_name, kind, img, vid, text, *rest):
+        @named("state", "model", "model_path", "use", "image", "video", "prompt", *names, extra=progress_param)
+        def on_encode(st, model_name, path, kind, img, vid, text, *rest):
             vals, progress = rest[:n_ctl], rest[n_ctl]
-            progress(0.1, desc="encoding (vision tower + prompt)")
+            model_name = (path or "").strip() or model_name
+            progress(0.1, desc=f"loading {model_name}" if model_name not in hub.loaded else
+                     "encoding (vision tower + prompt)")
             try:
                 st, msg = logic.encode(st, model_name, kind, img, vid, text, text_mode=vals[names.index("text_mode")])
             except UserError as e:
@@ -227,10 +232,10 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         gen_outs = [*answer_outs, reference, answers_json]
         live = dict(trigger_mode="always_last", show_progress="hidden")
 
-        enc = run.click(on_encode, [state, model, use, image, video, prompt, *inputs],
+        enc = run.click(on_encode, [state, model, model_path, use, image, video, prompt, *inputs],
                         [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_name="encode",
                         concurrency_limit=1)
-        prompt.submit(on_encode, [state, model, use, image, video, prompt, *inputs],
+        prompt.submit(on_encode, [state, model, model_path, use, image, video, prompt, *inputs],
                       [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_visibility="private",
                       concurrency_limit=1).then(
             on_view, [state, *inputs], view_outs, api_visibility="private").then(

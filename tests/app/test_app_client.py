@@ -30,7 +30,7 @@ def client(app_url):
 def encode(client, example, **kw):
     from gradio_client import handle_file
 
-    return client.predict("shapes-llava", "image", handle_file(example["path"]), None, example["prompt"],
+    return client.predict("shapes-llava", "", "image", handle_file(example["path"]), None, example["prompt"],
                           *ctl(**kw), api_name="/encode")
 
 
@@ -104,13 +104,36 @@ def test_errors_reach_the_client(client):
     from gradio_client import handle_file
 
     with pytest.raises(Exception, match="prompt is empty"):
-        client.predict("shapes-llava", "image", handle_file(IMAGES[0]["path"]), None, "  ", *ctl(),
+        client.predict("shapes-llava", "", "image", handle_file(IMAGES[0]["path"]), None, "  ", *ctl(),
                        api_name="/encode")
     from gradio_client import Client
 
     fresh = Client(client.src, verbose=False)
     with pytest.raises(Exception, match="run the model first"):
         fresh.predict(*ctl(), api_name="/view")
+
+
+def test_unloadable_model_falls_back_plainly(client):
+    from gradio_client import handle_file
+
+    status, *_ = client.predict("shapes-llava", "nobody/no-such-model", "image", handle_file(IMAGES[0]["path"]),
+                                None, IMAGES[0]["prompt"], *ctl(), api_name="/encode")
+    assert "Could not load 'nobody/no-such-model'" in status and "embedded model 'shapes-llava'" in status
+    assert "196 visual tokens" in status  # and the page goes on with the embedded model
+
+
+def test_no_file_access_beyond_assets_and_uploads(client):
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in ("/etc/hostname", os.path.join(root, "README.md")):
+        with pytest.raises(Exception):
+            client.predict("shapes-llava", "", "image", {"path": path, "meta": {"_type": "gradio.FileData"}}, None,
+                           "is there a red circle?", *ctl(), api_name="/encode")
+    status, *_ = client.predict("shapes-llava", "", "image", {"path": IMAGES[0]["path"],
+                                "meta": {"_type": "gradio.FileData"}}, None, IMAGES[0]["prompt"], *ctl(),
+                                api_name="/encode")
+    assert "196 visual tokens" in status  # assets/ is served
 
 
 def test_two_sessions_never_see_each_other(app_url, hub):
