@@ -7,6 +7,7 @@ User mistakes raise `UserError` with a message meant for the page.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from mipruner import inllm
 from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, selection_to_json
-from mipruner.media import MediaError, is_video_path
+from mipruner.media import is_video_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .hub import ModelHub
@@ -93,6 +94,29 @@ def budget_of(value, unit: str, n_visual: int):
     return min(k, n_visual) if n_visual else k
 
 
+@contextlib.contextmanager
+def user_errors(doing: str, advice: str):
+    """Turn what can go wrong while `doing` into UserErrors: expired cache entries, bad input
+    (ValueError, incl. MediaError) and out-of-memory (with `advice`)."""
+    try:
+        yield
+    except StaleKeyError:
+        raise UserError("this result expired from the cache: press Run again") from None
+    except ValueError as e:  # bad media, empty or too long prompt, unsupported media, bad parameter
+        raise UserError(str(e)) from None
+    except MemoryError:
+        raise UserError(f"out of memory while {doing}: {advice}") from None
+    except RuntimeError as e:
+        if "out of memory" in str(e).lower():
+            raise UserError(f"out of memory while {doing}: {advice}") from None
+        raise
+
+
+def _budget(settings: Settings, n_visual: int):
+    """The settings' budget, a token count clamped to N_V (the slider may exceed a smaller image)."""
+    return settings.budget if isinstance(settings.budget, float) else min(settings.budget, n_visual)
+
+
 def _answer_dict(ans) -> dict:
     return {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
             "prefill_ms": round(ans.prefill_s * 1e3, 2), "decode_ms": round(ans.decode_s * 1e3, 2),
@@ -146,18 +170,8 @@ class AppLogic:
             probe_video(str(media))
         engine, note = self.hub.get(model)
         t0 = time.perf_counter()
-        try:
+        with user_errors("encoding", "try a smaller image or a shorter video"):
             key = engine.encode(state.session, media, prompt.strip(), text_mode=text_mode, need_attention=True)
-        except MediaError as e:
-            raise UserError(str(e)) from None
-        except ValueError as e:  # empty prompt, too long, unsupported media for this family
-            raise UserError(str(e)) from None
-        except MemoryError:
-            raise UserError("out of memory while encoding: try a smaller image or a shorter video") from None
-        except RuntimeError as e:
-            if "out of memory" in str(e).lower():
-                raise UserError("out of memory while encoding: try a smaller image or a shorter video") from None
-            raise
         enc = engine.encoded(state.session, key)
         state.model, state.key = engine.model_name, key
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
@@ -177,13 +191,9 @@ class AppLogic:
         engine, enc = self._current(state)
         methods = list(settings.methods)[:MAX_PANELS]
         heat = settings.heat if 0 <= settings.heat < len(enc.scoring_tokens) else None
-        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
-        try:
-            views = engine.view(state.session, state.key, methods, budget, settings.params(), heat_token=heat)
-        except StaleKeyError:
-            raise UserError("this result expired from the cache: press Run again") from None
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        with user_errors("pruning", "lower the budget"):
+            views = engine.view(state.session, state.key, methods, _budget(settings, enc.n_visual),
+                                settings.params(), heat_token=heat)
         for v in views:
             v.label = LABELS.get(v.method, v.method)
         summary = {"model": state.model, "n_visual": enc.n_visual, "settings": settings.to_string(),
@@ -203,20 +213,14 @@ class AppLogic:
         if n < 1:
             raise UserError(f"max new tokens must be >= 1, got {n}")
         methods = list(settings.methods)[:MAX_PANELS]
-        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        budget = _budget(settings, enc.n_visual)
         todo = [None, *methods]
         out: dict = {"reference": None, "methods": {}}
         for i, m in enumerate(todo):
             if progress is not None:
                 progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else LABELS.get(m, m)}")
-            try:
+            with user_errors("generating", "lower the budget or max new tokens"):
                 ans = engine.generate(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
-            except StaleKeyError:
-                raise UserError("this result expired from the cache: press Run again") from None
-            except RuntimeError as e:
-                if "out of memory" in str(e).lower():
-                    raise UserError("out of memory while generating: lower the budget or max new tokens") from None
-                raise
             if m is None:
                 out["reference"] = _answer_dict(ans)
             else:
@@ -227,7 +231,7 @@ class AppLogic:
         """Like `generate` but only what is already cached (never runs the LLM)."""
         engine, enc = self._current(state)
         n = int(max_new_tokens or self.max_new_tokens)
-        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        budget = _budget(settings, enc.n_visual)
         out: dict = {"reference": None, "methods": {}}
         for m in [None, *list(settings.methods)[:MAX_PANELS]]:
             ans = engine.cached_answer(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
@@ -251,7 +255,7 @@ class AppLogic:
         idx = viz.token_at(enc, None, float(x), float(y), layout=lay)
         if idx is None:
             raise UserError(f"no visual token at ({x:.0f}, {y:.0f}): click on the picture")
-        budget = settings.budget if isinstance(settings.budget, float) else min(settings.budget, enc.n_visual)
+        budget = _budget(settings, enc.n_visual)
         params = settings.params()
         mi = engine.prune(state.session, state.key, "mi", budget, **params)
         kept_by = []

@@ -210,3 +210,17 @@ def test_slider_benchmark_encodes_panels_as_the_app_does():
     from mipruner.bench.slider import PANEL_FORMAT
 
     assert PANEL_FORMAT == IMAGE_FORMAT
+
+
+def test_out_of_memory_is_reported_plainly(logic, encoded, monkeypatch):
+    engine = logic.hub.get("shapes-llava")[0]
+
+    def oom(*a, **kw):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine, "generate", oom)
+    with pytest.raises(UserError, match="out of memory while generating: lower the budget"):
+        logic.generate(encoded, Settings(methods=("mi",), budget=8), 4)
+    monkeypatch.setattr(engine, "encode", oom)
+    with pytest.raises(UserError, match="out of memory while encoding"):
+        logic.encode(None, "shapes-llava", "image", EXAMPLE["path"], None, "what is new?")
