@@ -59,7 +59,8 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
     """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State)."""
     hub = logic.hub
     examples = load_examples()
-    with gr.Blocks(title="mipruner: MI-Pruner explorer") as demo:
+    # delete_cache: files Gradio wrote for this app (panel images, downloads) older than 2 h go, hourly
+    with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200)) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False):
