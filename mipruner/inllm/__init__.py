@@ -162,6 +162,9 @@ def _dart_hidden(prompt, prefix, cache: dict | None) -> dict:
 
 
 def _keep(encoded: Encoded, keep):
+    if isinstance(keep, Selection) and keep.tokens is not None:
+        raise ValueError("keep carries merged tokens (Selection.tokens, e.g. VisionZip); in-LLM pruning keeps "
+                         "visual tokens by index only: pass keep=selection.keep to drop the merge")
     idx = keep_indices(keep, encoded.n_visual)
     return None if idx is None or idx.numel() == encoded.n_visual else idx
 

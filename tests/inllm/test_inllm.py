@@ -277,6 +277,10 @@ def test_api_and_errors(adapters, encoded):
         inllm.generate(ad, enc, None, layer=1, max_new_tokens=0)
     with pytest.raises(ValueError, match="keep"):
         inllm.generate(ad, enc, [enc.n_visual], layer=1)
+    merged = mipruner.Selection(keep=torch.tensor([0, 1]), order=torch.tensor([0, 1]), scores=torch.zeros(16),
+                                tokens=enc.visual[:2])
+    with pytest.raises(ValueError, match="merged"):
+        inllm.prefill_logits(ad, enc, merged, layer=1)
     cache: dict = {}
     inllm.select(ad, enc, "fastv", 4, cache=cache, layer=1)
     other = ad.encode(scene(56, 56), "Is there a cat?")
