@@ -16,8 +16,8 @@ Parameters (defaults: `defaults(name)`):
   dart   layer=2         K: pivots from layer K-1's keys, similarity at layer K's input (DART: K=2)
          image_pivots=4  image pivot tokens (DART: 4)
          text_pivots=4   text pivot tokens, from the tokens after the last image token (DART: 4)
-`layer` must lie in [1, number of decoder layers]; with K = number of layers nothing runs on the
-pruned sequence during the prefill (only decoding sees the pruned cache).
+`layer` must lie in [1, number of decoder layers]; at K = number of layers no layer ever sees the
+pruned sequence, so the answer is the unpruned one (only fewer prompt rows get logits).
 
 Supported families: LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; other
 adapters raise NotImplementedError.

@@ -148,6 +148,16 @@ def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, metho
     assert not torch.allclose(got, ad.prefill_logits(enc)[~dropped], atol=1e-4)
 
 
+def test_layer_at_the_depth_leaves_the_answer_unpruned(adapters, encoded):
+    ad, enc = adapters["qwen2_vl"], encoded["qwen2_vl", "image"]
+    depth = len(ad.model.model.language_model.layers)
+    keep = torch.arange(0, enc.n_visual, 3)
+    rows = inllm._get_prompt(ad, enc, None).kept_sequence(keep)
+    assert torch.equal(inllm.prefill_logits(ad, enc, keep, layer=depth), ad.prefill_logits(enc)[rows])
+    assert inllm.generate(ad, enc, keep, layer=depth, max_new_tokens=4).token_ids == \
+        ad.generate(enc, max_new_tokens=4).token_ids
+
+
 def test_min_new_tokens_forces_the_length(adapters, encoded):
     ad, enc = adapters["llava"], encoded["llava", "image"]
     ans = inllm.generate(ad, enc, [0, 3], layer=1, max_new_tokens=7, min_new_tokens=7)
