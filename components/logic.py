@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 
 from mipruner import inllm
-from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, selection_to_json
+from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, check_method, \
+    selection_to_json
 from mipruner.media import is_video_path
-from mipruner.pruners import get_pruner, list_pruners
+from mipruner.pruners import list_pruners
 
 from .hub import ModelHub
 
@@ -48,10 +49,6 @@ class UIState:
 def method_choices() -> list[tuple[str, str]]:
     """(label, registry name) for every method the app can show."""
     return [(LABELS.get(n, n), n) for n in [*list_pruners(), *inllm.METHODS]]
-
-
-def is_in_llm(name: str) -> bool:
-    return inllm.is_in_llm(name)
 
 
 def probe_video(path: str) -> int:
@@ -208,33 +205,30 @@ class AppLogic:
     def generate(self, state: UIState, settings: Settings, max_new_tokens: int | None = None,
                  progress=None) -> dict:
         """The unpruned reference answer and each method's answer (cached per settings)."""
+        return self._answers(state, settings, max_new_tokens, run=True, progress=progress)
+
+    def cached_answers(self, state: UIState, settings: Settings, max_new_tokens: int | None = None) -> dict:
+        """Like `generate` but only what is already cached (never runs the LLM)."""
+        return self._answers(state, settings, max_new_tokens, run=False)
+
+    def _answers(self, state: UIState, settings: Settings, max_new_tokens: int | None, *, run: bool,
+                 progress=None) -> dict:
+        """{"reference": answer | None, "methods": {name: answer}}; run=False only reads the cache."""
         engine, enc = self._current(state)
         n = int(max_new_tokens or self.max_new_tokens)
         if n < 1:
             raise UserError(f"max new tokens must be >= 1, got {n}")
-        methods = list(settings.methods)[:MAX_PANELS]
         budget = _budget(settings, enc.n_visual)
-        todo = [None, *methods]
+        todo = [None, *list(settings.methods)[:MAX_PANELS]]
         out: dict = {"reference": None, "methods": {}}
         for i, m in enumerate(todo):
-            if progress is not None:
-                progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else LABELS.get(m, m)}")
-            with user_errors("generating", "lower the budget or max new tokens"):
-                ans = engine.generate(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
-            if m is None:
-                out["reference"] = _answer_dict(ans)
+            if run:
+                if progress is not None:
+                    progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else LABELS.get(m, m)}")
+                with user_errors("generating", "lower the budget or max new tokens"):
+                    ans = engine.generate(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
             else:
-                out["methods"][m] = _answer_dict(ans)
-        return out
-
-    def cached_answers(self, state: UIState, settings: Settings, max_new_tokens: int | None = None) -> dict:
-        """Like `generate` but only what is already cached (never runs the LLM)."""
-        engine, enc = self._current(state)
-        n = int(max_new_tokens or self.max_new_tokens)
-        budget = _budget(settings, enc.n_visual)
-        out: dict = {"reference": None, "methods": {}}
-        for m in [None, *list(settings.methods)[:MAX_PANELS]]:
-            ans = engine.cached_answer(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
+                ans = engine.cached_answer(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
             if ans is None:
                 continue
             if m is None:
@@ -302,8 +296,7 @@ def check_methods(methods) -> tuple[str, ...]:
     if len(methods) > MAX_PANELS:
         raise UserError(f"choose at most {MAX_PANELS} methods at once")
     for m in methods:
-        if not is_in_llm(m):
-            get_pruner(m)
+        check_method(m)
     return methods
 
 
