@@ -369,9 +369,10 @@ class LlavaFamilyAdapter(Adapter):
                        timings={"encode_s": time.perf_counter() - t0})
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
-        """One `kind` placeholder (a video is one placeholder in the families that take videos)."""
+        """`n_media` placeholders of `kind` before the prompt, through the chat template."""
         owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
-        return chat_prompt(owner, prompt, kind, fallback="USER: <" + kind + ">\n{prompt} ASSISTANT:")
+        fallback = "USER: " + f"<{kind}>\n" * n_media + "{prompt} ASSISTANT:"
+        return chat_prompt(owner, prompt, kind, fallback=fallback, n_media=n_media)
 
     def _visual_token_ids(self) -> list[int]:
         ids = [getattr(self.config, "image_token_id", None), getattr(self.config, "video_token_id", None)]

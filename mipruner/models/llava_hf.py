@@ -31,9 +31,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         """One <image> per image; a video's frames are `n_media` images (LLaVA has no video token)."""
-        owner = self.processor if getattr(self.processor, "chat_template", None) else self.tokenizer
-        fallback = "USER: " + "<image>\n" * n_media + "{prompt} ASSISTANT:"
-        return C.chat_prompt(owner, prompt, "image", fallback=fallback, n_media=n_media)
+        return super()._template(prompt, "image", n_media)
 
     def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
         if isinstance(media, Video):
