@@ -107,10 +107,12 @@ def budget_slider(unit: str, n_visual: int, value=None):
     if unit == "%":
         return gr.update(minimum=1, maximum=100, step=1, label="Budget (% of visual tokens)",
                          value=DEFAULT_SHARE if value is None else value)
-    top = max(1, n_visual or 576)
-    default = max(1, round(top * DEFAULT_SHARE / 100))
-    return gr.update(minimum=1, maximum=top, step=1, label=f"Budget (tokens of {top})",
-                     value=default if value is None else min(int(value), top))
+    if not n_visual:  # nothing encoded yet: N_V unknown, keep the range; Run sets it from the encoding
+        label = "Budget (tokens; the range follows the image after Run)"
+        return gr.update(label=label) if value is None else gr.update(label=label, value=int(value))
+    default = max(1, round(n_visual * DEFAULT_SHARE / 100))
+    return gr.update(minimum=1, maximum=n_visual, step=1, label=f"Budget (tokens of {n_visual})",
+                     value=default if value is None else min(int(value), n_visual))
 
 
 __all__ = ["CONTROL_NAMES", "Controls", "build_controls", "budget_slider", "control_values", "settings_from"]
