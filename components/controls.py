@@ -1,19 +1,24 @@
-"""The controls column: methods, budget, MI's lambda / tau / aggregation / normalization, method
-parameters, the settings string. `Controls.inputs()` is the fixed order every handler receives them
-in, and `settings_from` turns those values into a validated `mipruner.engine.Settings`."""
+"""The controls column, generated from the method registry's specs: methods, budget, the prompt
+tokens scored, the heatmap token, and one widget per registered method parameter (a new method
+with a parameter gets its control with no edit here).
+
+`Controls.inputs()` is the fixed order every handler receives the values in (`Controls.names()`
+names them), and `settings_from` turns those values into validated `Settings`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import gradio as gr
 
-from mipruner.engine import Settings
-from mipruner.models.text import TEXT_MODES
-from mipruner.pruners.mi import AGGREGATIONS, NORMALIZATIONS
+from mipruner.engine import TEXT_MODES, method_specs, parameters
 
-from .logic import DEFAULT_METHODS, UserError, budget_of, check_methods, method_choices
+from .logic import UserError, budget_of, check_methods, method_choices
+from .settings import DEFAULT_METHODS, Settings
 
 DEFAULT_SHARE = 10.0  # % of the visual tokens kept at start (LLaVA-1.5 in the paper: 64 of 576 = 11%)
+FEATURED = ("lam", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded
+APP_FIELDS = ("methods", "unit", "budget", "text_mode", "heat")
 
 
 @dataclass
@@ -21,28 +26,40 @@ class Controls:
     methods: gr.CheckboxGroup
     unit: gr.Radio
     budget: gr.Slider
-    lam: gr.Slider
-    tau: gr.Slider
-    aggregation: gr.Radio
-    normalization: gr.Radio
     text_mode: gr.Radio
-    seed: gr.Number
-    theta: gr.Slider
-    dominant_ratio: gr.Slider
-    ratio: gr.Slider
-    split: gr.Slider
-    layer: gr.Slider
     heat: gr.Number
+    params: dict  # parameter name -> its widget, in `parameters()` order
 
     def inputs(self) -> list:
-        return [getattr(self, f.name) for f in fields(self)]
+        return [self.methods, self.unit, self.budget, self.text_mode, self.heat, *self.params.values()]
 
     def live(self) -> list:
         """Controls whose change re-renders the panels (text_mode needs a new encoding instead)."""
         return [c for c in self.inputs() if c is not self.text_mode]
 
 
-CONTROL_NAMES = [f.name for f in fields(Controls)]
+def control_names() -> list[str]:
+    """The names of `Controls.inputs()`, in order (the API's parameter names)."""
+    return [*APP_FIELDS, *parameters()]
+
+
+def _label(p) -> str:
+    users = [s.label for s in method_specs() if p.name in s.param_names]
+    return f"{p.name} ({', '.join(users)})"
+
+
+def param_widget(p):
+    """One widget for a registered `Param`: a slider for a bounded number, a number box for an
+    unbounded one, a radio for choices (shown as text)."""
+    kw = dict(label=_label(p), info=p.doc, elem_id=f"param-{p.name}")
+    if p.kind == "choice":
+        return gr.Radio([str(c) for c in p.choices], value=str(p.default), **kw)
+    if p.low is not None and p.high is not None and (p.kind == "float" or p.high - p.low <= 1000):
+        lo = p.low + (p.step or 0.01) if p.low_open else p.low
+        step = p.step or (1 if p.kind == "int" else (p.high - p.low) / 100)
+        return gr.Slider(lo, p.high, value=p.default, step=step, **kw)
+    return gr.Number(value=p.default, precision=0 if p.kind == "int" else None,
+                     minimum=p.low, maximum=p.high, **kw)
 
 
 def build_controls() -> Controls:
@@ -53,41 +70,41 @@ def build_controls() -> Controls:
         unit = gr.Radio(["%", "tokens"], value="%", label="Budget unit", scale=1, elem_id="budget-unit")
         budget = gr.Slider(1, 100, value=DEFAULT_SHARE, step=1, label="Budget (% of visual tokens)", scale=3,
                            elem_id="budget")
-    lam = gr.Slider(0.0, 1.0, value=d.lam, step=0.05, label="lambda (1 = relevance only, lower = more diversity)",
-                    elem_id="lam")
-    tau = gr.Slider(0.01, 1.0, value=d.tau, step=0.01, label="tau (PMI temperature)", elem_id="tau")
-    with gr.Row():
-        aggregation = gr.Radio(list(AGGREGATIONS), value=d.aggregation, label="Aggregation over prompt tokens",
-                               elem_id="aggregation")
-        normalization = gr.Radio(list(NORMALIZATIONS), value=d.normalization, label="Normalization",
-                                 elem_id="normalization")
+    params = parameters()
+    widgets = {n: param_widget(params[n]) for n in FEATURED if n in params}
     text_mode = gr.Radio(list(TEXT_MODES), value=d.text_mode, label="Prompt tokens that count as text "
                          "(question / question without stopwords / whole chat prompt); changing it re-encodes",
                          elem_id="text-mode")
     with gr.Accordion("Method parameters", open=False):
-        seed = gr.Number(value=d.seed, precision=0, minimum=0, label="Random: seed", elem_id="seed")
-        theta = gr.Slider(0.0, 1.0, value=d.theta, step=0.05, label="CDPruner: theta (relevance weight)")
-        dominant_ratio = gr.Slider(0.0, 1.0, value=d.dominant_ratio, step=0.01,
-                                   label="VisionZip: dominant share of the budget")
-        ratio = gr.Slider(0.0, 1.0, value=d.ratio, step=0.05, label="VisPruner: important share of the budget")
-        split = gr.Slider(0.0, 1.0, value=d.split, step=0.05, label="MI + attention: first-round share")
-        layer = gr.Slider(1, 8, value=d.layer, step=1, label="FastV / DART: decoder layer K where they prune",
-                          elem_id="layer")
+        for name, p in params.items():
+            if name not in widgets:
+                widgets[name] = param_widget(p)
         heat = gr.Number(value=d.heat, precision=0, minimum=-1, elem_id="heat-token",
                          label="Heatmap prompt token (index; -1 = each method's scores). Click a prompt word to set it.")
-    return Controls(methods, unit, budget, lam, tau, aggregation, normalization, text_mode, seed, theta,
-                    dominant_ratio, ratio, split, layer, heat)
+    return Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params})
 
 
-def settings_from(methods, unit, budget, lam, tau, aggregation, normalization, text_mode, seed, theta,
-                  dominant_ratio, ratio, split, layer, heat, n_visual: int = 0) -> Settings:
+def _param_value(p, v):
+    if p.kind == "choice":
+        for c in p.choices:
+            if str(c) == str(v):
+                return c
+        raise UserError(f"{p.name} must be one of {[str(c) for c in p.choices]}, got {v!r}")
+    if v is None:
+        raise UserError(f"set {p.name}")
+    return int(v) if p.kind == "int" and float(v).is_integer() else v
+
+
+def settings_from(*vals, n_visual: int = 0) -> Settings:
     """Settings from the control values (in `Controls.inputs()` order); UserError when invalid."""
+    methods, unit, budget, text_mode, heat, *rest = vals
+    params = parameters()
+    if len(rest) != len(params):
+        raise UserError(f"expected {len(params)} method parameters, got {len(rest)}")
     try:
-        return Settings(methods=check_methods(methods), budget=budget_of(budget, unit, n_visual), lam=float(lam),
-                        tau=float(tau), aggregation=aggregation, normalization=normalization, text_mode=text_mode,
-                        seed=int(seed or 0), theta=float(theta), dominant_ratio=float(dominant_ratio),
-                        ratio=float(ratio), split=float(split), layer=int(layer or 2),
-                        heat=int(-1 if heat is None else heat))
+        kw = {name: _param_value(p, v) for (name, p), v in zip(params.items(), rest)}
+        return Settings(methods=check_methods(methods), budget=budget_of(budget, unit, n_visual), text_mode=text_mode,
+                        heat=int(-1 if heat is None else heat), **kw)
     except (ValueError, TypeError) as e:
         raise UserError(str(e)) from None
 
@@ -98,8 +115,9 @@ def control_values(s: Settings, n_visual: int) -> list:
         unit, budget = "%", round(100 * s.budget, 4)
     else:
         unit, budget = "tokens", s.budget
-    return [list(s.methods), unit, budget, s.lam, s.tau, s.aggregation, s.normalization, s.text_mode, s.seed,
-            s.theta, s.dominant_ratio, s.ratio, s.split, s.layer, s.heat]
+    params = parameters()
+    vals = [str(v) if params[n].kind == "choice" else v for n, v in s.params.items()]
+    return [list(s.methods), unit, budget, s.text_mode, s.heat, *vals]
 
 
 def budget_slider(unit: str, n_visual: int, value=None):
@@ -115,4 +133,5 @@ def budget_slider(unit: str, n_visual: int, value=None):
                      value=default if value is None else min(int(value), n_visual))
 
 
-__all__ = ["CONTROL_NAMES", "Controls", "build_controls", "budget_slider", "control_values", "settings_from"]
+__all__ = ["APP_FIELDS", "Controls", "build_controls", "budget_slider", "control_names", "control_values",
+           "param_widget", "settings_from"]

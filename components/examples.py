@@ -2,7 +2,7 @@
 
     python -m components.examples        # (re)writes assets/examples/ deterministically
 
-Scenes come from `mipruner.scenes` with a seed the embedded model never trained on; each example's
+Scenes come from `mipruner.shapes.scenes` with a seed the embedded model never trained on; each example's
 prompt asks about an object that is really in the picture (checked when writing). Images are
 upscaled 3x with nearest-neighbour so they show crisply; the processor resizes them back.
 """
@@ -15,7 +15,7 @@ from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
-SEED = 424_242  # never used by mipruner.train_shapes (training draws from seed 0)
+SEED = 424_242  # never used by mipruner.shapes.train (training draws from seed 0)
 SCALE = 3
 
 
@@ -24,7 +24,7 @@ FAMILY_ORDER = ("color", "count", "presence", "color")  # one question family pe
 
 def _question(scene, family: str) -> str:
     """A question of `family` about an object really in the scene (colour: of a unique shape)."""
-    from mipruner import scenes as sc
+    from mipruner.shapes import scenes as sc
 
     objs = scene.objects
     shapes = [o.shape for o in objs]
@@ -38,7 +38,7 @@ def _question(scene, family: str) -> str:
 
 def write_examples(out_dir: str = EXAMPLES_DIR, n_images: int = 4) -> list[dict]:
     """Write n_images scenes (PNG) and one 8-frame clip (MP4) with prompts; returns the index."""
-    from mipruner import scenes as sc
+    from mipruner.shapes import scenes as sc
     from mipruner.media import write_video
 
     os.makedirs(out_dir, exist_ok=True)

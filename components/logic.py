@@ -13,20 +13,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from mipruner import inllm
-from mipruner.engine import EncodingKey, MethodView, Session, Settings, StaleKeyError, check_method, \
+from mipruner.engine import EncodingKey, MethodView, Session, StaleKeyError, method_spec, method_specs, \
     selection_to_json
 from mipruner.media import is_video_path
-from mipruner.pruners import list_pruners
 
 from .hub import ModelHub
+from .settings import Settings
 
 MAX_PANELS = 6
-DEFAULT_METHODS = ("mi", "random", "similarity", "attention")
-LABELS = {"mi": "MI-Pruner", "mi_attention": "MI-Pruner + attention", "random": "Random",
-          "similarity": "Similarity", "attention": "Attention", "visionzip": "VisionZip",
-          "vispruner": "VisPruner", "divprune": "DivPrune", "cdpruner": "CDPruner",
-          "fastv": "FastV", "dart": "DART"}
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
 
 
@@ -46,9 +40,14 @@ class UIState:
     n_layers: int = 0  # decoder layers of the model (FastV / DART's K is at most this)
 
 
+def label(name: str) -> str:
+    """A method's display name, from its registered spec."""
+    return method_spec(name).label
+
+
 def method_choices() -> list[tuple[str, str]]:
-    """(label, registry name) for every method the app can show."""
-    return [(LABELS.get(n, n), n) for n in [*list_pruners(), *inllm.METHODS]]
+    """(label, registry name) for every registered method."""
+    return [(s.label, s.name) for s in method_specs()]
 
 
 def probe_video(path: str) -> int:
@@ -172,8 +171,7 @@ class AppLogic:
         enc = engine.encoded(state.session, key)
         state.model, state.key = engine.model_name, key
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
-        cfg = getattr(getattr(engine.adapter, "model", None), "config", None)
-        state.n_layers = int(getattr(getattr(cfg, "text_config", cfg), "num_hidden_layers", 0) or 0)
+        state.n_layers = engine.adapter.n_layers
         frames = len(enc.geometry.sizes)
         what = f"{frames} frames" if enc.is_video else "1 image"
         status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "
@@ -190,9 +188,9 @@ class AppLogic:
         heat = settings.heat if 0 <= settings.heat < len(enc.scoring_tokens) else None
         with user_errors("pruning", "lower the budget"):
             views = engine.view(state.session, state.key, methods, _budget(settings, enc.n_visual),
-                                settings.params(), heat_token=heat)
+                                settings.params, heat_token=heat)
         for v in views:
-            v.label = LABELS.get(v.method, v.method)
+            v.label = label(v.method)
         summary = {"model": state.model, "n_visual": enc.n_visual, "settings": settings.to_string(),
                    "heat_token": None if heat is None else enc.scoring_tokens[heat],
                    "methods": [{"method": v.method, "kept": v.kept, "share": round(v.share, 4),
@@ -224,11 +222,11 @@ class AppLogic:
         for i, m in enumerate(todo):
             if run:
                 if progress is not None:
-                    progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else LABELS.get(m, m)}")
+                    progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else label(m)}")
                 with user_errors("generating", "lower the budget or max new tokens"):
-                    ans = engine.generate(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
+                    ans = engine.generate(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
             else:
-                ans = engine.cached_answer(state.session, state.key, m, budget, settings.params(), max_new_tokens=n)
+                ans = engine.cached_answer(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
             if ans is None:
                 continue
             if m is None:
@@ -250,7 +248,7 @@ class AppLogic:
         if idx is None:
             raise UserError(f"no visual token at ({x:.0f}, {y:.0f}): click on the picture")
         budget = _budget(settings, enc.n_visual)
-        params = settings.params()
+        params = settings.params
         mi = engine.prune(state.session, state.key, "mi", budget, **params)
         kept_by = []
         for m in list(settings.methods)[:MAX_PANELS]:
@@ -296,9 +294,9 @@ def check_methods(methods) -> tuple[str, ...]:
     if len(methods) > MAX_PANELS:
         raise UserError(f"choose at most {MAX_PANELS} methods at once")
     for m in methods:
-        check_method(m)
+        method_spec(m)
     return methods
 
 
-__all__ = ["AppLogic", "DEFAULT_METHODS", "LABELS", "MAX_PANELS", "UIState", "UserError", "budget_of",
-           "check_methods", "method_choices", "probe_video"]
+__all__ = ["AppLogic", "MAX_PANELS", "UIState", "UserError", "budget_of", "check_methods", "label",
+           "method_choices", "probe_video"]

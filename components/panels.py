@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .logic import LABELS, MAX_PANELS
+from .logic import MAX_PANELS, label
 
 PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, legend, answer
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
@@ -82,7 +82,7 @@ def panel_updates(views, n_visual: int, answers: dict | None, hint: str) -> list
             out += [gr.update(visible=False)] * PANEL_FIELDS
             continue
         v = views[i]
-        title = (f"### {LABELS.get(v.method, v.method)}\n{v.kept} / {n_visual} tokens kept "
+        title = (f"### {label(v.method)}\n{v.kept} / {n_visual} tokens kept "
                  f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms")
         is_mi = v.pivot is not None
         out += [gr.update(value=title, visible=True),

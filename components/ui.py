@@ -17,12 +17,12 @@ import tempfile
 
 import gradio as gr
 
-from mipruner.engine import Settings
 
 from . import controls as C
 from . import panels as P
 from .examples import load_examples
 from .logic import MAX_PANELS, AppLogic, UIState, UserError
+from .settings import Settings
 
 STATE_TTL_S = 1800  # a session's state (its encodings) is dropped after 30 min without use
 
@@ -122,9 +122,18 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             answers_json = gr.JSON(label="answers", elem_id="answers-json")
 
         inputs = ctl.inputs()
+        # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
+        layer_names = [n for n in ctl.params if n == "layer"]
+        layer_ctls = [ctl.params[n] for n in layer_names]
+
+        def layer_updates(st, vals):
+            if not st.n_layers:
+                return [gr.update() for _ in layer_names]
+            return [gr.update(maximum=st.n_layers, value=min(int(vals[names.index(n)] or 1), st.n_layers))
+                    for n in layer_names]
         hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
 
-        names = C.CONTROL_NAMES
+        names = C.control_names()
         n_ctl = len(names)
         progress_param = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                             default=gr.Progress()),)
@@ -147,12 +156,11 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             except UserError as e:
                 _error(e)
             progress(1.0, desc="encoded")
-            unit, budget, heat, layer = (vals[names.index(n)] for n in ("unit", "budget", "heat", "layer"))
+            unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
             heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
-            top = st.n_layers or 32
             return (st, msg, token_chips(st.tokens, -1),
                     C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
-                    gr.update(maximum=top, value=min(int(layer or 2), top)))
+                    *layer_updates(st, vals))
 
         @named("state", *names)
         def on_view(st, *vals):
@@ -234,10 +242,10 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         live = dict(trigger_mode="always_last", show_progress="hidden")
 
         enc = run.click(on_encode, [state, model, model_path, use, image, video, prompt, *inputs],
-                        [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_name="encode",
+                        [state, status, tokens, ctl.budget, ctl.heat, *layer_ctls], api_name="encode",
                         concurrency_limit=1)
         prompt.submit(on_encode, [state, model, model_path, use, image, video, prompt, *inputs],
-                      [state, status, tokens, ctl.budget, ctl.heat, ctl.layer], api_visibility="private",
+                      [state, status, tokens, ctl.budget, ctl.heat, *layer_ctls], api_visibility="private",
                       concurrency_limit=1).then(
             on_view, [state, *inputs], view_outs, api_visibility="private").then(
             on_auto, [state, auto, *inputs, max_new], gen_outs, api_visibility="private")

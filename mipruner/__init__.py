@@ -1,11 +1,20 @@
 """mipruner: visual-token pruning for multimodal LLMs, built around MI-Pruner.
 
-Importing the package is cheap: it loads the pruners (torch only). Model adapters, which need
+Importing the package is cheap: it loads the method registry (torch only; the in-LLM methods
+register too, their transformers code is imported on first use). Model adapters, which need
 transformers, are imported on first use of `mipruner.load`. Gradio is never imported here.
-"""
-from .pruners import Selection, get_pruner, list_pruners, prune, register_pruner
 
-__version__ = "0.1.0"
+    adapter = mipruner.load("llava-hf/llava-1.5-7b-hf")
+    enc = adapter.encode("cat.jpg", "Is there a cat?")
+    sel = mipruner.select(adapter, enc, "mi", 64, lam=1.0)    # any registered method
+    ans = mipruner.answer(adapter, enc, sel)
+    sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
+"""
+from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, register_pruner
+from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
+from .methods import answer, needs_attention, select
+
+__version__ = "0.2.0"
 
 
 def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
@@ -15,4 +24,5 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Selection", "get_pruner", "list_pruners", "load", "prune", "register_pruner", "__version__"]
+__all__ = ["Param", "PrunerSpec", "Selection", "answer", "get_pruner", "list_pruners", "load", "needs_attention",
+           "prune", "register_pruner", "select", "__version__"]

@@ -4,7 +4,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from mipruner import scenes as sc
+from mipruner.shapes import scenes as sc
 
 
 def test_same_seed_same_pixels_and_questions():

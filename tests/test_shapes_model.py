@@ -4,7 +4,7 @@ The questions come from a scene seed the trainer never draws from (training uses
 balanced answers, so the answer prior scores about 0.5 (presence), 0.17-0.25 (colour) and 0.25
 (count). Measured on the shipped model: on these 60 questions per family 1.00 / 1.00 / 0.97
 (presence / colour / count); on the natural held-out distribution 0.986 / 1.000 / 1.000
-(`python -m mipruner.train_shapes --eval assets/shapes-llava --eval-seed 1234 --eval-scenes 60`,
+(`python -m mipruner.shapes.train --eval assets/shapes-llava --eval-seed 1234 --eval-scenes 60`,
 presence 0.984 / 0.992 / 0.981 on the random / popular / adversarial POPE splits), and on
 --eval-seed 4321 --eval-scenes 100: 0.984 / 1.000 / 0.979. On the clips below (8 frames, one
 <image> each, as the app's video mode feeds them): colour 1.00 (30), count 0.90 (39), 0.94 overall.
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from mipruner import scenes as sc
+from mipruner.shapes import scenes as sc
 from mipruner.models import resolve
 
 PATH = resolve("shapes-llava")
-HELD_OUT_SEED = 987_654  # never used by mipruner.train_shapes
+HELD_OUT_SEED = 987_654  # never used by mipruner.shapes.train
 # Minimum accuracy per family over the questions drawn below (measured 1.00 / 1.00 / 0.97).
 ACCURACY = {"presence": 0.92, "color": 0.92, "count": 0.88}
 # Clips: colour, and colour + count together (measured 1.00 and 0.94; answer priors 0.27 and 0.55:
@@ -44,7 +44,7 @@ def adapter():
 def _questions(n_per_family: int = 60) -> list[sc.QAItem]:
     """Held-out questions with balanced answers (yes/no half and half, counts 1-4 alike), drawn as
     the trainer draws them but from a seed it never uses, so the answer prior cannot pass."""
-    from mipruner.train_shapes import sample_qa
+    from mipruner.shapes.data import sample_qa
 
     rng = np.random.default_rng(HELD_OUT_SEED)
     out: dict[str, list[sc.QAItem]] = defaultdict(list)

@@ -101,20 +101,10 @@ class PeakMemory:
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def _force_length(adapter, n: int) -> dict:
-    """generate kwargs that make `adapter.generate` decode exactly n tokens."""
-    from mipruner.models._llava_common import LlavaFamilyAdapter
-
-    if isinstance(adapter, LlavaFamilyAdapter):
-        return {"min_new_tokens": n}
-    return {"eos_token_id": []}  # the Qwen loop: no EOS
-
-
 def make_run(adapter, image, method: str, budget, new_tokens: int, params: dict):
     """A function doing one end-to-end run of `method` at `budget`; returns (Answer, times dict)."""
-    force = _force_length(adapter, new_tokens)
-    needs_att = method not in ("none", "none-loop") and not inllm.is_in_llm(method) \
-        and get_pruner(method).needs_attention
+    force = adapter.fixed_length_kwargs(new_tokens)
+    needs_att = method not in ("none", "none-loop") and mipruner.needs_attention([method])
 
     def run():
         t0 = time.perf_counter()
@@ -125,23 +115,13 @@ def make_run(adapter, image, method: str, budget, new_tokens: int, params: dict)
         elif method == "none-loop":
             ans = inllm.generate(adapter, enc, None, layer=params.get("layer", 2), max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens)
-        elif inllm.is_in_llm(method):
-            cache: dict = {}
-            kw = {k: v for k, v in params.items() if k in inllm.defaults(method)}
-            sel = inllm.select(adapter, enc, method, budget, cache=cache, **kw)
-            t2 = time.perf_counter()
-            ans = inllm.generate(adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, cache=cache)
         else:
-            spec = get_pruner(method)
-            kw = {k: v for k, v in params.items() if k in spec.params}
-            if spec.needs_attention:
-                kw.update(attention=enc.attention, **({"keys": enc.keys} if "keys" in spec.params else {}))
-            if "cache" in spec.params:
-                kw["cache"] = {}
-            sel = mipruner.prune(method, visual=enc.visual, text=enc.scoring_text, budget=budget, **kw)
+            cache: dict = {}
+            sel = mipruner.select(adapter, enc, method, budget, cache=cache, strict=False, **params)
             t2 = time.perf_counter()
-            ans = adapter.generate(enc, sel, max_new_tokens=new_tokens, **force)
+            in_llm = get_pruner(method).stage == "llm"
+            ans = mipruner.answer(adapter, enc, sel, max_new_tokens=new_tokens, cache=cache,
+                                  **({"min_new_tokens": new_tokens} if in_llm else force))
         t3 = time.perf_counter()
         select_s = (t2 - t1) if method not in ("none", "none-loop") else 0.0
         return ans, {"encode_s": t1 - t0, "select_s": select_s, "prefill_s": ans.prefill_s,
@@ -180,7 +160,7 @@ def run_all(adapter, methods: list[str], budgets: list, repeats: int, warmup: in
     mem = PeakMemory(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
     cells = [("none", "all")]
-    if any(inllm.is_in_llm(m) for m in methods):
+    if any(m != "none" and get_pruner(m).stage == "llm" for m in methods):
         cells.append(("none-loop", "all"))
     cells += [(m, b) for m in methods if m != "none" for b in budgets]
     rows = []
@@ -231,7 +211,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(a.threads)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
-        if m != "none" and not inllm.is_in_llm(m):
+        if m != "none":
             get_pruner(m)  # unknown names fail before the model is built
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))

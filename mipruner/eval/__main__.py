@@ -14,12 +14,13 @@ import json
 import sys
 
 import mipruner
-from mipruner import inllm
+from mipruner.pruners import all_params
 
 from .runner import evaluate, format_rows
 from .tasks import read_pope
 
 TASKS = ("shapes-pope", "shapes-open", "shapes-video", "pope")
+NOT_OPTIONS = ("seed",)  # Random runs seeds 0, 1, 2 and averages them (runner.RANDOM_SEEDS); --seed is the scenes'.
 
 
 def parse_budgets(text: str) -> list:
@@ -27,6 +28,35 @@ def parse_budgets(text: str) -> list:
     for b in text.split(","):
         b = b.strip()
         out.append(float(b) if "." in b else int(b))
+    return out
+
+
+def add_param_options(p: argparse.ArgumentParser) -> None:
+    """One option per registered method parameter (`--lam`, `--tau`, `--layer`, ...), from the specs."""
+    for prm in all_params().values():
+        if prm.name in NOT_OPTIONS:
+            continue
+        kw = {"choices": [str(c) for c in prm.choices]} if prm.kind == "choice" else \
+            {"type": int if prm.kind == "int" else float}
+        p.add_argument(f"--{prm.name.replace('_', '-')}", dest=f"param_{prm.name}", default=None,
+                       help=f"{prm.doc} (default: {prm.default})", **kw)
+
+
+def param_values(a: argparse.Namespace) -> dict:
+    """{parameter: value} of the options given, validated by their Param (choices keep their type)."""
+    out = {}
+    for prm in all_params().values():
+        if prm.name in NOT_OPTIONS:
+            continue
+        v = getattr(a, f"param_{prm.name}", None)
+        if v is None:
+            continue
+        if prm.kind == "choice":
+            v = next(c for c in prm.choices if str(c) == v)
+        try:
+            out[prm.name] = prm.validate(v)
+        except ValueError as e:
+            raise SystemExit(f"--{prm.name.replace('_', '-')}: {e}") from None
     return out
 
 
@@ -51,12 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
     p.add_argument("--methods", default="mi,random,similarity")
     p.add_argument("--budgets", default="8,16,32", help="ints are tokens, floats in (0,1] shares")
-    p.add_argument("--lam", type=float, default=None, help="MI lambda (default: the pruner's)")
-    p.add_argument("--tau", type=float, default=None)
-    p.add_argument("--aggregation", choices=("max", "mean"), default=None)
-    p.add_argument("--normalization", choices=("softmax", "minmax"), default=None)
-    p.add_argument("--layer", type=int, default=None,
-                   help="fastv/dart: prune after decoder layer K (default: the method's, K=2)")
+    add_param_options(p)
     p.add_argument("--text-mode", choices=("question", "nostop", "prompt"), default="question")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--device", default=None)
@@ -65,10 +90,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
-        if m != "none" and not inllm.is_in_llm(m):
+        if m != "none":
             mipruner.get_pruner(m)  # unknown names fail before any model is loaded
-    params = {k: v for k, v in (("lam", a.lam), ("tau", a.tau), ("aggregation", a.aggregation),
-                                ("normalization", a.normalization), ("layer", a.layer)) if v is not None}
+    params = param_values(a)
     items = build_items(a)
     adapter = mipruner.load(a.model, device=a.device)
     progress = None

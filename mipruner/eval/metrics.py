@@ -13,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-from mipruner.scenes import PATCH_MIN_COVER
+from mipruner.shapes.scenes import PATCH_MIN_COVER
 
 NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5",
                 "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10"}

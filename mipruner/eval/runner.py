@@ -2,9 +2,9 @@
 
 Per item: encode once, answer unpruned (method "none"), then for every method and budget prune
 the cached encoding and answer on the kept tokens. Random is run with 3 seeds and averaged,
-as in the paper. In-LLM methods (`mipruner.inllm`: fastv, dart) select inside the LLM: their
-first K layers run once per item and are shared by every budget (`inllm.select` +
-`inllm.generate` with one cache per item).
+as in the paper. Every method goes through `mipruner.select` / `mipruner.answer` with one cache
+per item, so MI's normalisers and the in-LLM methods' first K layers are computed once per item
+and shared by every budget.
 """
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import math
 from collections import defaultdict
 from typing import Iterable
 
-import torch
 
 import mipruner
-from mipruner import inllm
 from mipruner.pruners import get_pruner
 
 from .metrics import answer_matches, pope_metrics, query_recall, token_object_cover
@@ -24,28 +22,11 @@ from .tasks import EvalItem
 RANDOM_SEEDS = (0, 1, 2)
 
 
-def prune_kwargs(name: str, encoded, params: dict, seed: int | None, cache: dict) -> dict:
-    """The keyword arguments pruner `name` accepts, drawn from the encoding and user params."""
-    spec = get_pruner(name)
-    kw = {k: v for k, v in params.items() if k in spec.params}
-    if spec.needs_attention:
-        if encoded.attention is None:
-            raise ValueError(f"{name!r} needs the vision encoder's attention, which this encoding lacks")
-        kw["attention"] = encoded.attention
-        if "keys" in spec.params:
-            kw["keys"] = encoded.keys
-    if "seed" in spec.params and seed is not None:
-        kw["seed"] = seed
-    if "cache" in spec.params:
-        kw["cache"] = cache.setdefault(name, {})
-    return kw
-
-
 def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: list, params: dict,
              task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None) -> list[dict]:
     """Answers for every (item, method, budget, seed); returns the aggregated rows."""
     items = list(items)
-    need_att = any(get_pruner(m).needs_attention for m in methods if m != "none" and not inllm.is_in_llm(m))
+    need_att = mipruner.needs_attention(m for m in methods if m != "none")
     records = []  # (method, budget, seed, item, prediction, recall)
     bar = progress(total=len(items), desc=f"eval {task}") if progress else None
     for item in items:
@@ -57,18 +38,12 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
         for m in methods:
             if m == "none":
                 continue
-            if inllm.is_in_llm(m):
-                for b in budgets:
-                    sel, out = _in_llm(adapter, enc, m, b, params, cache.setdefault("inllm", {}), max_new_tokens)
-                    rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-                    records.append((m, b, None, item, out.text, rec))
-                continue
             for b in budgets:
-                seeds = RANDOM_SEEDS if "seed" in get_pruner(m).params else (None,)
+                seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
                 for s in seeds:
-                    sel = mipruner.prune(m, visual=enc.visual, text=enc.scoring_text, budget=b,
-                                         **prune_kwargs(m, enc, params, s, cache))
-                    out = adapter.generate(enc, keep=sel, max_new_tokens=max_new_tokens)
+                    kw = params if s is None else {**params, "seed": s}
+                    sel = mipruner.select(adapter, enc, m, b, cache=cache, strict=False, **kw)
+                    out = mipruner.answer(adapter, enc, sel, max_new_tokens=max_new_tokens, cache=cache)
                     rec = query_recall(sel.keep, cover) if cover is not None else math.nan
                     records.append((m, b, s, item, out.text, rec))
         if bar:
@@ -76,14 +51,6 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     if bar:
         bar.close()
     return aggregate(records, task)
-
-
-def _in_llm(adapter, enc, method: str, budget, params: dict, cache: dict, max_new_tokens: int):
-    """(Selection, Answer) of in-LLM `method`; `cache` is shared by the budgets of one item."""
-    kw = {k: v for k, v in params.items() if k in inllm.defaults(method)}
-    sel = inllm.select(adapter, enc, method, budget, cache=cache, **kw)
-    out = inllm.generate(adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=max_new_tokens, cache=cache)
-    return sel, out
 
 
 def _mean(xs):

@@ -1,10 +1,10 @@
-"""Evaluation items from the synthetic scenes (`mipruner.scenes`), with the asked object's masks.
+"""Evaluation items from the synthetic scenes (`mipruner.shapes.scenes`), with the asked object's masks.
 
-Use a seed never used in training (the default 1234 is held out by `mipruner.train_shapes`).
+Use a seed never used in training (the default 1234 is held out by `mipruner.shapes.train`).
 """
 from __future__ import annotations
 
-from mipruner import scenes as sc
+from mipruner.shapes import scenes as sc
 
 from .tasks import EvalItem
 

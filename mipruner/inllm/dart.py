@@ -1,6 +1,6 @@
 """DART (Wen et al., 2025, "Stop looking for important tokens ... duplication matters more").
 
-Rule (PEERS.md), at decoder layer K (original K = 2):
+Rule, at decoder layer K (original K = 2):
   1. pivots: the `image_pivots` image tokens and the `text_pivots` text tokens with the largest L1
      norm of their layer K-1 keys (heads concatenated). Text candidates are the tokens after the
      last image token (the question and the answer prompt), as in the original. Original: 4 + 4.
@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection, unit_rows
+from ._run import answer, prepare
+from .fastv import LAYER
 
 
 def _top(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -70,4 +73,39 @@ def dart_rank(key_l1_image: torch.Tensor, key_l1_text: torch.Tensor, hidden_imag
         order.append(pick)
     sel = Selection.from_order(torch.cat(order), scores)
     sel.extras.update(pivots_image=img_piv, pivots_text=txt_piv, picked_by=picked_by)
+    return sel
+
+
+def _dart_hidden(prompt, prefix, cache: dict | None) -> dict:
+    """Normed (final norm) hidden states entering layer K: image rows and text-candidate rows."""
+    key = ("dart_hidden", prefix.layer)
+    if cache is not None and key in cache:
+        return cache[key]
+    vis = prompt.visual_positions
+    after = torch.arange(int(vis.max()) + 1, prompt.length, device=vis.device)  # tokens after the last image token
+    normed = prompt.lm.norm(prefix.hidden)[0]  # (L, d)
+    out = {"image": normed[vis].float(), "text": normed[after].float(), "text_positions": after}
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+@register_pruner("dart", stage="llm", needs=("adapter",), label="DART", answer=answer, params=(
+    LAYER,
+    Param.integer("image_pivots", 4, 0, None, "image pivot tokens, by L1 norm of layer K-1 keys (DART: 4)"),
+    Param.integer("text_pivots", 4, 0, None, "text pivot tokens, from the tokens after the last image token "
+                  "(DART: 4)")))
+@torch.no_grad()
+def dart(adapter, encoded, budget, *, cache: dict | None = None, layer: int = 2, image_pivots: int = 4,
+         text_pivots: int = 4) -> Selection:
+    """DART: pivot tokens by key norm, then the image tokens least similar to each pivot."""
+    if image_pivots + text_pivots < 1:
+        raise ValueError("image_pivots + text_pivots must be >= 1, got 0")
+    prompt, layer, k, prefix = prepare(adapter, encoded, budget, layer, cache)
+    vis = prompt.visual_positions
+    hidden = _dart_hidden(prompt, prefix, cache)
+    sel = dart_rank(prefix.key_l1[vis], prefix.key_l1[hidden["text_positions"]], hidden["image"],
+                    hidden["text"], k, image_pivots, text_pivots)
+    sel.extras["pivots_text_positions"] = hidden["text_positions"][sel.extras["pivots_text"].to(vis.device)].cpu()
+    sel.extras.update(image_pivots=image_pivots, text_pivots=text_pivots, layer=layer)
     return sel

@@ -1,6 +1,6 @@
 """FastV (Chen et al., ECCV 2024): keep the image tokens the last prompt token attends to most.
 
-Rule (PEERS.md): at decoder layer K-1, take the attention probabilities of the LAST prompt token
+Rule: at decoder layer K-1, take the attention probabilities of the LAST prompt token
 (query) over the whole prompt, average them over heads, and keep the top-`budget` image tokens
 by that score; from layer K on only those image tokens (and every text token) remain.
 Original defaults: K = 2, drop ratio R = 50% (budget = share 0.5).
@@ -18,7 +18,13 @@ import sys
 
 import torch
 
+from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection
+from ._run import answer, prepare
+
+# The decoder layer where an in-LLM method prunes; shared by FastV and DART (one control in the app).
+LAYER = Param.integer("layer", 2, 1, None, "decoder layer K where the method prunes (FastV and DART papers: 2)",
+                      code="K")
 
 
 def last_token_attention(attn, query_input: torch.Tensor, cos_sin, keys: torch.Tensor,
@@ -53,3 +59,13 @@ def fastv_rank(attention: torch.Tensor, budget: int) -> Selection:
     scores = attention.detach().float().cpu()
     order = torch.sort(scores, descending=True, stable=True).indices[:budget]
     return Selection.from_order(order, scores)
+
+
+@register_pruner("fastv", stage="llm", needs=("adapter",), params=(LAYER,), label="FastV", answer=answer)
+@torch.no_grad()
+def fastv(adapter, encoded, budget, *, cache: dict | None = None, layer: int = 2) -> Selection:
+    """FastV: the image tokens the last prompt token attends to most at layer K-1."""
+    prompt, layer, k, prefix = prepare(adapter, encoded, budget, layer, cache)
+    sel = fastv_rank(prefix.last_attention[prompt.visual_positions], k)
+    sel.extras["layer"] = layer
+    return sel

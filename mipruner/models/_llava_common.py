@@ -33,7 +33,7 @@ import torch
 
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
-from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
+from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
@@ -425,6 +425,15 @@ class LlavaFamilyAdapter(Adapter):
         kw = {} if p["position_ids"] is None else {"position_ids": p["position_ids"]}
         out = self.model(inputs_embeds=p["inputs_embeds"], attention_mask=p["attention_mask"], use_cache=False, **kw)
         return out.logits[0].float().cpu()
+
+    def llm_inputs(self, encoded: Encoded) -> LLMInputs:
+        """`inputs_embeds` = the spliced prompt with every visual token; positions 0..L-1 for the rotary
+        embedding, the masks and the layers (what `LlamaModel` derives when none are passed)."""
+        embeds = self.pruned_inputs(encoded, None)["inputs_embeds"]  # (1, L, d)
+        pos = torch.arange(int(embeds.shape[1]), device=embeds.device).unsqueeze(0)  # (1, L)
+        return LLMInputs(embeds=embeds, rope_positions=pos, layer_positions=pos,
+                         visual_positions=encoded.state["visual_positions"].to(embeds.device),
+                         next_position=int(embeds.shape[1]))
 
     @torch.no_grad()
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, positions: str | None = None,

@@ -1,8 +1,10 @@
 """What every model adapter produces and accepts: `Encoded`, `TokenGeometry`, `Answer`, `Adapter`.
 
-Data flow (DESIGN.md): `encode` once per (media, prompt) -> `Encoded`; any number of cheap
-`prune` calls on `Encoded.visual` / `Encoded.scoring_text`; `generate(encoded, keep)` runs the
-LLM on the kept visual tokens only, through the model's public inputs.
+Data flow: `encode` once per (media, prompt) -> `Encoded`; any number of cheap `prune` calls on
+`Encoded.visual` / `Encoded.scoring_text`; `generate(encoded, keep)` runs the LLM on the kept
+visual tokens only, through the model's public inputs. `Adapter` is the whole contract: whatever
+the in-LLM methods, the app, eval and the benches need from a model is one of its methods, so
+nothing outside `mipruner/models/` tests a family or reads `Encoded.state`.
 """
 from __future__ import annotations
 
@@ -133,6 +135,27 @@ def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: in
     return uniq
 
 
+@dataclass
+class LLMInputs:
+    """The unpruned LLM input of one encoding, as the model's own forward builds it (batch size 1).
+
+    embeds: (1, L, d) input embeddings of the full prompt (visual rows included).
+    rope_positions: (1, L) or (3, 1, L) (M-RoPE) positions fed to the decoder's rotary embedding.
+    layer_positions: (1, L) position ids the layers and the mask builder see, or None (Qwen: the
+        text model passes none for 3-row positions).
+    visual_positions: (N_V,) sequence index of each visual token, ascending.
+    next_position: the position of the first generated token.
+    deepstack: Qwen3-VL only: per injected layer i, (N_V, d) added to the visual rows after layer i.
+    """
+
+    embeds: torch.Tensor
+    rope_positions: torch.Tensor
+    layer_positions: torch.Tensor | None
+    visual_positions: torch.Tensor
+    next_position: int
+    deepstack: list[torch.Tensor] | None = None
+
+
 class Adapter(abc.ABC):
     """One model family behind three methods (lmms-eval's small-backend pattern).
 
@@ -161,3 +184,37 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
         ...
+
+    # -- what the in-LLM methods, the app and the benches need (defaults for transformers models) --
+
+    def text_decoder(self):
+        """The language model's decoder: a module with public `embed_tokens`, `rotary_emb`, `layers`
+        and `norm`, which the in-LLM methods run layer by layer. NotImplementedError when the
+        adapter has no transformers decoder (e.g. the dummy adapter)."""
+        lm = getattr(getattr(getattr(self, "model", None), "model", None), "language_model", None)
+        if lm is None:
+            raise NotImplementedError(f"the {self.family or type(self).__name__!r} adapter has no text decoder")
+        for name in ("embed_tokens", "rotary_emb", "layers", "norm"):
+            if not hasattr(lm, name):
+                raise NotImplementedError(f"the text decoder {type(lm).__name__} has no `{name}`: cannot drive it")
+        return lm
+
+    def output_head(self):
+        """The output projection (hidden states -> vocabulary logits)."""
+        return self.model.get_output_embeddings()
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers of the language model (an in-LLM method's K lies in [1, n_layers]); 0 if none."""
+        try:
+            return len(self.text_decoder().layers)
+        except NotImplementedError:
+            return 0
+
+    def llm_inputs(self, encoded: Encoded) -> LLMInputs:
+        """The unpruned LLM input of `encoded`, value for value what the model's forward builds."""
+        raise NotImplementedError(f"the {self.family or type(self).__name__!r} adapter cannot expose its LLM input")
+
+    def fixed_length_kwargs(self, n: int) -> dict:
+        """`generate` keyword arguments that make it decode exactly `n` tokens (EOS masked; benchmarks)."""
+        return {"min_new_tokens": n}

@@ -35,7 +35,7 @@ from PIL import Image
 
 from ..media import MediaError, Video, load_image, load_video, sample_indices
 from ..pruners.selection import Selection
-from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
+from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
 
 
@@ -408,6 +408,26 @@ class Qwen2VLAdapter(Adapter):
     def next_position(self, encoded: Encoded) -> int:
         """First decoding position: the UNPRUNED max position + 1 (= L_full + rope_delta)."""
         return int(encoded.state["positions"].max()) + 1
+
+    def llm_inputs(self, encoded: Encoded) -> LLMInputs:
+        """`embed_tokens(input_ids)` with the visual rows written at the placeholders (what the model's
+        `masked_scatter` does), the M-RoPE positions computed once on the full sequence, no layer
+        positions (the text model passes none for 3-row positions), decoding at the UNPRUNED max
+        position + 1; Qwen3-VL: the deepstack features."""
+        st = encoded.state
+        device = self.model.device
+        ids = st["input_ids"].to(device)  # (1, L)
+        vis = st["visual_positions"].to(device)  # (N_V,)
+        embeds = self.model.get_input_embeddings()(ids)  # (1, L, d)
+        embeds[0, vis] = encoded.visual.to(device, embeds.dtype)
+        deepstack = st.get("deepstack")
+        if deepstack is not None:
+            deepstack = [f.to(device, embeds.dtype) for f in deepstack]
+        return LLMInputs(embeds=embeds, rope_positions=st["positions"].to(device), layer_positions=None,
+                         visual_positions=vis, next_position=self.next_position(encoded), deepstack=deepstack)
+
+    def fixed_length_kwargs(self, n: int) -> dict:
+        return {"eos_token_id": []}  # our greedy loop: no EOS, so it decodes max_new_tokens
 
     @torch.no_grad()
     def prefill_logits(self, encoded: Encoded, keep=None) -> torch.Tensor:

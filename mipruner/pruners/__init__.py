@@ -1,8 +1,10 @@
-"""Pruners: pure functions on tensors behind a registry. No model, no I/O.
+"""Pruners: pure functions on tensors behind the method registry. No model, no I/O.
 
-Each method is one decorated function in its own module; importing this package registers them.
+Each method is one decorated function in its own module; importing this package registers the
+pre-LLM ones (the in-LLM methods of `mipruner.inllm` register into the same registry).
 """
-from ._registry import PrunerSpec, get_pruner, list_pruners, prune, register_pruner
+from ._registry import (Param, PrunerSpec, all_params, did_you_mean, get_pruner, list_pruners, prune,
+                        register_pruner, unregister_pruner)
 from .selection import Selection, resolve_budget
 
 # Importing a method module registers it (one line per method module).
@@ -16,5 +18,5 @@ from . import visionzip  # noqa: E402,F401
 from . import vispruner  # noqa: E402,F401
 from . import mi_attention  # noqa: E402,F401
 
-__all__ = ["PrunerSpec", "Selection", "get_pruner", "list_pruners", "prune", "register_pruner",
-           "resolve_budget"]
+__all__ = ["Param", "PrunerSpec", "Selection", "all_params", "did_you_mean", "get_pruner", "list_pruners", "prune",
+           "register_pruner", "resolve_budget", "unregister_pruner"]

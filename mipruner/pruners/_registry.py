@@ -1,15 +1,28 @@
-"""The pruner registry: a dict filled by a decorator (timm's `_registry.py` pattern).
+"""The method registry: one dict, filled by a decorator (timm's `_registry.py` pattern), for every
+selection method wherever it selects.
 
-Adding a method is one decorated function in one file. `prune(name, ...)` is the front door: it
-resolves the name (with a "did you mean" on typos), checks the keyword arguments against the
-function's signature, resolves the budget and validates the tensors before calling the method.
+A method is one decorated function in one file. Its `PrunerSpec` says
+- `stage`: where it selects. "projector": from the projected visual tokens (and the prompt);
+  "vision": also from the vision encoder's attention/keys; "llm": inside the language model
+  (FastV, DART, SparseVLM), from the adapter and the encoding;
+- `needs`: the inputs it reads ("text", "attention", "keys", "features", "cls", "adapter");
+- `params`: its parameters, each a `Param` with default, range or choices and a one-line doc. The
+  app's controls, the settings string, the eval and lmms-eval model arguments are generated from
+  them, so a new method with a parameter is one file plus its tests.
+
+`prune(name, visual=..., text=..., budget=...)` is the front door for pre-LLM methods on plain
+tensors: it resolves the name (with a "did you mean" on typos), validates parameters against their
+`Param`s, resolves the budget and checks the tensors. Methods of stage "llm" need a model: call
+`mipruner.select(adapter, encoded, name, budget)` (`mipruner/methods.py`), which serves every stage.
 """
 from __future__ import annotations
 
 import difflib
 import inspect
-from dataclasses import dataclass
-from typing import Callable
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -17,66 +30,226 @@ from .selection import Selection, check_matrix, resolve_budget
 
 _REGISTRY: dict[str, "PrunerSpec"] = {}
 
+STAGES = ("projector", "vision", "llm")
+NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
+# Keyword arguments that are inputs drawn from the encoding, not user parameters.
+INPUTS = ("attention", "keys", "features", "cls", "cache")
+
+
+def did_you_mean(what: str, name: Any, known: list[str]) -> ValueError:
+    """ValueError "Unknown <what> (x). Did you mean ...? Known <what>s: ..." (one wording everywhere)."""
+    close = difflib.get_close_matches(str(name), known, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return ValueError(f"Unknown {what} ({name!r}).{hint} Known: {', '.join(sorted(known))}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method parameter: its default, its range (numbers) or choices (strings), a one-line doc.
+
+    kind: "float", "int" or "choice". low/high bound numbers (None: unbounded); low_open excludes
+    `low`. code: its key in the app's settings string (default: the name). step: the UI's slider step.
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    choices: tuple = ()
+    code: str = ""
+    step: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("float", "int", "choice"):
+            raise ValueError(f"Param {self.name!r}: kind must be float, int or choice, got {self.kind!r}")
+        if self.kind == "choice" and not self.choices:
+            raise ValueError(f"Param {self.name!r}: a choice needs choices")
+        if not self.code:
+            object.__setattr__(self, "code", self.name)
+        self.validate(self.default)
+
+    def validate(self, value: Any) -> Any:
+        """`value` converted to the parameter's type, or ValueError naming the parameter and its range."""
+        if self.kind == "choice":
+            if value not in self.choices:
+                raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{self.name} must be {'an int' if self.kind == 'int' else 'a number'}, got {value!r}")
+        if self.kind == "int":
+            if not float(value).is_integer():
+                raise ValueError(f"{self.name} must be an int, got {value!r}")
+            value = int(value)
+        else:
+            value = float(value)
+            if math.isnan(value):
+                raise ValueError(f"{self.name} must be a number, got nan")
+        lo_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        hi_ok = self.high is None or value <= self.high
+        if not (lo_ok and hi_ok and (self.kind == "int" or math.isfinite(value))):
+            lo = "-inf" if self.low is None else self.low
+            hi = "inf" if self.high is None else self.high
+            raise ValueError(f"{self.name} must be in {'(' if self.low_open else '['}{lo}, {hi}], got {value}")
+        return value
+
+    @classmethod
+    def real(cls, name: str, default: float, low: float | None, high: float | None, doc: str, **kw) -> "Param":
+        return cls(name, default, "float", doc, low=low, high=high, **kw)
+
+    @classmethod
+    def integer(cls, name: str, default: int, low: int | None, high: int | None, doc: str, **kw) -> "Param":
+        return cls(name, default, "int", doc, low=low, high=high, **kw)
+
+    @classmethod
+    def choice(cls, name: str, default: str, choices: tuple[str, ...], doc: str, **kw) -> "Param":
+        return cls(name, default, "choice", doc, choices=tuple(choices), **kw)
+
 
 @dataclass(frozen=True)
 class PrunerSpec:
+    """A registered selection method (see the module docstring)."""
+
     name: str
     fn: Callable[..., Selection]
-    needs_text: bool  # text-conditioned: `text` must be a non-empty (N_T, d) tensor
-    needs_attention: bool  # needs vision-encoder attention (and maybe keys)
-    is_mi: bool  # returns PMI matrices and pivot words
+    stage: str
+    needs: frozenset
+    params: tuple[Param, ...]
+    label: str
     summary: str
+    is_mi: bool = False  # returns PMI matrices and pivot words
+    answer: Callable | None = field(default=None, compare=False)  # stage "llm": answers on its selection
 
     @property
-    def params(self) -> dict[str, inspect.Parameter]:
-        """Method-specific keyword parameters (beyond visual/text/budget) with their defaults."""
-        sig = inspect.signature(self.fn)
-        return {k: p for k, p in sig.parameters.items() if k not in ("visual", "text", "budget")}
+    def needs_text(self) -> bool:
+        return "text" in self.needs
+
+    @property
+    def needs_attention(self) -> bool:
+        return "attention" in self.needs
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise did_you_mean(f"parameter of {self.name!r}", name, list(self.param_names))
+
+    def defaults(self) -> dict[str, Any]:
+        """{parameter: default} (a fresh dict)."""
+        return {p.name: p.default for p in self.params}
+
+    def bind(self, params: dict, *, strict: bool = True) -> dict[str, Any]:
+        """The method's parameters from `params`, validated. strict: unknown names raise TypeError;
+        otherwise they are ignored (one dict of app settings serves every method)."""
+        unknown = sorted(set(params) - set(self.param_names))
+        if strict and unknown:
+            raise TypeError(f"{self.name!r} got unknown keyword argument(s) {unknown}; "
+                            f"it accepts {sorted(self.param_names)}")
+        return {p.name: p.validate(params[p.name]) for p in self.params if p.name in params}
 
 
-def register_pruner(name: str, *, needs_text: bool = False, needs_attention: bool = False,
-                    is_mi: bool = False):
-    """Decorator: `@register_pruner("mi", needs_text=True, is_mi=True)` over `fn(visual, text, budget, **params)`."""
+def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
+                    params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
+                    answer: Callable | None = None):
+    """Decorator registering `fn` as method `name`.
+
+    Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
+    stage "llm": `fn(adapter, encoded, budget, *, cache, <params>)` and `answer(adapter, encoded,
+    selection, *, max_new_tokens, cache, ...)` runs the LLM on its selection. Every keyword of
+    `fn` beyond those is a declared `Param` whose default equals the signature's (checked here).
+    """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
         if name in _REGISTRY:
             raise ValueError(f"pruner {name!r} is registered twice")
+        if stage not in STAGES:
+            raise ValueError(f"{name!r}: stage must be one of {STAGES}, got {stage!r}")
+        bad = sorted(set(needs) - set(NEEDS))
+        if bad:
+            raise ValueError(f"{name!r}: unknown needs {bad}; known: {NEEDS}")
+        if stage == "llm" and answer is None:
+            raise ValueError(f"{name!r}: an in-LLM method needs answer=")
+        sig = inspect.signature(fn)
+        positional = ("adapter", "encoded", "budget") if stage == "llm" else ("visual", "text", "budget")
+        declared = {p.name: p for p in params}
+        for k, p in sig.parameters.items():
+            if k in positional or k in INPUTS:
+                continue
+            if k not in declared:
+                raise ValueError(f"{name!r}: keyword {k!r} of {fn.__name__} is not a declared Param")
+            if p.default != declared[k].default:
+                raise ValueError(f"{name!r}: {k} defaults to {p.default!r} in the signature but "
+                                 f"{declared[k].default!r} in its Param")
+        missing = sorted(set(declared) - set(sig.parameters))
+        if missing:
+            raise ValueError(f"{name!r}: Params {missing} are not keywords of {fn.__name__}")
+        for p in params:  # a parameter name means one thing across methods (one control in the app)
+            for other in _REGISTRY.values():
+                for q in other.params:
+                    if q.name == p.name and q != p:
+                        raise ValueError(f"{name!r}: Param {p.name!r} differs from {other.name!r}'s; "
+                                         "one name, one definition")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        _REGISTRY[name] = PrunerSpec(name, fn, needs_text, needs_attention, is_mi, doc[0] if doc else "")
+        _REGISTRY[name] = PrunerSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
+                                     doc[0] if doc else "", is_mi, answer)
         return fn
 
     return deco
 
 
-def list_pruners() -> list[str]:
-    """Names of all registered pruners, sorted."""
-    return sorted(_REGISTRY)
+def unregister_pruner(name: str) -> None:
+    """Remove method `name` (for tests and plug-ins that register temporarily)."""
+    get_pruner(name)
+    del _REGISTRY[name]
+
+
+def list_pruners(stage: str | None = None) -> list[str]:
+    """Names of the registered methods (all, or those of one stage), sorted."""
+    return sorted(n for n, s in _REGISTRY.items() if stage is None or s.stage == stage)
 
 
 def get_pruner(name: str) -> PrunerSpec:
-    """The registry entry for `name`; unknown names raise ValueError with the known names."""
+    """The registry entry for `name`; unknown names raise ValueError with "did you mean"."""
     if not isinstance(name, str) or name not in _REGISTRY:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"Unknown pruner ({name!r}).{hint} Known pruners: {', '.join(list_pruners())}")
+        raise did_you_mean("pruner", name, list(_REGISTRY))
     return _REGISTRY[name]
+
+
+def all_params() -> dict[str, Param]:
+    """Every registered parameter by name (one definition per name), in registration order."""
+    out: dict[str, Param] = {}
+    for spec in _REGISTRY.values():
+        for p in spec.params:
+            out.setdefault(p.name, p)
+    return out
 
 
 def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
           budget: int | float, **params) -> Selection:
-    """Select `budget` visual tokens with pruner `name`.
+    """Select `budget` visual tokens with pre-LLM method `name`.
 
     visual: (N_V, d) projected visual tokens; text: (N_T, d) prompt embeddings (text-conditioned
     methods); budget: int in [1, N_V] (tokens) or float in (0, 1] (share of N_V, rounded half up,
     at least 1). A budget above N_V raises: we never clip silently. Method parameters
-    (`lam`, `tau`, `attention`, `seed`, ...) are keyword-only; unknown ones raise TypeError.
+    (`lam`, `tau`, `seed`, ...) and inputs (`attention`, `keys`, `cache`, ...) are keyword-only;
+    unknown ones raise TypeError, out-of-range ones ValueError.
     """
     spec = get_pruner(name)
-    allowed = spec.params
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {unknown}; "
-                        f"{name!r} accepts {sorted(allowed)}")
+    if spec.stage == "llm":
+        raise ValueError(f"{name!r} selects inside the LLM: use mipruner.select(adapter, encoded, {name!r}, budget)")
+    sig = inspect.signature(spec.fn).parameters
+    inputs = {k: v for k, v in params.items() if k in INPUTS}
+    bad_inputs = sorted(k for k in inputs if k not in sig)
+    if bad_inputs:
+        raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {bad_inputs}; "
+                        f"{name!r} accepts {sorted(k for k in sig if k not in ('visual', 'text', 'budget'))}")
+    kw = spec.bind({k: v for k, v in params.items() if k not in INPUTS})
     check_matrix("visual", visual)
     n_v = visual.shape[0]
     if n_v == 0:
@@ -91,6 +264,6 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
             raise ValueError(f"width mismatch: visual has d={visual.shape[1]}, text has d={text.shape[1]}; "
                              "both must live in the LLM's input space")
     k = resolve_budget(budget, n_v)
-    sel = spec.fn(visual=visual, text=text, budget=k, **params)
+    sel = spec.fn(visual=visual, text=text, budget=k, **inputs, **kw)
     sel.method = name
     return sel

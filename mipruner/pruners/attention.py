@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .selection import Selection, check_matrix
 
 
@@ -71,7 +71,9 @@ def image_keys(keys: torch.Tensor | None, attention: torch.Tensor, n_v: int, *, 
     return keys[keys.shape[0] - n_v:].to(torch.float32)  # (N_V, d_k), [CLS] row dropped
 
 
-@register_pruner("attention", needs_attention=True)
+@register_pruner("attention", stage="vision", needs=("attention",), label="Attention", params=(
+    Param.choice("use_cls", None, (None, True, False), "rank by the [CLS] row (True), by the column sum (False), "
+                 "or whichever the attention's shape offers (None)"),))
 def attention_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                      attention: torch.Tensor | None = None,
                      keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs

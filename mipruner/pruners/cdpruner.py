@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .divprune import CosineColumns
 from .selection import Selection, check_range, cosine_to
 
@@ -98,7 +98,8 @@ def greedy_map(kernel_row, diag: torch.Tensor, k: int, fallback: torch.Tensor
     return order, scores.clamp_min(0.0)
 
 
-@register_pruner("cdpruner", needs_text=True)
+@register_pruner("cdpruner", needs=("text",), label="CDPruner", params=(
+    Param.real("theta", 0.5, 0.0, 1.0, "relevance weight of the kernel (1 = the released kernel)", step=0.05),))
 def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
              theta: float = 0.5,  # later ports' default (Chen et al. 2018 weighting); 1 = released kernel
              ) -> Selection:

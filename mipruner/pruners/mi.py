@@ -27,11 +27,22 @@ from dataclasses import dataclass
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
 AGGREGATIONS = ("max", "mean")  # max: Eq. 9-10 (default); mean: Eq. 11, the paper's "global"
+
+# The MI parameters, shared by `mi` and `mi_attention` (one definition, one control in the app).
+LAM = Param.real("lam", 0.5, 0.0, 1.0, "1 = relevance only; lower trades relevance for diversity "
+                 "(paper Sec. 4.4: 1 for closed-form questions, 0.5 for open ones)", step=0.05)
+TAU = Param.real("tau", 0.1, 0.0, 1.0, "PMI temperature (paper Tab. 4: best of 0.01, 0.1, 0.5)", low_open=True,
+                 step=0.01)
+AGGREGATION = Param.choice("aggregation", "max", AGGREGATIONS, "over prompt tokens: best word (max) or "
+                           "expected PMI (mean, the paper's global)", code="agg")
+NORMALIZATION = Param.choice("normalization", "softmax", NORMALIZATIONS, "softmax (Eq. 7) or MinMax "
+                             "(App. B.2 ablation)", code="norm")
+MI_PARAMS = (LAM, TAU, AGGREGATION, NORMALIZATION)
 DENSE_LIMIT = 4096  # above this many visual tokens the N_V x N_V matrix is never held whole
 _CHUNK = 1024  # rows per chunk when the Gram matrix is not held
 _TINY = torch.finfo(torch.float32).tiny  # floor for log(p) where MinMax gives p = 0
@@ -226,7 +237,7 @@ def mi_params(lam: float, tau: float, aggregation: str, normalization: str) -> t
     return lam, tau
 
 
-@register_pruner("mi", needs_text=True, is_mi=True)
+@register_pruner("mi", needs=("text",), params=MI_PARAMS, label="MI-Pruner", is_mi=True)
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}

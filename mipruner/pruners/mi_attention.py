@@ -18,13 +18,15 @@ import math
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .attention import attention_scores
-from .mi import SelfPMI, _cached, cross_pmi, greedy_select, mi_params
+from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
 from .selection import Selection, check_range
 
 
-@register_pruner("mi_attention", needs_text=True, needs_attention=True, is_mi=True)
+@register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
+                 is_mi=True, params=(Param.real("split", 0.5, 0.0, 1.0, "share of the budget kept by vision-encoder "
+                                                "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS))
 def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                         attention: torch.Tensor | None = None,
                         keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .selection import Selection
 
 _SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed accepts any int64 seed
@@ -27,7 +27,8 @@ def check_seed(seed: int) -> int:
     return int(seed)
 
 
-@register_pruner("random")
+@register_pruner("random", label="Random", params=(
+    Param.integer("seed", 0, 0, _SEED_MAX, "random seed (the paper averages seeds 0, 1, 2)"),))
 def random_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                   seed: int = 0,  # the paper averages seeds; 0 makes the default call reproducible
                   ) -> Selection:

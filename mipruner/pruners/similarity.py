@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 
 from ._registry import register_pruner
+from .mi import AGGREGATION, AGGREGATIONS
 from .selection import Selection, check_choice, cosine_to
 
-AGGREGATIONS = ("max", "mean")  # max: best-matching prompt token, as MI-Pruner's default
 
 
-@register_pruner("similarity", needs_text=True)
+@register_pruner("similarity", needs=("text",), params=(AGGREGATION,), label="Similarity")
 def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                       aggregation: str = "max",  # same default as MI-Pruner, so the two compare 1:1
                       ) -> Selection:

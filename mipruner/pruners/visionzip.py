@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .attention import attention_scores, image_keys
 from .selection import Selection, check_range, unit_rows
 
@@ -39,7 +39,9 @@ def dominant_count(budget: int, ratio: float) -> int:
     return min(d, budget - 1) if budget >= 2 else min(d, budget)
 
 
-@register_pruner("visionzip", needs_attention=True)
+@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip", params=(
+    Param.real("dominant_ratio", 54 / 64, 0.0, 1.0, "share of the budget kept as dominant tokens (original: 54 of 64)",
+               code="dom", step=0.01),))
 def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
               attention: torch.Tensor | None = None,
               keys: torch.Tensor | None = None,

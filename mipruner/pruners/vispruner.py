@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ._registry import register_pruner
+from ._registry import Param, register_pruner
 from .attention import attention_scores
 from .mi import DENSE_LIMIT
 from .selection import Selection, check_matrix, check_range, gram, unit_rows
@@ -86,7 +86,11 @@ def drop_duplicates(features: torch.Tensor, n_keep: int, drop_per_round: int
     return alive, drop_round
 
 
-@register_pruner("vispruner", needs_attention=True)
+@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner", params=(
+    Param.real("ratio", 0.5, 0.0, 1.0, "share of the budget kept as important tokens (original: 0.5)", code="vr",
+               step=0.05),
+    Param.integer("drop_per_round", 8, 1, None, "duplicates removed per round of the diverse stage (original: 8)",
+                  code="vdrop")))
 def vispruner_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                      attention: torch.Tensor | None = None,
                      keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs

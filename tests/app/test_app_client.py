@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.controls import CONTROL_NAMES, control_values
+from components.controls import control_names, control_values
 from components.examples import load_examples
-from mipruner.engine import Settings
+from components.settings import Settings
 
 IMAGES = [e for e in load_examples() if e["kind"] == "image"]
 
@@ -49,7 +49,7 @@ def test_api_lists_one_endpoint_per_action(client):
     eps = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
     assert set(eps) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings"}
     names = [p["parameter_name"] for p in eps["/view"]["parameters"]]
-    assert names == CONTROL_NAMES
+    assert names == control_names()
 
 
 def test_encode_then_sliders_change_the_view(client):
@@ -96,8 +96,9 @@ def test_inspect_export_and_settings(client):
     assert len(doc["keep"]) == 16
     s = Settings(methods=("cdpruner", "mi"), budget=24, lam=0.3, theta=0.7)
     vals = client.predict(s.to_string(), api_name="/settings")
-    assert vals[0] == ["cdpruner", "mi"] and vals[1] == "tokens" and vals[3] == pytest.approx(0.3)
-    assert vals[9] == pytest.approx(0.7)
+    at = control_names().index
+    assert vals[at("methods")] == ["cdpruner", "mi"] and vals[at("unit")] == "tokens"
+    assert vals[at("lam")] == pytest.approx(0.3) and vals[at("theta")] == pytest.approx(0.7)
 
 
 def test_errors_reach_the_client(client):

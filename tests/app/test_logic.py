@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.controls import CONTROL_NAMES, control_values, settings_from
+from components.controls import control_names, control_values, settings_from
 from components.examples import load_examples
 from components.hub import ModelHub
 from components.logic import AppLogic, UIState, UserError, budget_of, probe_video
-from mipruner.engine import Settings
+from components.settings import Settings
 from mipruner.media import write_video
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
@@ -49,7 +49,7 @@ def test_settings_from_controls_round_trip():
     s = Settings(methods=("mi", "cdpruner"), budget=32, lam=0.25, tau=0.2, aggregation="mean",
                  normalization="minmax", seed=3, theta=0.7, dominant_ratio=0.5, ratio=0.25, split=0.4, heat=2)
     vals = control_values(s, 196)
-    assert len(vals) == len(CONTROL_NAMES)
+    assert len(vals) == len(control_names())
     assert settings_from(*vals, n_visual=196) == s
     s2 = Settings(budget=0.25)
     assert settings_from(*control_values(s2, 196), n_visual=196) == s2

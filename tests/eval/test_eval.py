@@ -46,7 +46,7 @@ def test_cover_and_query_recall():
     assert query_recall(torch.tensor([0, 1, 9]), cover, min_cover=0.9) == pytest.approx(1 / 2)
     assert math.isnan(query_recall(torch.tensor([0]), torch.zeros(16)))
     # one definition of "object token" for every recall figure: the scenes' PATCH_MIN_COVER (0.2)
-    from mipruner.scenes import PATCH_MIN_COVER, patch_coverage
+    from mipruner.shapes.scenes import PATCH_MIN_COVER, patch_coverage
 
     thin = np.zeros((40, 40), bool)
     thin[0:10, 0:3] = True  # 30 % of token (0,0)

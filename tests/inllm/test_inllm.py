@@ -89,9 +89,9 @@ def test_keep_all_is_the_unpruned_model(adapters, encoded, fam, media):
         assert got.token_ids == ans.token_ids
         assert got.input_tokens == ans.input_tokens and got.visual_tokens == enc.n_visual
     cache: dict = {}
-    sel = inllm.select(ad, enc, "fastv", 1.0, cache=cache, layer=1)
+    sel = mipruner.select(ad, enc, "fastv", 1.0, cache=cache, layer=1)
     assert sel.budget == enc.n_visual
-    assert inllm.generate(ad, enc, sel, layer=1, max_new_tokens=5, cache=cache).token_ids == ans.token_ids
+    assert mipruner.answer(ad, enc, sel, max_new_tokens=5, cache=cache).token_ids == ans.token_ids
 
 
 # ------------------------------------------------------------------------------------ pruned
@@ -127,7 +127,7 @@ def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, metho
     ad, enc = adapters[fam], encoded[fam, media]
     layer = 1  # the tiny models have 2 decoder layers: layer 0 full, layer 1 pruned
     k = max(1, enc.n_visual // 4)
-    sel = inllm.select(ad, enc, method, k, layer=layer)
+    sel = mipruner.select(ad, enc, method, k, layer=layer)
     assert sel.budget == k and sel.method == method and sel.extras["layer"] == layer
     L = int(enc.state["input_ids"].shape[-1])
     dropped = torch.zeros(L, dtype=torch.bool)
@@ -140,7 +140,7 @@ def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, metho
     assert got.shape[0] == L - (enc.n_visual - k)
     torch.testing.assert_close(got, ref_logits[~dropped], atol=1e-5, rtol=1e-5)
     ans = inllm.generate(ad, enc, sel, layer=layer, max_new_tokens=5)
-    eos = set(inllm._get_prompt(ad, enc, None).eos)
+    eos = set(inllm._run._get_prompt(ad, enc, None).eos)
     cut = next((i + 1 for i, t in enumerate(ref_tokens) if t in eos), len(ref_tokens))
     assert ans.token_ids == ref_tokens[:cut]
     assert ans.input_tokens == L - (enc.n_visual - k) and ans.visual_tokens == k
@@ -152,7 +152,7 @@ def test_layer_at_the_depth_leaves_the_answer_unpruned(adapters, encoded):
     ad, enc = adapters["qwen2_vl"], encoded["qwen2_vl", "image"]
     depth = len(ad.model.model.language_model.layers)
     keep = torch.arange(0, enc.n_visual, 3)
-    rows = inllm._get_prompt(ad, enc, None).kept_sequence(keep)
+    rows = inllm._run._get_prompt(ad, enc, None).kept_sequence(keep)
     assert torch.equal(inllm.prefill_logits(ad, enc, keep, layer=depth), ad.prefill_logits(enc)[rows])
     assert inllm.generate(ad, enc, keep, layer=depth, max_new_tokens=4).token_ids == \
         ad.generate(enc, max_new_tokens=4).token_ids
@@ -161,7 +161,7 @@ def test_layer_at_the_depth_leaves_the_answer_unpruned(adapters, encoded):
 def test_min_new_tokens_forces_the_length(adapters, encoded):
     ad, enc = adapters["llava"], encoded["llava", "image"]
     ans = inllm.generate(ad, enc, [0, 3], layer=1, max_new_tokens=7, min_new_tokens=7)
-    assert len(ans.token_ids) == 7 and not set(ans.token_ids) & set(inllm._get_prompt(ad, enc, None).eos)
+    assert len(ans.token_ids) == 7 and not set(ans.token_ids) & set(inllm._run._get_prompt(ad, enc, None).eos)
 
 
 # ------------------------------------------------------------------------------------ FastV
@@ -185,7 +185,7 @@ def test_fastv_is_the_top_k_of_eager_attention(paths, adapters, encoded, fam):
     for layer in (1, 2):
         att = eager(**inputs, output_attentions=True).attentions[layer - 1]  # (1, H, L, L)
         expected = att[0, :, -1, vis].float().mean(0)  # the last token's head-mean attention on the image
-        sel = inllm.select(ad, enc, "fastv", 5, layer=layer)
+        sel = mipruner.select(ad, enc, "fastv", 5, layer=layer)
         torch.testing.assert_close(sel.scores, expected, atol=1e-6, rtol=1e-5)
         assert sel.keep.tolist() == sorted(torch.topk(expected, 5).indices.tolist())
         assert sel.order.tolist() == torch.topk(expected, 5).indices.tolist()
@@ -231,7 +231,7 @@ def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
     after = torch.arange(int(vis.max()) + 1, l1.numel())
     k = enc.n_visual // 2
     expected = dart_rank(l1[vis], l1[after], hidden[vis], hidden[after], k)
-    sel = inllm.select(ad, enc, "dart", k, layer=layer)
+    sel = mipruner.select(ad, enc, "dart", k, layer=layer)
     assert sel.keep.tolist() == expected.keep.tolist() and sel.budget == k
     assert sel.extras["pivots_text_positions"].tolist() == after[expected.extras["pivots_text"]].tolist()
 
@@ -245,17 +245,17 @@ def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
                for i, m in enumerate(layers)]
     try:
         cache: dict = {}
-        a = inllm.select(ad, enc, "fastv", 4, cache=cache, layer=1)
+        a = mipruner.select(ad, enc, "fastv", 4, cache=cache, layer=1)
         assert calls == [1, 0]  # layers 0..K-1 once
-        b = inllm.select(ad, enc, "fastv", 12, cache=cache, layer=1)
-        c = inllm.select(ad, enc, "dart", 0.5, cache=cache, layer=1)
+        b = mipruner.select(ad, enc, "fastv", 12, cache=cache, layer=1)
+        c = mipruner.select(ad, enc, "dart", 0.5, cache=cache, layer=1)
         assert calls == [1, 0]  # re-rank only
         assert set(a.keep.tolist()) <= set(b.keep.tolist()) and c.budget == round(enc.n_visual * 0.5)
-        ans = inllm.generate(ad, enc, b, layer=1, max_new_tokens=3, min_new_tokens=3, cache=cache)
+        ans = mipruner.answer(ad, enc, b, max_new_tokens=3, min_new_tokens=3, cache=cache)
         assert calls == [1 + 2, 1 + 2]  # prompt: layer 1 only; then 2 decoding steps through both
         assert ans.token_ids == inllm.generate(ad, enc, b, layer=1, max_new_tokens=3, min_new_tokens=3).token_ids
         assert calls == [3 + 3, 3 + 3]  # without the cache: both layers on the prompt, then 2 steps
-        inllm.select(ad, enc, "fastv", 4, cache=cache, layer=2)  # another K: a new prefix
+        mipruner.select(ad, enc, "fastv", 4, cache=cache, layer=2)  # another K: a new prefix
         assert calls == [7, 7]
     finally:
         for h in handles:
@@ -265,24 +265,24 @@ def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
 # ------------------------------------------------------------------------------------ errors
 def test_api_and_errors(adapters, encoded):
     ad, enc = adapters["llava"], encoded["llava", "image"]
-    assert inllm.METHODS == ("fastv", "dart") and inllm.is_in_llm("dart") and not inllm.is_in_llm("mi")
-    assert inllm.defaults("fastv") == {"layer": 2}
-    assert inllm.defaults("dart") == {"layer": 2, "image_pivots": 4, "text_pivots": 4}
+    assert mipruner.list_pruners("llm") == ["dart", "fastv"]
+    assert mipruner.get_pruner("fastv").defaults() == {"layer": 2}
+    assert mipruner.get_pruner("dart").defaults() == {"layer": 2, "image_pivots": 4, "text_pivots": 4}
     with pytest.raises(ValueError, match="Did you mean 'fastv'"):
-        inllm.select(ad, enc, "fastvv", 4)
+        mipruner.select(ad, enc, "fastvv", 4)
     with pytest.raises(TypeError, match="lam"):
-        inllm.select(ad, enc, "fastv", 4, lam=0.5)
+        mipruner.select(ad, enc, "fastv", 4, lam=0.5)
     for bad in (0, 3, 1.5):
         with pytest.raises(ValueError, match="layer"):
-            inllm.select(ad, enc, "fastv", 4, layer=bad)
+            mipruner.select(ad, enc, "fastv", 4, layer=bad)
     with pytest.raises(ValueError, match="layer"):
         inllm.prefill_logits(ad, enc, None, layer=0)
     with pytest.raises(ValueError, match="budget"):
-        inllm.select(ad, enc, "dart", enc.n_visual + 1, layer=1)
+        mipruner.select(ad, enc, "dart", enc.n_visual + 1, layer=1)
     with pytest.raises(ValueError, match="image_pivots"):
-        inllm.select(ad, enc, "dart", 4, layer=1, image_pivots=-1)
+        mipruner.select(ad, enc, "dart", 4, layer=1, image_pivots=-1)
     with pytest.raises(ValueError, match="text_pivots"):
-        inllm.select(ad, enc, "dart", 4, layer=1, image_pivots=0, text_pivots=0)
+        mipruner.select(ad, enc, "dart", 4, layer=1, image_pivots=0, text_pivots=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         inllm.generate(ad, enc, None, layer=1, max_new_tokens=0)
     with pytest.raises(ValueError, match="keep"):
@@ -292,11 +292,11 @@ def test_api_and_errors(adapters, encoded):
     with pytest.raises(ValueError, match="merged"):
         inllm.prefill_logits(ad, enc, merged, layer=1)
     cache: dict = {}
-    inllm.select(ad, enc, "fastv", 4, cache=cache, layer=1)
+    mipruner.select(ad, enc, "fastv", 4, cache=cache, layer=1)
     other = ad.encode(scene(56, 56), "Is there a cat?")
     with pytest.raises(ValueError, match="another encoding"):
-        inllm.select(ad, other, "fastv", 4, cache=cache, layer=1)
+        mipruner.select(ad, other, "fastv", 4, cache=cache, layer=1)
     dummy = DummyAdapter(patch=8)
     denc = dummy.encode(scene(32, 32), "Is there a white square?")
     with pytest.raises(NotImplementedError, match="dummy"):
-        inllm.select(dummy, denc, "fastv", 4)
+        mipruner.select(dummy, denc, "fastv", 4)

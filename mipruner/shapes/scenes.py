@@ -46,7 +46,7 @@ COLOR_JITTER = 12  # per-channel jitter of an object's colour; colours stay far 
 # Objects sit on a lattice of LATTICE px (at size 112; scaled with the size) with radius LATTICE:
 # each still object covers a 2 x 2 block of 8-px cells, one quarter of its outline per cell, and
 # every object of one shape covers the same number of cells. That keeps shape and count within
-# reach of the small model trained here on 2 CPU cores in minutes (mipruner.train_shapes); the
+# reach of the small model trained here on 2 CPU cores in minutes (mipruner.shapes.train); the
 # price is less variety of position and size. Clips move by whole lattice steps.
 LATTICE = 8
 PATCH_MIN_COVER = 0.2  # a token-grid cell "shows" an object when the object covers this share of it

@@ -1,0 +1,160 @@
+"""The machinery of the in-LLM methods: the first K decoder layers on the full prompt (run once per
+(encoding, K) and cached), then the answer or the prefill logits with the kept visual tokens only.
+
+`prepare` is what every in-LLM method's selection starts with; `answer` is their registered
+answer function (`PrunerSpec.answer`); `generate` / `prefill_logits` take the layer explicitly.
+"""
+from __future__ import annotations
+
+import numbers
+import time
+
+import torch
+
+from ..models.base import Answer, Encoded, keep_indices
+from ..pruners.selection import Selection, resolve_budget
+
+
+def _int(name: str, value, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        raise ValueError(f"{name} must be in [{lo}, {hi if hi is not None else 'inf'}], got {value}")
+    return v
+
+
+def _get_prompt(adapter, encoded: Encoded, cache: dict | None):
+    from ._prompt import prompt_of
+
+    if cache is None:
+        return prompt_of(adapter, encoded)
+    owner = cache.setdefault("_encoded", encoded)
+    if owner is not encoded:
+        raise ValueError("cache= belongs to another encoding; use one dict per encoding")
+    if "prompt" not in cache:
+        cache["prompt"] = prompt_of(adapter, encoded)
+    return cache["prompt"]
+
+
+def _layer(prompt, layer) -> int:
+    return _int("layer", layer, 1, prompt.n_layers)
+
+
+def _prefix(prompt, layer: int, cache: dict | None):
+    """Layers 0..K-1 on the full prompt with a KV cache and the FastV/DART signals; cached."""
+    from transformers import DynamicCache
+
+    from ._decoder import run_prefix
+
+    key = ("prefix", layer)
+    if cache is not None and key in cache:
+        return cache[key]
+    prefix = run_prefix(prompt, layer, cache=DynamicCache(config=prompt.lm.config), capture=True)
+    if cache is not None:
+        cache[key] = prefix
+    return prefix
+
+
+def prepare(adapter, encoded: Encoded, budget, layer, cache: dict | None):
+    """(prompt, K, k, prefix): the unpruned prompt, the checked layer K, the budget in tokens and
+    layers 0..K-1 run on the full prompt (cached in `cache` per (encoding, K))."""
+    prompt = _get_prompt(adapter, encoded, cache)
+    layer = _layer(prompt, layer)
+    k = resolve_budget(budget, encoded.n_visual)
+    return prompt, layer, k, _prefix(prompt, layer, cache)
+
+
+def answer(adapter, encoded: Encoded, selection: Selection, *, max_new_tokens: int = 64,
+           cache: dict | None = None, min_new_tokens: int = 0) -> Answer:
+    """The answer on an in-LLM method's selection, pruned at the layer it selected at."""
+    return generate(adapter, encoded, selection, layer=selection.extras["layer"], max_new_tokens=max_new_tokens,
+                    cache=cache, min_new_tokens=min_new_tokens)
+
+
+def _keep(encoded: Encoded, keep):
+    if isinstance(keep, Selection) and keep.tokens is not None:
+        raise ValueError("keep carries merged tokens (Selection.tokens, e.g. VisionZip); in-LLM pruning keeps "
+                         "visual tokens by index only: pass keep=selection.keep to drop the merge")
+    idx = keep_indices(keep, encoded.n_visual)
+    return None if idx is None or idx.numel() == encoded.n_visual else idx
+
+
+@torch.no_grad()
+def prefill_logits(adapter, encoded: Encoded, keep, *, layer: int) -> torch.Tensor:
+    """Logits (L', vocab), float32 on the CPU, of one forward over the prompt pruned at layer K.
+
+    Rows: the prompt positions that remain after layer K, in prompt order: every non-visual
+    token and the kept visual tokens (L' = L - (N_V - K)), i.e. the same rows as
+    `adapter.prefill_logits(encoded, keep)`. keep=None (or every index) gives exactly
+    `adapter.prefill_logits(encoded)`.
+    """
+    from ._decoder import continue_prefix, logits_of, run_prefix
+
+    prompt = _get_prompt(adapter, encoded, None)
+    layer = _layer(prompt, layer)
+    idx = _keep(encoded, keep)
+    prefix = run_prefix(prompt, layer)  # no KV cache, like the adapters' prefill
+    rows = prompt.kept_sequence(idx)
+    h = continue_prefix(prompt, prefix, rows, idx)
+    return logits_of(prompt, h)[0].float().cpu()
+
+
+@torch.no_grad()
+def generate(adapter, encoded: Encoded, keep, *, layer: int, max_new_tokens: int = 64,
+             cache: dict | None = None, min_new_tokens: int = 0) -> Answer:
+    """Greedy answer with the visual tokens pruned at layer K (KV cache: full below K, kept above).
+
+    input_tokens = L' (the prompt length after layer K), visual_tokens = kept count. prefill_s:
+    from the call to the first token (the first K layers included unless `cache` already holds
+    them from `select`); decode_s: the rest. cache: the dict given to `select` for this encoding
+    (optional): its layers 0..K-1 are reused, as FastV computes them once. min_new_tokens: EOS is
+    masked before that many tokens (fixed-length benchmarks). keep=None (or every index) gives
+    the same tokens as `adapter.generate(encoded)`.
+    """
+    from transformers import DynamicCache
+
+    from ._decoder import greedy, prefill_cache, run_prefix
+
+    max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
+    min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)
+    sync = _sync_fn(adapter)
+    sync()
+    t0 = time.perf_counter()
+    prompt = _get_prompt(adapter, encoded, cache)
+    layer = _layer(prompt, layer)
+    if prompt.max_positions and prompt.next_position + max_new_tokens > prompt.max_positions:
+        raise ValueError(f"prompt ({prompt.next_position} positions) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's context {prompt.max_positions}")
+    idx = _keep(encoded, keep)
+    if cache is not None:
+        prefix = _prefix(prompt, layer, cache)
+        kv = prefill_cache(prompt, prefix)
+    else:
+        kv = DynamicCache(config=prompt.lm.config)
+        prefix = run_prefix(prompt, layer, cache=kv)
+    rows = prompt.kept_sequence(idx)
+    first: list[float] = []
+
+    def on_first():
+        sync()
+        first.append(time.perf_counter())
+
+    ids = greedy(prompt, prefix, kv, rows, idx, max_new_tokens, min_new_tokens, on_first)
+    sync()
+    t2 = time.perf_counter()
+    n_vis = encoded.n_visual if idx is None else int(idx.numel())
+    return Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
+                  input_tokens=int(rows.numel()), visual_tokens=n_vis, prefill_s=first[0] - t0,
+                  decode_s=t2 - first[0])
+
+
+def _sync_fn(adapter):
+    model = getattr(adapter, "model", None)
+    device = next(model.parameters()).device if model is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+__all__ = ["answer", "generate", "prefill_logits", "prepare"]

@@ -1,0 +1,86 @@
+"""One front door for every registered method, wherever it selects: `select` on an encoding,
+`answer` on a selection.
+
+    sel = mipruner.select(adapter, enc, "mi", 64, cache=c, lam=1.0)   # pre-LLM: from the encoding
+    sel = mipruner.select(adapter, enc, "fastv", 64, cache=c)          # in-LLM: runs layers 0..K-1
+    ans = mipruner.answer(adapter, enc, sel, cache=c)                  # the LLM on the kept tokens
+    ref = mipruner.answer(adapter, enc, None)                          # the unpruned answer
+
+`cache` is one caller-owned dict per encoding: the MI normalisers and the in-LLM prefix live
+there, so a second budget or lambda costs only the re-ranking. The engine, the eval runner, the
+benches and the lmms-eval model all go through these two functions; nothing else branches on a
+method's stage.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Iterable
+
+from .models.base import Answer, Encoded
+from .pruners._registry import INPUTS, PrunerSpec, get_pruner, prune
+from .pruners.selection import Selection
+
+_LLM_CACHE = "llm"  # the in-LLM methods share one sub-cache: the same prefix serves FastV and DART at one K
+
+
+def needs_attention(methods: Iterable[str]) -> bool:
+    """True when any of `methods` reads the vision encoder's attention (encode with it)."""
+    return any(get_pruner(m).needs_attention for m in methods)
+
+
+def _inputs(spec: PrunerSpec, encoded: Encoded, cache: dict | None) -> dict:
+    """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes."""
+    sig = inspect.signature(spec.fn).parameters
+    kw = {}
+    for name in INPUTS:
+        if name not in sig:
+            continue
+        if name == "cache":
+            if cache is not None:
+                kw["cache"] = cache.setdefault(spec.name, {})
+            continue
+        value = getattr(encoded, name, None)
+        if value is None and name in spec.needs:
+            raise ValueError(f"{spec.name!r} needs the vision encoder's {name}, which this encoding lacks: "
+                             "encode with need_attention=True")
+        kw[name] = value
+    return kw
+
+
+def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None = None, strict: bool = True,
+           **params) -> Selection:
+    """The visual tokens `method` keeps of `encoded`, as a Selection over its N_V visual tokens.
+
+    adapter: the model that made `encoded` (needed by in-LLM methods; pre-LLM ones accept None).
+    budget: int tokens in [1, N_V] or a share in (0, 1]. cache: one dict per encoding (optional).
+    strict: unknown parameters raise TypeError; strict=False ignores them, so one dict of settings
+    serves every method.
+    """
+    spec = get_pruner(method)
+    kw = spec.bind(params, strict=strict)
+    if spec.stage == "llm":
+        if adapter is None:
+            raise ValueError(f"{method!r} selects inside the LLM: pass the adapter that made the encoding")
+        sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
+        sel = spec.fn(adapter, encoded, budget, cache=sub, **kw)
+        sel.method = method
+        return sel
+    return prune(method, visual=encoded.visual, text=encoded.scoring_text if spec.needs_text else None,
+                 budget=budget, **_inputs(spec, encoded, cache), **kw)
+
+
+def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int = 64,
+           cache: dict | None = None, **gen) -> Answer:
+    """Greedy answer of the LLM on `selection`'s kept tokens (None: all of them, the unpruned answer).
+
+    In-LLM methods answer through their registered `answer` (the LLM pruned at their layer, reusing
+    the prefix in `cache`); every other selection through `adapter.generate`.
+    """
+    spec = get_pruner(selection.method) if selection is not None and selection.method else None
+    if spec is not None and spec.stage == "llm":
+        sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
+        return spec.answer(adapter, encoded, selection, max_new_tokens=max_new_tokens, cache=sub, **gen)
+    return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)
+
+
+__all__ = ["answer", "needs_attention", "select"]

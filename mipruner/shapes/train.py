@@ -1,0 +1,345 @@
+"""Train the embedded shapes-llava model from scratch on synthetic scenes (`mipruner.shapes.scenes`).
+
+    python -m mipruner.shapes.train --out assets/shapes-llava --seed 0 --threads 1
+
+A LlavaForConditionalGeneration with a small CLIP vision tower and a small Llama decoder, trained
+in three stages on seeded scenes and clips (nothing is stored; every scene and question is drawn from seed
+`seed`, so a run is reproducible for a seed and thread count):
+
+1. Alignment: vision tower + projector. Every projected patch is scored against the (frozen,
+   orthonormal) word embeddings of the colour, shape and count words by cosine / temperature (0.1,
+   MI-Pruner's tau), and trained with cross-entropy to name its object's colour, its shape and how
+   many objects of that shape the image holds ("background" for empty patches). Object and
+   background patches weigh alike (objects are ~10% of the patches; a plain mean left shape near
+   chance). This builds the paper's premise, a projection space aligned with the LLM's word
+   embeddings, and lets stage 2 answer colour and count by copying from the asked shape's patches.
+2. QA: decoder only (vision tower, projector and the aligned word embeddings frozen; plurals share
+   their singular's vector; LM head tied to the embeddings; loss on the answer word and </s>).
+   - The frozen tower's visual tokens are computed once for a pool of `pool` scenes (half drawn
+     as the eval draws them, half with k = 1..4 objects of one shape so counts are balanced), and
+     the decoder is trained through `inputs_embeds`: the tower is no longer run every step.
+   - Questions are drawn from every question the pool's scenes allow, mixed as MIX says: presence
+     (yes/no balanced, 3/4 of the negatives sharing a colour or a shape with a present object),
+     colour of a unique shape, and count with answers one..four balanced.
+   - Attention supervision: the decoder has to learn to look up the asked object among 196
+     tokens, and with the answer loss alone it did not (a plateau at presence ~0.65, colour ~0.8,
+     count ~0.75 on the training stream, which answering from all objects at once explains). An
+     extra loss, -log of the attention mass on the right patches, teaches the lookup directly:
+     layer 0 head 0 at the question's shape word -> that shape's patches, layer 0 head 1 at a
+     presence question's colour word -> that colour's patches, and head 0 of every later layer
+     at the last prompt token -> the asked object's patches (the shape's for colour/count, the
+     category's for presence when present; no target for an absent one). Nothing of this is in
+     the saved model: it is a plain LLaVA.
+   - Thinned sequences first: for the first `stage2_steps - full_steps` steps every object patch
+     is kept but only `keep_background` of the background patches (original position ids), about
+     50 instead of 209 tokens, ~4x cheaper a step; the last `full_steps` steps see every token,
+     as inference does.
+3. Clips: the same decoder training on a pool of `clips` 8-frame clips (`make_clip`), read as the
+   LLaVA adapter reads a video: 8 images, one <image> each, 8 x 196 visual tokens. Steps alternate
+   a thinned clip batch (attention targets: the asked object's patches in every frame) with a full
+   image batch, so the image questions keep their accuracy. `--clip-steps 0` leaves it out.
+
+The shipped model is this command's (about 28 minutes on one thread; assets/shapes-llava/
+training.json holds the measured times and held-out accuracies).
+
+All stages use AdamW + warmup/cosine and bf16 autocast (about 4x faster than fp32 on these CPUs).
+`--eval DIR` measures held-out accuracy per question family of a saved model through the
+processor, as users call it; `--recall DIR` measures MI-Pruner's query recall. A run writes
+`training.json` next to the model: the config, the command, the wall time per stage and the
+held-out accuracies measured at its end. A checkpoint after stage 1 (in the temp directory) makes
+a killed run resumable with `--resume`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import scenes as sc
+from .vocab import BACKGROUND, EOS, build_processor, vocabulary
+from .data import Pool, Tokens, build_pool, decoder_batch, draw_questions
+from .evaluate import evaluate, query_recall
+from .model import TrainConfig, build_model, frozen_word_ids, grid, image_features, patch_labels, to_pixels
+
+
+# Stage 2's question mixture: kind -> share of a batch.
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+# Model
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+# Data
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+# Training
+
+
+def lr_at(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def stage1(model, cfg: TrainConfig, log) -> None:
+    """Align each projected patch with the word vectors of its colour, shape and count."""
+    vocab = vocabulary()
+    emb = model.get_input_embeddings().weight.detach()
+    groups = [[*sc.COLORS, BACKGROUND], [*sc.SHAPES, BACKGROUND], list(sc.NUMBERS[1:])]
+    targets = [F.normalize(emb[[vocab[w] for w in ws]], dim=-1) for ws in groups]  # each (n_words, d)
+    params = list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.stage1_lr, weight_decay=0.01)
+    g = grid(model)
+    t0, hist = time.time(), defaultdict(list)
+    for step in range(cfg.stage1_steps):
+        scenes_ = [sc.make_scene(cfg.seed, 10_000_000 + step * cfg.batch + i) for i in range(cfg.batch)]
+        labels = torch.from_numpy(np.stack([patch_labels(s, g, cfg.min_cover) for s in scenes_]))  # (B, 3, N)
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, cfg.stage1_steps, cfg.stage1_lr, cfg.warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            feats = image_features(model, to_pixels([s.image for s in scenes_]))  # (B, N, d)
+        feats = feats.float()
+        unit = F.normalize(feats, dim=-1)
+        loss = ((feats.norm(dim=-1) + 1e-6).log() ** 2).mean()  # keep |v| near the unit word vectors
+        for k, tgt in enumerate(targets):
+            logits = unit @ tgt.T / cfg.tau  # (B, N, n_words)
+            y = labels[:, k]  # (B, N)
+            ok = y != -100
+            obj = ok & (y != len(tgt) - 1) if k < 2 else ok
+            # object and background patches weigh alike: objects are ~10% of the patches, and
+            # averaging over all of them left shape near chance
+            ce = F.cross_entropy(logits.flatten(0, 1), y.flatten().clamp(min=0), reduction="none").view_as(y)
+            loss = loss + (ce * obj).sum() / obj.sum().clamp(min=1)
+            if k < 2:
+                bg = ok & ~obj
+                loss = loss + (ce * bg).sum() / bg.sum().clamp(min=1)
+            hist[f"acc{k}"].append(float((logits.argmax(-1)[ok] == y[ok]).float().mean()))
+            hist[f"obj{k}"].append(float((logits.argmax(-1)[obj] == y[obj]).float().mean()))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        hist["loss"].append(float(loss.detach()))
+        if (step + 1) % 25 == 0 or step == cfg.stage1_steps - 1:
+            m = {k: np.mean(v[-25:]) for k, v in hist.items()}
+            log(f"stage1 {step + 1}/{cfg.stage1_steps} loss {m['loss']:.3f} colour {m['obj0']:.3f} "
+                f"shape {m['obj1']:.3f} count {m['obj2']:.3f} (all patches {m['acc0']:.3f}/{m['acc1']:.3f}) "
+                f"{time.time() - t0:.0f}s")
+
+
+def attention_loss(attentions, targets) -> torch.Tensor:
+    """Mean -log attention mass on the target keys (see the module docstring)."""
+    terms = []
+    for n, which, head, query, keys in targets:
+        for layer in ([0] if which == "first" else range(1, len(attentions))):
+            terms.append(attentions[layer][n, head, query, keys].float().sum())
+    return -(torch.stack(terms) + 1e-4).log().mean()
+
+
+def train_decoder(model, tokens: Tokens, steps: int, lr: float, warmup: int, attention_weight: float, draw,
+                  log, name: str) -> None:
+    """Train the decoder (vision tower, projector and aligned word vectors frozen) for `steps` steps
+    of AdamW + warmup/cosine; draw(step) -> (pool, questions, their kinds, keep_background, rng)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    lm = model.model.language_model
+    for p in lm.parameters():
+        p.requires_grad_(True)
+    emb = model.get_input_embeddings().weight
+    frozen = torch.zeros(emb.shape[0], 1)
+    frozen[frozen_word_ids()] = 1
+    hook = emb.register_hook(lambda grad: grad * (1 - frozen))  # aligned words keep their vectors
+    decay = [p for n, p in lm.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in lm.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}], lr=lr)
+    implementation = lm.config._attn_implementation
+    lm.config._attn_implementation = "eager"  # attention probabilities for the supervision
+    vocab = tokens.vocab
+    t0, hist = time.time(), defaultdict(list)
+    for step in range(steps):
+        pool, items, kinds, keep_background, rng = draw(step)
+        x, mask, pos, last, targets = decoder_batch(model, tokens, pool, items, keep_background, rng)
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, steps, lr, warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pos, output_attentions=attention_weight > 0)
+            rows = torch.arange(len(items))
+            at = torch.stack([last, last + 1], 1)  # positions predicting the answer and </s>
+            logits = model.lm_head(out.last_hidden_state[rows[:, None], at]).float()  # (B, 2, V)
+        y = torch.tensor([[vocab[q.answer], vocab[EOS]] for q in items])
+        answer_loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss = answer_loss
+        if attention_weight > 0 and targets:
+            att = attention_loss(out.attentions, targets)
+            loss = loss + attention_weight * att
+            hist["att"].append(float(att.detach()))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        hist["loss"].append(float(answer_loss.detach()))
+        prefix = "clip " if pool.frames > 1 else ""
+        for kind, ok in zip(kinds, (logits[:, 0].argmax(-1) == y[:, 0]).tolist()):
+            hist[prefix + kind.split("_")[0]].append(ok)
+        if (step + 1) % 50 == 0 or step == steps - 1:
+            m = {k: np.mean(v[-400:]) for k, v in hist.items() if k not in ("loss", "att")}
+            log(f"{name} {step + 1}/{steps} keep {keep_background:g} loss {np.mean(hist['loss'][-50:]):.3f} "
+                f"attention {np.mean(hist['att'][-50:] or [0]):.3f} " + " ".join(f"{k} {v:.3f}" for k, v in m.items())
+                + f" {time.time() - t0:.0f}s")
+    lm.config._attn_implementation = implementation
+    hook.remove()
+
+
+def stage2(model, cfg: TrainConfig, tokens: Tokens, pool: Pool, log) -> None:
+    """QA on the image pool: thinned sequences, then the last cfg.full_steps on full ones."""
+    rng = np.random.default_rng([cfg.seed, 3])
+
+    def draw(step):
+        items, kinds = draw_questions(pool, cfg.batch, rng)
+        full = step >= cfg.stage2_steps - cfg.full_steps
+        return pool, items, kinds, 1.0 if full else cfg.keep_background, rng
+
+    train_decoder(model, tokens, cfg.stage2_steps, cfg.stage2_lr, cfg.warmup, cfg.attention_weight, draw, log,
+                  "stage2")
+
+
+def stage3(model, cfg: TrainConfig, tokens: Tokens, images: Pool, clips: Pool, log) -> None:
+    """Clips: steps alternate between a thinned clip batch (cfg.clip_batch, keep_background) and a
+    full image batch (cfg.batch), so the image questions keep their accuracy."""
+    rng = np.random.default_rng([cfg.seed, 4])
+
+    def draw(step):
+        if step % 2 == 0:
+            items, kinds = draw_questions(clips, cfg.clip_batch, rng)
+            return clips, items, kinds, cfg.keep_background, rng
+        items, kinds = draw_questions(images, cfg.batch, rng)
+        return images, items, kinds, 1.0, rng
+
+    train_decoder(model, tokens, cfg.clip_steps, cfg.clip_lr, cfg.warmup, cfg.attention_weight, draw, log, "stage3")
+
+
+def save(model, processor, out: str, info: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    with open(os.path.join(out, "training.json"), "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+# Evaluation
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="assets/shapes-llava")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--stage1-steps", type=int, default=TrainConfig.stage1_steps)
+    ap.add_argument("--stage2-steps", type=int, default=TrainConfig.stage2_steps)
+    ap.add_argument("--full-steps", type=int, default=TrainConfig.full_steps,
+                    help="the last stage-2 steps on full sequences")
+    ap.add_argument("--pool", type=int, default=TrainConfig.pool, help="stage-2 scenes (visual tokens computed once)")
+    ap.add_argument("--stage2-lr", type=float, default=TrainConfig.stage2_lr)
+    ap.add_argument("--attention-weight", type=float, default=TrainConfig.attention_weight)
+    ap.add_argument("--text-layers", type=int, default=TrainConfig.text_layers)
+    ap.add_argument("--clips", type=int, default=TrainConfig.clips, help="stage-3 clips (visual tokens computed once)")
+    ap.add_argument("--clip-steps", type=int, default=TrainConfig.clip_steps, help="stage-3 steps; 0: no clip stage")
+    ap.add_argument("--batch", type=int, default=TrainConfig.batch)
+    ap.add_argument("--threads", type=int, default=TrainConfig.threads)
+    ap.add_argument("--resume", action="store_true", help="skip stage 1 if its checkpoint exists")
+    ap.add_argument("--continue-from", metavar="DIR",
+                    help="a model saved after stage 2 by the same command: run only stage 3 on it")
+    ap.add_argument("--eval", metavar="DIR", help="only evaluate a saved model on held-out seed --eval-seed")
+    ap.add_argument("--recall", metavar="DIR", help="only measure query recall of MI-Pruner vs random")
+    ap.add_argument("--eval-seed", type=int, default=1234)
+    ap.add_argument("--eval-scenes", type=int, default=60)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.eval or args.recall:
+        if args.eval:
+            evaluate(args.eval, args.eval_seed, args.eval_scenes)
+        if args.recall:
+            query_recall(args.recall, args.eval_seed, args.eval_scenes)
+        return
+    cfg = TrainConfig(seed=args.seed, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
+                      full_steps=args.full_steps, pool=args.pool, stage2_lr=args.stage2_lr,
+                      attention_weight=args.attention_weight, text_layers=args.text_layers, batch=args.batch,
+                      clips=args.clips, clip_steps=args.clip_steps, threads=args.threads)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    command = "python -m mipruner.shapes.train " + " ".join(sys.argv[1:] if argv is None else argv)
+    processor = build_processor(cfg.image_size, cfg.patch_size)
+    ckpt = os.path.join(tempfile.gettempdir(), f"shapes-llava-stage1-seed{cfg.seed}-{cfg.stage1_steps}.pt")
+    model = build_model(cfg)
+    wall: dict[str, float] = {}
+    t0 = time.time()
+    tokens = Tokens(processor, grid(model) ** 2)
+    if args.continue_from:
+        from transformers import LlavaForConditionalGeneration
+
+        saved = LlavaForConditionalGeneration.from_pretrained(args.continue_from, dtype=torch.float32)
+        model.load_state_dict(saved.state_dict())
+        log(f"stages 1 and 2 from {args.continue_from}")
+        previous = os.path.join(args.continue_from, "training.json")
+        if os.path.exists(previous):
+            with open(previous) as f:
+                wall.update(json.load(f).get("wall_time_1_thread", {}))
+            wall.pop("total_s", None)
+    elif args.resume and os.path.exists(ckpt):
+        state = torch.load(ckpt)
+        model.model.vision_tower.load_state_dict(state["vision_tower"])
+        model.model.multi_modal_projector.load_state_dict(state["projector"])
+        log(f"resumed stage 1 from {ckpt}")
+    else:
+        stage1(model, cfg, log)
+        torch.save({"vision_tower": model.model.vision_tower.state_dict(),
+                    "projector": model.model.multi_modal_projector.state_dict()}, ckpt)
+        wall["stage1_s"] = round(time.time() - t0)
+    t1 = time.time()
+    images = build_pool(model, cfg, log)
+    wall["pool_s"] = round(time.time() - t1)
+    if not args.continue_from:
+        t1 = time.time()
+        stage2(model, cfg, tokens, images, log)
+        wall["stage2_s"] = round(time.time() - t1)
+    if cfg.clip_steps:
+        t1 = time.time()
+        clips = build_pool(model, cfg, log, clips=True)
+        wall["clip_pool_s"] = round(time.time() - t1)
+        t1 = time.time()
+        stage3(model, cfg, tokens, images, clips, log)
+        wall["stage3_s"] = round(time.time() - t1)
+    wall["total_s"] = sum(v for k, v in wall.items() if k != "total_s")
+    info = {**asdict(cfg), "command": command, "wall_time_1_thread": wall}
+    save(model, processor, args.out, info)
+    log(f"saved to {args.out} ({wall})")
+    info[f"held_out_seed_{args.eval_seed}_{args.eval_scenes}_scenes"] = evaluate(args.out, args.eval_seed,
+                                                                                  args.eval_scenes, log=log)
+    save(model, processor, args.out, info)
+
+
+if __name__ == "__main__":
+    main()

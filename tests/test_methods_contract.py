@@ -1,0 +1,146 @@
+"""Every registered method, wherever it selects, through the one front door `mipruner.select` on a
+tiny LLaVA encoding (in-LLM methods included), and a method registered at run time reaching
+`prune`, `select`, the eval runner, the settings string and the app's controls with no other edit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mipruner
+from mipruner.pruners import Param, Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
+
+from .models.tiny_llava import save_tiny, scene
+
+ALL = mipruner.list_pruners()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("contract") / "llava")), device="cpu")
+    enc = ad.encode(scene(square=(8, 8, 40, 40)), "What colour is the square?", need_attention=True)
+    return ad, enc
+
+
+def test_every_stage_is_registered():
+    assert {get_pruner(n).stage for n in ALL} == {"projector", "vision", "llm"}
+    assert {"mi", "fastv", "dart"} <= set(ALL)
+    for n in ALL:  # every parameter is declared with a default that validates and a description
+        for p in get_pruner(n).params:
+            assert p.validate(p.default) == p.default and p.doc
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("budget", [1, 5, 0.25])
+def test_select_contract(model, name, budget):
+    ad, enc = model
+    n = enc.n_visual
+    sel = mipruner.select(ad, enc, name, budget, cache={})
+    k = budget if isinstance(budget, int) else round(budget * n)
+    assert sel.method == name and sel.keep.dtype == torch.long and sel.keep.shape == (k,)
+    assert torch.equal(sel.keep, torch.unique(sel.keep)), "keep must be ascending and unique"
+    assert 0 <= int(sel.keep.min()) and int(sel.keep.max()) < n
+    assert torch.equal(torch.sort(sel.order).values, sel.keep)
+    assert sel.scores.shape == (n,) and sel.scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_select_keep_all_and_determinism(model, name):
+    ad, enc = model
+    assert mipruner.select(ad, enc, name, enc.n_visual).keep.tolist() == list(range(enc.n_visual))
+    a, b = mipruner.select(ad, enc, name, 6), mipruner.select(ad, enc, name, 6, cache={})
+    assert torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_select_errors(model, name):
+    ad, enc = model
+    with pytest.raises(ValueError, match="budget"):
+        mipruner.select(ad, enc, name, enc.n_visual + 1)
+    with pytest.raises(TypeError, match="bogus"):
+        mipruner.select(ad, enc, name, 3, bogus=1)
+    assert mipruner.select(ad, enc, name, 3, strict=False, bogus=1).budget == 3  # one settings dict for all
+    for p in get_pruner(name).params:
+        if p.kind != "choice" and p.low is not None:
+            with pytest.raises(ValueError, match=p.name):
+                mipruner.select(ad, enc, name, 3, **{p.name: p.low - 1})
+
+
+def test_select_unknown_method_suggests(model):
+    ad, enc = model
+    with pytest.raises(ValueError, match="Did you mean 'fastv'"):
+        mipruner.select(ad, enc, "fastvv", 3)
+
+
+def test_in_llm_methods_need_the_adapter(model):
+    _, enc = model
+    for name in list_pruners("llm"):
+        with pytest.raises(ValueError, match="adapter"):
+            mipruner.select(None, enc, name, 3)
+        with pytest.raises(ValueError, match="inside the LLM"):
+            mipruner.prune(name, visual=enc.visual, text=enc.scoring_text, budget=3)
+
+
+def test_answer_on_every_stage(model):
+    ad, enc = model
+    cache: dict = {}
+    ref = mipruner.answer(ad, enc, None, max_new_tokens=3)
+    assert ref.visual_tokens == enc.n_visual
+    for name in ("mi", "attention", "fastv"):
+        sel = mipruner.select(ad, enc, name, 5, cache=cache)
+        ans = mipruner.answer(ad, enc, sel, max_new_tokens=3, cache=cache)
+        assert ans.visual_tokens == 5 and 1 <= len(ans.token_ids) <= 3
+
+
+# ----------------------------------------------------------------- a method registered at run time
+@pytest.fixture
+def plugin():
+    calls = []
+
+    @register_pruner("corner_test", label="Corner (test)", params=(
+        Param.real("corner_bias", 0.25, 0.0, 1.0, "test-only parameter", code="cb"),))
+    def corner(visual, text, budget, *, corner_bias: float = 0.25) -> Selection:
+        """Keeps the last `budget` tokens (a test method)."""
+        calls.append(corner_bias)
+        n = visual.shape[0]
+        order = torch.arange(n - 1, n - 1 - budget, -1, device=visual.device)
+        return Selection.from_order(order, torch.linspace(0, 1, n, device=visual.device))
+
+    try:
+        yield calls
+    finally:
+        unregister_pruner("corner_test")
+
+
+def test_runtime_registered_method_is_picked_up_everywhere(model, plugin):
+    ad, enc = model
+    n = enc.n_visual
+    # the tensor front door and the encoding front door
+    sel = mipruner.prune("corner_test", visual=enc.visual, budget=4, corner_bias=0.5)
+    assert sel.keep.tolist() == list(range(n - 4, n)) and plugin == [0.5]
+    with pytest.raises(ValueError, match="corner_bias"):
+        mipruner.select(ad, enc, "corner_test", 4, corner_bias=2.0)
+    assert mipruner.select(ad, enc, "corner_test", 3).keep.tolist() == list(range(n - 3, n))
+    # the eval runner (and its CLI options)
+    from mipruner.eval.__main__ import add_param_options, param_values
+    from mipruner.eval.runner import evaluate
+    from mipruner.eval.tasks import EvalItem
+
+    item = EvalItem(id="0", media=scene(), question="Is there a square?", answer="yes", kind="yesno", split="test")
+    rows = evaluate(ad, [item], ["none", "corner_test"], [4], {"corner_bias": 0.75}, "t", max_new_tokens=2)
+    assert {r["method"] for r in rows} == {"none", "corner_test"} and plugin[-1] == 0.75
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_param_options(p)
+    assert param_values(p.parse_args(["--corner-bias", "0.125"])) == {"corner_bias": 0.125}
+    # the app: method list, settings string and generated controls
+    from components.controls import control_names, param_widget
+    from components.logic import method_choices
+    from components.settings import Settings
+
+    assert ("Corner (test)", "corner_test") in method_choices()
+    s = Settings(methods=("corner_test",), budget=4, corner_bias=0.5)
+    assert "cb=0.5" in s.to_string() and Settings.parse(s.to_string()) == s
+    assert "corner_bias" in control_names()
+    w = param_widget(get_pruner("corner_test").param("corner_bias"))
+    assert (w.minimum, w.maximum, w.value) == (0.0, 1.0, 0.25)
