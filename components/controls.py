@@ -84,6 +84,32 @@ def build_controls() -> Controls:
     return Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params})
 
 
+@dataclass
+class Actions:
+    """Answering and reproducing: auto-answer, answer length, Generate, the settings string + Apply."""
+
+    auto: gr.Checkbox
+    max_new: gr.Number
+    generate: gr.Button
+    settings: gr.Textbox
+    apply: gr.Button
+
+
+def build_actions(max_new_tokens: int, auto_answers: bool) -> Actions:
+    with gr.Row():
+        auto = gr.Checkbox(value=auto_answers, elem_id="auto-answers",
+                           label="Answer automatically after every change (cheap on the embedded "
+                                 "model; on large models untick and press Generate)")
+        max_new = gr.Number(value=max_new_tokens, precision=0, minimum=1, maximum=512, label="Max new tokens",
+                            elem_id="max-new-tokens")
+    generate = gr.Button("Generate answers", elem_id="generate")
+    with gr.Row():
+        settings = gr.Textbox(label="Settings string (copy to reproduce this view; paste + Apply)", elem_id="settings",
+                              scale=4)
+        apply = gr.Button("Apply", scale=1, elem_id="apply")
+    return Actions(auto, max_new, generate, settings, apply)
+
+
 def _param_value(p, v):
     if p.kind == "choice":
         for c in p.choices:
@@ -133,5 +159,5 @@ def budget_slider(unit: str, n_visual: int, value=None):
                      value=default if value is None else min(int(value), n_visual))
 
 
-__all__ = ["APP_FIELDS", "Controls", "build_controls", "budget_slider", "control_names", "control_values",
+__all__ = ["APP_FIELDS", "Actions", "Controls", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
            "param_widget", "settings_from"]

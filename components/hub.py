@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from mipruner.engine import Engine
+from mipruner.engine import Engine, load_adapter
 
 EMBEDDED = "shapes-llava"
 
@@ -87,9 +87,7 @@ class ModelHub:
     def _adapter(self, name: str):
         if self._loader is not None:
             return self._loader(name, self.device, self.dtype)
-        import mipruner
-
-        return mipruner.load(name, device=self.device, dtype=self.dtype)
+        return load_adapter(name, device=self.device, dtype=self.dtype)
 
     def _load(self, name: str) -> Engine:
         with self._lock:

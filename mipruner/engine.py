@@ -30,6 +30,11 @@ from .export import selection_to_json
 from .session import CachedEncoding, EncodingKey, Session, StaleKeyError, media_hash
 
 
+def load_adapter(name_or_path: str, device=None, dtype=None):
+    """Load a model by hub id, local directory or alias and return its adapter (`mipruner.load`)."""
+    return mipruner.load(name_or_path, device=device, dtype=dtype)
+
+
 def method_specs() -> list[PrunerSpec]:
     """Every registered method's spec (name, label, stage, needs, params), sorted by name."""
     return [get_pruner(n) for n in list_pruners()]
@@ -272,4 +277,4 @@ class Engine:
 
 
 __all__ = ["TEXT_MODES", "CachedEncoding", "Engine", "EncodingKey", "MethodSpec", "MethodView", "Session", "StaleKeyError",
-           "media_hash", "method_spec", "method_specs", "parameters", "selection_to_json"]
+           "load_adapter", "media_hash", "method_spec", "method_specs", "parameters", "selection_to_json"]

@@ -3,7 +3,7 @@
 How pruning reaches the model, through public inputs only:
   * the visual tokens come from `model.get_image_features` / `get_video_features`;
   * the M-RoPE 3-D positions are computed ONCE on the full, unpruned sequence with the model's
-    public `model.model.get_rope_index`, and the kept columns are gathered (PEERS.md);
+    public `model.model.get_rope_index`, and the kept columns are gathered (as every Qwen port does);
   * the LLM runs on `input_ids` with the dropped placeholder tokens removed, the kept visual rows
     passed as `mm_encoder_outputs` (the model scatters them into the remaining placeholders), and
     `position_ids` passed explicitly, so `get_rope_index` is never re-run on the pruned sequence;

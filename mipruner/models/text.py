@@ -1,6 +1,6 @@
 """Which prompt tokens count as "text" when a pruner scores visual tokens.
 
-The peers differ here (PEERS.md): the question only, the question without stopwords (MMTok),
+The published methods differ here: the question only, the question without stopwords (MMTok),
 or every non-image token of the chat template. We make it a visible choice:
 
   "question"   the user's prompt only; template and system text excluded (default)

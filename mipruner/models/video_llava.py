@@ -10,7 +10,7 @@ Tokens, in LLM order:
          CLS tokens have kind "cls", row = col = -1 and the box of the whole visible frame.
 
 Preprocessing: transformers' Video-LLaVA *video* processor needs torchvision, which is not usable
-on our machines (DESIGN.md), so frames are prepared by the image processor (PIL/NumPy), which the
+on the machines this project targets, so frames are prepared by the image processor (PIL/NumPy), which the
 checkpoints configure identically (shortest-edge resize + center crop + CLIP normalisation), and
 the `<image>` / `<video>` placeholder is expanded here to the number of tokens the model returns.
 The plain-model inputs this builds are kept in `Encoded.state["ref"]` (the tests check them

@@ -1,0 +1,177 @@
+"""What each widget does: the handlers (thin wrappers over `components.logic`) and their wiring.
+
+Each handler takes positional values in the order of its inputs (state first); `named` gives it
+the API's parameter names. Gradio injects gr.Progress positionally, as the last argument.
+"""
+from __future__ import annotations
+
+import inspect
+import tempfile
+
+import gradio as gr
+
+from . import controls as C
+from . import panels as P
+from .logic import MAX_PANELS, AppLogic, UIState, UserError
+from .settings import Settings
+
+
+def _error(e: Exception):
+    raise gr.Error(str(e), print_exception=False)
+
+
+def token_chips(tokens: list[str], heat: int) -> list[tuple[str, str | None]]:
+    """The prompt's scored tokens for the clickable HighlightedText (the heatmap's token marked)."""
+    return [(t.replace("\u2581", "").replace("\u0120", "") + " ", "shown" if i == heat else None)
+            for i, t in enumerate(tokens)]
+
+
+def named(*names: str, extra: tuple = ()):
+    """Give a `*vals` handler a signature with these parameter names, so the API (and
+    `gradio_client`'s view_api) shows readable names instead of param_1, param_2, ..."""
+    def wrap(fn):
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+        params += list(extra)
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+
+    return wrap
+
+
+def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
+    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers."""
+    hub = logic.hub
+    inputs = ctl.inputs()
+    names = C.control_names()
+    n_ctl = len(names)
+    hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
+    progress_param = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()),)
+    # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
+    layer_names = [n for n in ctl.params if n == "layer"]
+    layer_ctls = [ctl.params[n] for n in layer_names]
+
+    def settings_of(st: UIState, vals) -> Settings:
+        return C.settings_from(*vals, n_visual=st.n_visual if isinstance(st, UIState) else 0)
+
+    def layer_updates(st, vals):
+        if not st.n_layers:
+            return [gr.update() for _ in layer_names]
+        return [gr.update(maximum=st.n_layers, value=min(int(vals[names.index(n)] or 1), st.n_layers))
+                for n in layer_names]
+
+    @named("state", "model", "model_path", "use", "image", "video", "prompt", *names, extra=progress_param)
+    def on_encode(st, model_name, path, kind, img, vid, text, *rest):
+        vals, progress = rest[:n_ctl], rest[n_ctl]
+        model_name = (path or "").strip() or model_name
+        progress(0.1, desc=f"loading {model_name}" if model_name not in hub.loaded else "encoding (vision tower + prompt)")
+        try:
+            st, msg = logic.encode(st, model_name, kind, img, vid, text, text_mode=vals[names.index("text_mode")])
+        except UserError as e:
+            _error(e)
+        progress(1.0, desc="encoded")
+        unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
+        heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
+        return (st, msg, token_chips(st.tokens, -1), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
+                gr.update(value=heat), *layer_updates(st, vals))
+
+    @named("state", *names)
+    def on_view(st, *vals):
+        try:
+            s = settings_of(st, vals)
+            views, summary = logic.view(st, s)
+            cached = logic.cached_answers(st, s)
+        except UserError as e:
+            _error(e)
+        return (*P.panel_updates(views, st.n_visual, cached, hint), P.reference_md(cached["reference"]),
+                s.to_string(), summary, token_chips(st.tokens, s.heat))
+
+    def generate_answers(st, vals, n_new, progress):
+        try:
+            s = settings_of(st, vals)
+            ans = logic.generate(st, s, int(n_new or logic.max_new_tokens), progress=progress)
+        except UserError as e:
+            _error(e)
+        return (*P.answer_updates(list(s.methods), ans, hint), P.reference_md(ans["reference"]), ans)
+
+    @named("state", *names, "max_new_tokens", extra=progress_param)
+    def on_generate(st, *rest):
+        return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
+
+    @named("state", "auto", *names, "max_new_tokens", extra=progress_param)
+    def on_auto(st, flag, *rest):
+        if not flag or not isinstance(st, UIState) or st.key is None:
+            return (*[gr.update()] * MAX_PANELS, gr.update(), gr.update())
+        return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
+
+    @named("state", *names, "x", "y")
+    def on_inspect(st, *rest):
+        vals, (x, y) = rest[:n_ctl], rest[n_ctl:]
+        try:
+            s = settings_of(st, vals)
+            if x is None or y is None:
+                raise UserError("give the x and y of a patch (or click one)")
+            info = logic.inspect(st, s, float(x), float(y))
+        except UserError as e:
+            _error(e)
+        pmi = [v for _, v in info["pmi"]]
+        lo, hi = min(pmi), max(pmi)
+        scaled = [(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]]
+        return scaled, info
+
+    def on_click(evt: gr.SelectData):
+        x, y = evt.index
+        return x, y
+
+    def on_token(st, evt: gr.SelectData):
+        idx = evt.index if isinstance(evt.index, int) else evt.index[0]
+        return idx if isinstance(st, UIState) and 0 <= idx < len(st.tokens) else -1
+
+    @named("state", *names)
+    def on_export(st, *vals):
+        try:
+            return logic.export(st, settings_of(st, vals), tempfile.mkdtemp(prefix="mipruner-"))
+        except UserError as e:
+            _error(e)
+
+    def on_apply(st, settings):
+        try:
+            s = Settings.parse(settings or "")
+        except ValueError as e:
+            _error(e)
+        n_v = st.n_visual if isinstance(st, UIState) else 0
+        vals = C.control_values(s, n_v)
+        unit, budget = vals[1], vals[2]
+        return (*vals[:2], C.budget_slider(unit, n_v, budget), *vals[3:])
+
+    def on_unit(st, unit):
+        return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
+
+    view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
+    gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
+    enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
+    live = dict(trigger_mode="always_last", show_progress="hidden")
+    private = dict(api_visibility="private")
+
+    enc = inp.run.click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode",
+                        concurrency_limit=1)
+    sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1, **private)
+    for ev in (enc, sub):
+        ev.then(on_view, [state, *inputs], view_outs, **private).then(
+            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private)
+    gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
+    act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
+    for c in ctl.live():
+        c.change(on_view, [state, *inputs], view_outs, **private, **live).then(
+            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private, **live)
+    ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], **private)
+    res.tokens.select(on_token, [state], ctl.heat, **private)
+    for p in res.panels:
+        p.mask.select(on_click, None, [res.px, res.py], **private).then(
+            on_inspect, [state, *inputs, res.px, res.py], [res.patch_tokens, res.patch_info], **private)
+    res.inspect.click(on_inspect, [state, *inputs, res.px, res.py], [res.patch_tokens, res.patch_info],
+                      api_name="inspect")
+    res.export.click(on_export, [state, *inputs], res.files, api_name="export")
+    act.apply.click(on_apply, [state, act.settings], inputs, api_name="settings")
+
+
+__all__ = ["named", "token_chips", "wire"]

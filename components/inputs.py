@@ -1,0 +1,52 @@
+"""The input column: model choice, image / video, prompt, Run, and the examples."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .examples import load_examples
+
+
+@dataclass
+class Inputs:
+    model: gr.Dropdown
+    model_path: gr.Textbox
+    image: gr.Image
+    video: gr.Video
+    use: gr.Radio
+    prompt: gr.Textbox
+    run: gr.Button
+
+    def encode_inputs(self) -> list:
+        """What /encode reads, in its order (after the state)."""
+        return [self.model, self.model_path, self.use, self.image, self.video, self.prompt]
+
+
+def build_inputs(hub) -> Inputs:
+    """The widgets of the input column (call inside a gr.Column)."""
+    model = gr.Dropdown(hub.choices(), value=hub.default, allow_custom_value=True, elem_id="model", label="Model")
+    model_path = gr.Textbox(label="...or a model id / local path (used instead of the list when given)",
+                            placeholder="e.g. llava-hf/llava-1.5-7b-hf or /models/my-llava", elem_id="model-path")
+    gr.Markdown(hub.startup_message or "", elem_id="model-status")
+    with gr.Tabs():
+        with gr.Tab("Image"):
+            image = gr.Image(type="filepath", sources=["upload", "clipboard", "webcam"], label="Image",
+                             elem_id="image", height=300)
+        with gr.Tab("Video"):
+            video = gr.Video(sources=["upload"], label="Video (a few frames are sampled)", elem_id="video", height=300)
+    use = gr.Radio(["image", "video"], value="image", label="Use", elem_id="use")
+    prompt = gr.Textbox(label="Prompt", placeholder="Ask a question about the image or video", elem_id="prompt",
+                        lines=2)
+    run = gr.Button("Run", variant="primary", elem_id="run")
+    examples = load_examples()
+    if examples:
+        gr.Examples([[e["path"] if e["kind"] == "image" else None, e["path"] if e["kind"] == "video" else None,
+                      e["prompt"], e["kind"]] for e in examples], inputs=[image, video, prompt, use],
+                    label="Examples (generated scenes and a clip; the embedded model knows these shapes)")
+    image.upload(lambda: "image", None, use, api_visibility="private")
+    video.upload(lambda: "video", None, use, api_visibility="private")
+    return Inputs(model, model_path, image, video, use, prompt, run)
+
+
+__all__ = ["Inputs", "build_inputs"]

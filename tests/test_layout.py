@@ -1,0 +1,142 @@
+"""The architecture holds: imports point down the layers only, the UI reaches the library through the
+engine, modules stay small, and the package installs as a wheel without the app's dependencies."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Layer of each part of the project; a module may import only from layers <= its own.
+LAYERS = {
+    "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.models": 1, "mipruner.inllm": 2, "mipruner.methods": 3,
+    "mipruner.viz": 3, "mipruner.export": 3, "mipruner.session": 4, "mipruner.engine": 4, "mipruner.eval": 4,
+    "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4, "components": 5, "app": 6,
+}
+# What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
+# and the toy model's scene generator for its examples. No pruner, model or in-LLM module.
+UI_ALLOWED = ("mipruner.engine", "mipruner.media", "mipruner.viz", "mipruner.shapes.scenes", "mipruner.session",
+              "mipruner.export")
+
+
+def layer_of(module: str) -> int | None:
+    best = None
+    for prefix, layer in LAYERS.items():
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, layer)
+    return None if best is None else best[1]
+
+
+def sources():
+    for base in ("mipruner", "components"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
+            for f in files:
+                if f.endswith(".py"):
+                    yield os.path.join(dirpath, f)
+    yield os.path.join(ROOT, "app.py")
+
+
+def module_name(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def imports_of(path: str) -> list[tuple[str, int]]:
+    """(absolute module imported, line) for every import in the file, relative ones resolved."""
+    name = module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.append((mod, node.lineno))
+            out += [(f"{mod}.{a.name}", -node.lineno) for a in node.names]  # `from pkg import name`: maybe a module
+    return out
+
+
+def test_no_import_points_up_a_layer():
+    bad = []
+    for path in sources():
+        me = module_name(path)
+        if me == "mipruner":  # the package facade re-exports the front doors
+            continue
+        mine = layer_of(me)
+        for mod, line in imports_of(path):
+            line = abs(line)
+            theirs = layer_of(mod)
+            if mine is not None and theirs is not None and theirs > mine:
+                bad.append(f"{os.path.relpath(path, ROOT)}:{line} ({me}, layer {mine}) imports {mod} (layer {theirs})")
+    assert not bad, "\n".join(bad)
+
+
+def test_ui_reads_the_library_through_the_engine():
+    bad = []
+    for path in sources():
+        if not module_name(path).startswith("components"):
+            continue
+        froms = {m for m, line in imports_of(path) if line < 0}  # `from X import a`: X itself is not used
+        for mod, line in imports_of(path):
+            if line > 0 and any(f.startswith(mod + ".") for f in froms):
+                continue
+            if (mod == "mipruner" or mod.startswith("mipruner.")) and not mod.startswith(UI_ALLOWED):
+                bad.append(f"{os.path.relpath(path, ROOT)}:{abs(line)} imports {mod}")
+    assert not bad, "\n".join(bad)
+
+
+def test_modules_stay_small():
+    """No module over 380 lines unless its docstring says why it must be one ("One module: ...")."""
+    big = []
+    for path in sources():
+        text = open(path).read()
+        n = text.count("\n")
+        if n > 380 and "One module:" not in (ast.get_docstring(ast.parse(text)) or ""):
+            big.append(f"{os.path.relpath(path, ROOT)}: {n} lines")
+    assert not big, "\n".join(big)
+
+
+def test_no_file_outside_the_repository_is_cited():
+    hits = []
+    for path in [*sources(), os.path.join(ROOT, "README.md")]:
+        for i, line in enumerate(open(path), 1):
+            if any(k in line for k in ("PEERS.md", "DESIGN.md", "STYLE.md", "GPU.md", "shared/paper")):
+                hits.append(f"{os.path.relpath(path, ROOT)}:{i}")
+    assert not hits, hits
+
+
+def test_wheel_installs_the_library_without_the_app(tmp_path):
+    """Build the wheel, install it (no deps) into a fresh venv that sees the machine's packages, and
+    import it from there: the library never imports gradio, and gradio is only an extra."""
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(dist), ROOT], check=True, capture_output=True, cwd=tmp_path)
+    wheel = next(dist.glob("mipruner-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
+        entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert not any(n.startswith(("components/", "tests/", "app.py")) for n in names)
+    assert any(n == "mipruner/shapes/train.py" for n in names) and any(n == "mipruner/inllm/fastv.py" for n in names)
+    requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
+    assert all("extra ==" in ln for ln in requires if "gradio" in ln) and any("gradio" in ln for ln in requires)
+    assert "mipruner-eval = mipruner.eval.__main__:main" in entry
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True)
+    code = ("import sys, mipruner; print(mipruner.__file__); print('gradio' in sys.modules); "
+            "print(len(mipruner.list_pruners()) > 5)")
+    out = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
+    assert out[0].startswith(str(venv)) and out[1:] == ["False", "True"]
