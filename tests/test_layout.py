@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -119,9 +120,10 @@ def test_no_file_outside_the_repository_is_cited():
 def test_wheel_installs_the_library_without_the_app(tmp_path):
     """Build the wheel, install it (no deps) into a fresh venv that sees the machine's packages, and
     import it from there: the library never imports gradio, and gradio is only an extra."""
-    dist = tmp_path / "dist"
+    src, dist = tmp_path / "src", tmp_path / "dist"  # build from a copy: the checkout gets no build/ folder
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "assets", "tests", "__pycache__", "build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(dist), ROOT], check=True, capture_output=True, cwd=tmp_path)
+                    str(dist), str(src)], check=True, capture_output=True, cwd=tmp_path)
     wheel = next(dist.glob("mipruner-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
