@@ -22,9 +22,10 @@ functions against these.
             (do_resize=False), regrouped into the official `patchify` layout.
 
 Deliberate deviations: PIL resizes where the official processor uses torchvision's bicubic, so
-pixels differ by interpolation rounding (layout, grids and token counts are the same); where
-Qwen2-VL's fps rule gives 0 frames (a 1-frame clip: transformers divides by zero), every frame is
-read, which is what the processor does with `do_sample_frames` off.
+pixels differ by interpolation rounding (layout, grids and token counts are the same). Where
+Qwen2-VL's `sample_frames` fails (a 1-frame clip under the fps rule: it divides by zero; sampling on
+with neither fps nor num_frames: it compares None), every frame is read, which is what the
+processor does with `do_sample_frames` off.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def video_settings(cfg: dict, qwen3: bool) -> dict:
 
 def _check_exclusive(s: dict) -> None:
     if s["fps"] is not None and s["num_frames"] is not None:
-        raise ValueError("the video processor config sets both fps and num_frames; they are mutually exclusive")
+        raise MediaError("the video processor config sets both fps and num_frames; they are mutually exclusive")
 
 
 def qwen2_indices(total: int, video_fps: float, s: dict) -> list[int]:
