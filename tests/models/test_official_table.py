@@ -191,3 +191,27 @@ def test_transparency_changes_the_pixels(families, inputs):
         a, _ = official_inputs(fam, proc, "rgba_path", inputs["rgba_path"])
         b, _ = official_inputs(fam, proc, "rgba_memory", inputs["rgba_memory"])
         assert not torch.equal(a[image_key(a)], b[image_key(b)]), fam
+
+
+@pytest.mark.parametrize("fam", tester_models.FAMILIES)
+@pytest.mark.parametrize("size", [(1000, 3), (3, 1000), (700, 7)])
+def test_more_extreme_shapes(families, fam, size):
+    """Aspect ratios past the table's: the same ids as transformers, or the same refusal (Qwen's
+    resize refuses an aspect ratio over 200); LLaVA-NeXT's geometry stays inside the image."""
+    ad, proc = families[fam]
+    image = Image.fromarray(photo(*size, seed=4))
+    try:
+        ref, _ = official_inputs(fam, proc, "image", image)
+    except ValueError as e:
+        assert fam.startswith("qwen") and "aspect ratio" in str(e)
+        with pytest.raises(ValueError, match="aspect ratio"):
+            ad.encode(image, PROMPT)
+        return
+    with torch.no_grad():
+        enc = ad.encode(image, PROMPT)
+    assert torch.equal(enc.state["input_ids"].reshape(1, -1).cpu(), ref["input_ids"])
+    g, (w, h) = enc.geometry, size
+    assert len(g) == enc.n_visual and bool(torch.isfinite(g.box).all())
+    assert bool((g.box[:, 0] >= 0).all() & (g.box[:, 1] >= 0).all() & (g.box[:, 2] <= w).all() & (g.box[:, 3] <= h).all())
+    if fam == "llava_next":  # one newline token per row of the unpadded canvas
+        assert g.kind.count("newline") == g.grids[1][0]
