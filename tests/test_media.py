@@ -72,6 +72,29 @@ def test_probe_video(tmp_path):
     assert info.fps == pytest.approx(3.0)
 
 
+def test_stream_without_a_frame_count_is_counted_by_decoding(tmp_path):
+    """WebM states no frame count: probe estimates it from the duration, load_video counts frames."""
+    import av
+
+    path = str(tmp_path / "clip.webm")
+    try:
+        with av.open(path, "w") as out:
+            stream = out.add_stream("libvpx-vp9", rate=5)
+            stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+            for im in frames(7, 32, 32):
+                for packet in stream.encode(av.VideoFrame.from_image(im)):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+    except (av.error.FFmpegError, ValueError) as e:  # no VP9 encoder in this PyAV build
+        pytest.skip(f"cannot write WebM here: {e}")
+    info = probe_video(path)
+    assert not info.exact and info.fps == pytest.approx(5.0)
+    video = load_video(path, num_frames=3)
+    assert video.total_frames == 7 and video.indices == [0, 2, 4]
+    assert [round(float(np.asarray(f).mean()) / 10) for f in video.frames] == [0, 2, 4]
+
+
 def _audio_only(path):
     import av
 
