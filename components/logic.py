@@ -55,20 +55,13 @@ def probe_video(path: str) -> int:
 
     Refuses files with no video stream and videos longer than MAX_VIDEO_FRAMES before anything is
     decoded."""
-    import av
+    from mipruner.media import MediaError
+    from mipruner.media import probe_video as probe
 
     try:
-        with av.open(path) as c:
-            if not c.streams.video:
-                raise UserError(f"{os.path.basename(path)!r} has no video stream")
-            s = c.streams.video[0]
-            n = int(s.frames or 0)
-            if not n and s.duration and s.time_base and s.average_rate:
-                n = int(float(s.duration * s.time_base) * float(s.average_rate))
-            if not n and c.duration and s.average_rate:
-                n = int(c.duration / 1e6 * float(s.average_rate))
-    except (av.error.FFmpegError, OSError) as e:
-        raise UserError(f"cannot read video {os.path.basename(path)!r}: {e}") from None
+        n = probe(path).frames
+    except MediaError as e:
+        raise UserError(str(e)) from None
     if n > MAX_VIDEO_FRAMES:
         raise UserError(f"the video has {n} frames; this app takes at most {MAX_VIDEO_FRAMES} "
                         "(trim it to a short clip)")

@@ -1,15 +1,29 @@
-"""Reading images and videos into PIL frames, with plain errors. No torchvision anywhere.
+"""Reading images and videos into RGB PIL frames as transformers' processors read them; plain errors.
 
-Videos are decoded with PyAV and sampled evenly (`sample_indices`): the frame count is the
-model's choice (8 for Video-LLaVA, the processor's default for Qwen), made by the adapter.
+Images (`load_image`), exactly as transformers 5 does it (checked against it in tests/test_media.py):
+  * a file path: `transformers.image_utils.load_image`, which every image processor uses for a path
+    (`fetch_images`): open, apply the EXIF orientation, `.convert("RGB")`. Transparency is dropped
+    there, not composited;
+  * an in-memory PIL image or array: `transformers.image_transforms.convert_to_rgb`, which every image
+    processor applies (`do_convert_rgb`): RGBA, LA and a palette's transparent entry are composited
+    onto white.
+No torchvision anywhere.
+
+Videos: `probe_video` is the one function that reads a video's metadata (frame count, fps, size)
+without decoding; it refuses files with no video stream. `load_video` decodes with PyAV and keeps
+the frames that a sampling rule picks from the stream's frame count and fps: each model adapter
+passes its official video processor's rule, the default is `sample_indices` (transformers'
+`video_utils.default_sample_indices_fn` with a frame count). Error messages name files by their
+base name only.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")
 MAX_DECODE_FRAMES = 10_000  # a guard against pathological streams
@@ -35,77 +49,179 @@ class Video:
         return self.frames[0].size
 
 
+@dataclass(frozen=True)
+class VideoInfo:
+    """A video file's first video stream, from the container's metadata (nothing decoded).
+
+    frames: frame count (0 when the container does not say); exact: it is the stream's own count,
+    not an estimate from the duration; fps: average frame rate (0.0 when unknown)."""
+
+    frames: int
+    fps: float
+    width: int
+    height: int
+    exact: bool
+
+
 def is_video_path(path: str) -> bool:
     return str(path).lower().endswith(VIDEO_EXTENSIONS)
 
 
+# ------------------------------------------------------------------------------------- images
+def to_rgb(image: Image.Image) -> Image.Image:
+    """`transformers.image_transforms.convert_to_rgb` on a PIL image: transparency onto white."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _array_to_rgb(arr: np.ndarray) -> Image.Image:
+    """`convert_to_rgb` on a channels-last uint8 array: 1 channel repeated, 4 blended onto white."""
+    if arr.ndim != 3 or arr.shape[2] not in (1, 3, 4):
+        raise MediaError(f"an image array must be (H, W, 1|3|4), got shape {arr.shape}")
+    arr = arr.astype(np.uint8)
+    if arr.shape[2] == 1:
+        arr = np.repeat(arr, 3, axis=-1)
+    elif arr.shape[2] == 4:
+        alpha = arr[..., 3:4] / 255
+        arr = np.round(alpha * arr[..., :3] + (1 - alpha) * 255).astype(np.uint8)
+    return Image.fromarray(arr)
+
+
 def load_image(source) -> Image.Image:
-    """An RGB PIL image from a path, a PIL image or an (H, W, 3) uint8 array."""
+    """An RGB PIL image from a path, a PIL image or an (H, W, 1|3|4) uint8 array (see module doc)."""
     if isinstance(source, Image.Image):
-        return source.convert("RGB")
+        return to_rgb(source)
     if isinstance(source, np.ndarray):
-        if source.ndim != 3 or source.shape[2] not in (3, 4):
-            raise MediaError(f"an image array must be (H, W, 3|4), got shape {source.shape}")
-        return Image.fromarray(source.astype(np.uint8)).convert("RGB")
+        return _array_to_rgb(source)
     path = os.fspath(source)
+    name = os.path.basename(path)
     if not os.path.isfile(path):
-        raise MediaError(f"image file not found: {path}")
+        raise MediaError(f"image file not found: {name!r}")
     try:
         with Image.open(path) as im:
             im.load()  # forces a full decode: truncated files fail here, not later
-            return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise MediaError(f"cannot read image {os.path.basename(path)!r}: {e}") from None
+            return ImageOps.exif_transpose(im).convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise MediaError(f"cannot read image {name!r}: {_reason(e, path)}") from None
 
 
-def sample_indices(total: int, num: int) -> list[int]:
-    """`num` evenly spaced frame indices over [0, total): centres of `num` equal segments."""
-    if total <= 0:
-        return []
-    if num >= total:
-        return list(range(total))
-    edges = np.linspace(0, total, num + 1)
-    return [min(total - 1, int((edges[i] + edges[i + 1]) / 2)) for i in range(num)]
+# ------------------------------------------------------------------------------------- videos
+def _reason(e: BaseException, path: str) -> str:
+    """An exception's message without the file's directory in it."""
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return str(text).replace(path, os.path.basename(path))
 
 
-def load_video(path, num_frames: int = 8) -> Video:
-    """Decode a video with PyAV and keep `num_frames` evenly sampled RGB frames.
+def probe_video(path) -> VideoInfo:
+    """Frame count, fps and size of the first video stream, read from the container's metadata.
 
-    Raises MediaError for a missing file, a container PyAV cannot open, a stream with an
-    unsupported codec, or a video with no decodable frame.
+    Raises MediaError for a missing file, a file PyAV cannot open, or one without a video stream.
+    When the stream does not state its frame count, it is estimated from the stream's (else the
+    container's) duration times the frame rate, and `exact` is False.
     """
     import av  # local: PyAV is only needed for video
 
     path = os.fspath(path)
-    if num_frames < 1:
-        raise MediaError(f"num_frames must be >= 1, got {num_frames}")
-    if not os.path.isfile(path):
-        raise MediaError(f"video file not found: {path}")
     name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise MediaError(f"video file not found: {name!r}")
     try:
-        container = av.open(path)
-    except (av.error.FFmpegError, OSError, ValueError) as e:
-        raise MediaError(f"cannot open video {name!r}: {e}") from None
-    with container:
-        if not container.streams.video:
-            raise MediaError(f"{name!r} has no video stream")
+        with av.open(path) as c:
+            if not c.streams.video:
+                raise MediaError(f"{name!r} has no video stream")
+            s = c.streams.video[0]
+            fps = float(s.average_rate or s.guessed_rate or 0) or 0.0
+            n = int(s.frames or 0)
+            exact = n > 0
+            if not n and s.duration and s.time_base and fps:
+                n = int(float(s.duration * s.time_base) * fps)
+            if not n and c.duration and fps:
+                n = int(c.duration / 1e6 * fps)
+            return VideoInfo(frames=n, fps=fps, width=int(s.codec_context.width or 0),
+                             height=int(s.codec_context.height or 0), exact=exact)
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+        raise MediaError(f"cannot read video {name!r}: {_reason(e, path)}") from None
+
+
+def sample_indices(total: int, num: int) -> list[int]:
+    """`num` evenly spaced frame indices of [0, total): i * total // num, transformers'
+    `default_sample_indices_fn` with `num_frames`. Every frame when num >= total (where
+    transformers refuses num > total)."""
+    if total <= 0:
+        return []
+    if num >= total:
+        return list(range(total))
+    return [i * total // num for i in range(num)]
+
+
+def av_errors() -> tuple[type[BaseException], ...]:
+    """PyAV's error classes and the OS errors a read can raise."""
+    import av
+    return (av.error.FFmpegError, OSError)
+
+
+def _decode(path: str, wanted: set[int]) -> tuple[dict[int, Image.Image], int, str]:
+    """One decoding pass: the wanted frames as RGB images, the number of frames decoded (it stops
+    after the last wanted frame; with none wanted it counts them all, up to MAX_DECODE_FRAMES),
+    and the decoder's error when it failed ("" if none)."""
+    import av
+
+    out: dict[int, Image.Image] = {}
+    n, err = 0, ""
+    last = max(wanted) if wanted else MAX_DECODE_FRAMES - 1
+    with av.open(path) as container:
         stream = container.streams.video[0]
-        fps = float(stream.average_rate or stream.guessed_rate or 0) or 0.0
-        decoded = []
         try:
             for frame in container.decode(stream):
-                decoded.append(frame)
-                if len(decoded) >= MAX_DECODE_FRAMES:
+                if n in wanted:
+                    out[n] = frame.to_image().convert("RGB")
+                n += 1
+                if n > last:
                     break
         except av.error.FFmpegError as e:
-            if not decoded:
-                raise MediaError(f"cannot decode video {name!r} (codec "
-                                 f"{stream.codec_context.name!r}): {e}") from None
-        if not decoded:
-            raise MediaError(f"video {name!r} has no decodable frames")
-        idx = sample_indices(len(decoded), num_frames)
-        frames = [decoded[i].to_image().convert("RGB") for i in idx]
-    return Video(frames=frames, indices=idx, fps=fps, total_frames=len(decoded), path=path)
+            err = f"(codec {stream.codec_context.name!r}): {_reason(e, path)}"
+    return out, n, err
+
+
+def load_video(path, num_frames: int = 8, sample: Callable[[int, float], list[int]] | None = None) -> Video:
+    """Decode a video with PyAV and keep the frames `sample(total_frames, fps)` picks (default:
+    `sample_indices(total_frames, num_frames)`), in the order given.
+
+    total_frames is the stream's own frame count when it states one, else the number of frames
+    decoded; when a picked frame cannot be decoded (the stream holds fewer frames than it states),
+    the frames are picked again from the decodable count. Raises MediaError for a missing or
+    unreadable file, a file with no video stream, a video with no decodable frame, and whatever
+    `sample` raises.
+    """
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    if sample is None:
+        if num_frames < 1:
+            raise MediaError(f"num_frames must be >= 1, got {num_frames}")
+
+        def sample(total, fps):
+            return sample_indices(total, num_frames)
+    info = probe_video(path)
+    try:
+        total, err = (info.frames, "") if info.exact else _decode(path, set())[1:]
+        idx = [int(i) for i in sample(total, info.fps)] if total else []
+        got, n, err = _decode(path, set(idx)) if idx else ({}, total, err)
+        if any(i not in got for i in idx):  # fewer decodable frames than stated
+            total = _decode(path, set())[1]
+            idx = [int(i) for i in sample(total, info.fps)] if total else []
+            got, n, err = _decode(path, set(idx)) if idx else ({}, total, err)
+    except av_errors() as e:
+        raise MediaError(f"cannot read video {name!r}: {_reason(e, path)}") from None
+    if not total or not idx or any(i not in got for i in idx):
+        raise MediaError(f"cannot decode video {name!r} {err}".strip() if err
+                         else f"video {name!r} has no decodable frames")
+    return Video(frames=[got[i] for i in idx], indices=idx, fps=info.fps, total_frames=total, path=path,
+                 meta={"width": info.width, "height": info.height})
 
 
 def write_video(frames: list[Image.Image], path: str, fps: int = 4, codec: str = "mpeg4") -> str:
@@ -127,14 +243,14 @@ def write_video(frames: list[Image.Image], path: str, fps: int = 4, codec: str =
 
 
 def load_media(source, num_frames: int = 8):
-    """A PIL image, a list of PIL images, or a `Video`, from whatever the user gave."""
-    if isinstance(source, (Video, Image.Image)):
+    """An RGB PIL image, a list of them, or a `Video`, from whatever the user gave."""
+    if isinstance(source, Video):
         return source
     if isinstance(source, (list, tuple)):
         if not source:
             raise MediaError("an empty list of images")
         return [load_image(s) for s in source]
-    if isinstance(source, np.ndarray):
+    if isinstance(source, (Image.Image, np.ndarray)):
         return load_image(source)
     if is_video_path(source):
         return load_video(source, num_frames)

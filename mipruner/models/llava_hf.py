@@ -1,7 +1,7 @@
 """LLaVA-1.5 (transformers `LlavaForConditionalGeneration`, model_type "llava").
 
-Images, several images, and videos read as `default_frames` (8) evenly sampled frames, each frame
-one image with its own <image> placeholder (LLaVA-1.5 has no video token; the embedded
+Images, several images, and videos read as `default_frames` (8) frames sampled at i * n // 8
+(transformers' `default_sample_indices_fn`, `mipruner.media.sample_indices`), each frame one image with its own <image> placeholder (LLaVA-1.5 has no video token; the embedded
 shapes-llava answers about clips this way). Tokens are image after image; `frame` in the geometry
 is the image's index. With several images the attention is one (N_V+1, N_V+1) matrix: row 0 is each
 token's [CLS] attention within its own image, tokens of different images get 0.

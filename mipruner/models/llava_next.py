@@ -112,22 +112,31 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         t = t * torch.tensor([W / new_w, H / new_h, W / new_w, H / new_h])
         box[tile] = torch.stack([t[:, 0].clamp(0, W), t[:, 1].clamp(0, H), t[:, 2].clamp(0, W),
                                  t[:, 3].clamp(0, H)], dim=-1)
-        # canvas row/col, then shifted to the unpadded canvas
+        # canvas row/col, then shifted to the unpadded canvas (transformers' `unpad_image` gives its
+        # size; an extreme aspect ratio can leave it with no rows or no columns)
+        from transformers.models.llava_next.modeling_llava_next import unpad_image
+        rows_u, cols_u = unpad_image(torch.zeros(1, n_tr * g_r, n_tc * g_c), (H, W)).shape[1:]
         cr, cc = ti * g_r + tr, tj * g_c + tc
-        cr, cc = cr - cr.min(), cc - cc.min()
-        rows_u, cols_u = int(cr.max()) + 1, int(cc.max()) + 1
+        r0 = int(cr.min()) if len(cr) else 0  # no tile token: only columns were cut, rows start at 0
+        cr, cc = cr - r0, cc - (int(cc.min()) if len(cc) else 0)
         R, Cc = torch.full((len(packed),), -1), torch.full((len(packed),), -1)
         R[base], Cc[base] = br, bc
         R[tile], Cc[tile] = cr, cc
         frame = torch.where(base, 0, 1)
-        # newline k closes canvas row k: its row's extent
+        # newline k closes canvas row k: its row's extent (zero-width at the centre for an empty row)
         nl = torch.nonzero(newline).flatten()
         R[nl] = torch.arange(len(nl))
         Cc[nl] = cols_u
         for k, i in enumerate(nl.tolist()):
             in_row = tile & (R == k)
-            box[i] = torch.cat([box[in_row, :2].min(0).values, box[in_row, 2:].max(0).values])
+            if bool(in_row.any()):
+                box[i] = torch.cat([box[in_row, :2].min(0).values, box[in_row, 2:].max(0).values])
+            else:
+                a, t_r = divmod(k + r0, g_r)
+                y = tmap.boxes([0.0], [float(t_r * patch)], [0.0], [float((t_r + 1) * patch)])[0, 1::2]
+                y = ((y + a * tile_px - paste_y) * H / new_h).clamp(0, H)
+                box[i] = torch.tensor([W / 2, float(y[0]), W / 2, float(y[1])])
         kind = ["newline" if n else ("base" if b_ else "tile") for n, b_ in zip(newline.tolist(), base.tolist())]
         geo = C.TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
-                              grids=[(g_r, g_c), (rows_u, cols_u)], sizes=[(W, H), (W, H)])
+                              grids=[(g_r, g_c), (int(rows_u), int(cols_u))], sizes=[(W, H), (W, H)])
         return geo, packed  # packed (N_V, 3): (view, row, col) in the view's grid; -1s for newlines

@@ -14,17 +14,12 @@ How pruning reaches the model, through public inputs only:
 
 Preprocessing does not need torchvision: hub checkpoints carry a video processor config whose
 processor class imports torchvision, so `AutoProcessor` fails here. We build the inputs from the
-tokenizer and the PIL image processor, and prepare videos ourselves (`_video_pixels`): frames are
-sampled evenly with `mipruner.media`, resized with PIL to the video processor's smart-resize
-target, normalised by the image processor (do_resize=False) and regrouped into
-`temporal_patch_size`-frame patches in exactly the official video processor's layout. (The
-official torchvision processor resizes with torchvision's bicubic, so its pixels differ from PIL's
-by interpolation rounding; the layout and grids are the same.)
+tokenizer and the PIL image processor; images are read as transformers reads them
+(`mipruner.media.load_image`), videos as its video processors do (`_qwen_video`: settings, which
+frames, resize target and patch layout, with the deviations listed there).
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 import time
@@ -33,43 +28,12 @@ from contextlib import contextmanager
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video, load_image, load_video, sample_indices
+from ..media import MediaError, Video, is_video_path, load_image, load_video
 from ..pruners.selection import Selection
+from . import _qwen_video as QV
+from ._qwen_video import read_json, smart_resize
 from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen2-VL's resize rule: sides divisible by `factor`, area within [min, max], aspect kept."""
-    if max(height, width) / min(height, width) > 200:
-        raise MediaError(f"aspect ratio must be below 200, got {max(height, width) / min(height, width):.0f}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def read_json(path: str, name: str) -> dict:
-    """A JSON file of a local checkpoint directory or a cached hub checkpoint; {} when absent."""
-    local = os.path.join(path, name)
-    if not os.path.isfile(local):
-        try:
-            from transformers.utils import cached_file
-            local = cached_file(path, name, _raise_exceptions_for_missing_entries=False,
-                                _raise_exceptions_for_connection_errors=False)
-        except (OSError, ValueError):
-            local = None
-    if not local or not os.path.isfile(local):
-        return {}
-    with open(local) as f:
-        return json.load(f)
 
 
 def merge_attention(probs: torch.Tensor, merge_unit: int) -> torch.Tensor:
@@ -86,6 +50,7 @@ class Qwen2VLAdapter(Adapter):
     """Qwen2-VL / Qwen2.5-VL behind `encode` / `prefill_logits` / `generate`."""
 
     family = "qwen2_vl"
+    qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
@@ -100,7 +65,7 @@ class Qwen2VLAdapter(Adapter):
         self.temporal = int(vc.temporal_patch_size)
         self.image_token = tokenizer.convert_ids_to_tokens(self.config.image_token_id)
         self.video_token = tokenizer.convert_ids_to_tokens(self.config.video_token_id)
-        self.video_config = self._video_defaults(video_config)
+        self.video_config = QV.video_settings(video_config, qwen3=self.qwen3)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -119,81 +84,41 @@ class Qwen2VLAdapter(Adapter):
         image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
         if cls is Qwen2VLAdapter and model.config.model_type == "qwen2_5_vl":
             cls = Qwen2_5_VLAdapter  # the family table maps both types to this class
-        return cls(model, tokenizer, image_processor, read_json(path, "video_preprocessor_config.json"), name=path)
-
-    def _video_defaults(self, cfg: dict) -> dict:
-        """The video processor's settings from its JSON, with the official classes' defaults."""
-        ip = self.image_processor
-        size = cfg.get("size") or {}
-        return {
-            "min_pixels": int(cfg.get("min_pixels") or size.get("shortest_edge") or 128 * 28 * 28),
-            "max_pixels": int(cfg.get("max_pixels") or size.get("longest_edge") or 768 * 28 * 28),
-            "fps": cfg.get("fps", 2.0), "num_frames": cfg.get("num_frames"),
-            "min_frames": int(cfg.get("min_frames", 4)), "max_frames": int(cfg.get("max_frames", 768)),
-            "image_mean": cfg.get("image_mean", ip.image_mean), "image_std": cfg.get("image_std", ip.image_std),
-            "rescale_factor": cfg.get("rescale_factor", ip.rescale_factor),
-            "resample": cfg.get("resample", ip.resample),
-        }
+        return cls(model, tokenizer, image_processor, QV.video_processor_dict(path), name=path)
 
     # ------------------------------------------------------------------ media
-    def num_frames(self, total: int, video_fps: float) -> int:
-        """How many frames to sample (Qwen2-VL video processor rule: fps-based, multiple of T)."""
-        vc, t = self.video_config, self.temporal
-        if vc["num_frames"]:
-            return max(t, min(total, round(vc["num_frames"] / t) * t))
-        if not video_fps or not vc["fps"]:
-            n = min(vc["max_frames"], total)
-        else:
-            cap = math.floor(min(vc["max_frames"], total) / t) * t
-            n = min(max(total / video_fps * vc["fps"], vc["min_frames"]), cap, total)
-        return max(1, math.floor(n / t) * t) if n >= t else max(1, int(n))
+    def sample_frames(self, total: int, video_fps: float) -> list[int]:
+        """Frame indices the official video processor reads from a `total`-frame video."""
+        return QV.qwen2_indices(total, video_fps, self.video_config)
 
     def _read_media(self, media):
-        """-> (frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream)."""
+        """-> (frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream).
+
+        A `Video` or a list of frames is taken as already sampled (the official processor given
+        decoded frames with `do_sample_frames` off); a video file is sampled by `sample_frames`."""
         if isinstance(media, Video):
             return media.frames, True, list(media.indices), media.fps, media.total_frames
         if isinstance(media, (list, tuple)):
             if not media:
                 raise MediaError("an empty list of frames")
             return [load_image(f) for f in media], True, list(range(len(media))), 0.0, len(media)
-        if isinstance(media, (str, os.PathLike)) and str(media).lower().endswith(
-                (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")):
-            total, fps = _probe_video(os.fspath(media))
-            video = load_video(media, num_frames=self.num_frames(total, fps) if total else self.video_config["max_frames"])
-            if not total:  # container without a frame count: subsample what was decoded
-                keep = sample_indices(len(video.frames), self.num_frames(video.total_frames, video.fps))
-                video = Video([video.frames[i] for i in keep], [video.indices[i] for i in keep],
-                              video.fps, video.total_frames, video.path)
+        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+            video = load_video(media, sample=self.sample_frames)
             return video.frames, True, list(video.indices), video.fps, video.total_frames
         return [load_image(media)], False, [0], 0.0, 1
 
     def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
-        vc = self.video_config
-        return smart_resize(height, width, self.patch * self.merge, vc["min_pixels"], vc["max_pixels"])
+        """(height, width) of every frame of a `num_frames`-frame video (the real count, not padded)."""
+        return QV.resize_target(num_frames, height, width, self.video_config, self.patch * self.merge,
+                                self.temporal, qwen3=self.qwen3)
 
     def _video_pixels(self, frames: list[Image.Image]) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
-        """Frames -> (pixel_values_videos (T' * gh * gw, C * T * p * p), video_grid_thw (1, 3), (rh, rw)).
-
-        Layout of the official Qwen2-VL video processor's `patchify`:
-        (grid_t, gh/m, gw/m, m, m, C, T, p, p), frames padded to a multiple of T with the last one.
-        """
-        t, p, m, vc = self.temporal, self.patch, self.merge, self.video_config
-        frames = list(frames) + [frames[-1]] * (-len(frames) % t)
+        """Frames -> (pixel_values_videos, video_grid_thw (1, 3), (resized h, w))."""
         w, h = frames[0].size
-        rh, rw = self.video_resize_target(len(frames), h, w)
-        resized = [f.convert("RGB").resize((rw, rh), resample=int(vc["resample"])) for f in frames]
-        out = self.image_processor(images=resized, do_resize=False, image_mean=vc["image_mean"],
-                                   image_std=vc["image_std"], rescale_factor=vc["rescale_factor"],
-                                   patch_size=p, merge_size=m, temporal_patch_size=t, return_tensors="pt")
-        gh, gw = rh // p, rw // p
-        c = out["pixel_values"].shape[1] // (t * p * p)
-        # the image processor repeats each frame T times along its temporal axis: keep slot 0
-        per_frame = out["pixel_values"].view(len(frames), gh // m, gw // m, m, m, c, t, p, p)[..., 0, :, :]
-        grid_t = len(frames) // t
-        video = per_frame.view(grid_t, t, gh // m, gw // m, m, m, c, p, p)
-        video = video.permute(0, 2, 3, 4, 5, 6, 1, 7, 8)  # (grid_t, gh/m, gw/m, m, m, C, T, p, p)
-        pixels = video.reshape(grid_t * gh * gw, c * t * p * p).contiguous()
-        return pixels, torch.tensor([[grid_t, gh, gw]]), (rh, rw)
+        target = self.video_resize_target(len(frames), h, w)
+        pixels, grid = QV.video_pixels(frames, target, self.video_config, self.image_processor, self.patch,
+                                       self.merge, self.temporal)
+        return pixels, grid, target
 
     def _expand_video_text(self, text: str, grid: torch.Tensor, indices: list[int], fps: float) -> str:
         n = int(grid.prod()) // self.merge ** 2
@@ -502,21 +427,6 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
         """Qwen2_5_VLProcessor: second_per_grid_ts = T / sampled fps, sampled fps = n / total * fps."""
         sampled_fps = len(indices) / total * fps if fps and total else (fps or 24.0)
         return {"second_per_grid_ts": torch.tensor([self.temporal / sampled_fps])}
-
-
-def _probe_video(path: str) -> tuple[int, float]:
-    """(frame count, fps) from the container's metadata without decoding; (0, fps) when unknown."""
-    import av
-    if not os.path.isfile(path):
-        raise MediaError(f"video file not found: {path}")
-    try:
-        with av.open(path) as container:
-            if not container.streams.video:
-                raise MediaError(f"{os.path.basename(path)!r} has no video stream")
-            stream = container.streams.video[0]
-            return int(stream.frames or 0), float(stream.average_rate or stream.guessed_rate or 0) or 0.0
-    except (av.error.FFmpegError, OSError) as e:
-        raise MediaError(f"cannot open video {os.path.basename(path)!r}: {e}") from None
 
 
 __all__ = ["Qwen2VLAdapter", "Qwen2_5_VLAdapter", "merge_attention", "smart_resize"]

@@ -6,39 +6,17 @@ deepstack tensor; the model rebuilds the visual position mask from the pruned `i
 both travel through the public `mm_encoder_outputs` input (`deepstack_features`).
 
 Videos: each token-frame gets its own "<t seconds><|vision_start|>...<|vision_end|>" block in the
-prompt (as Qwen3VLProcessor does), and the resize budget covers all frames (t * h * w).
+prompt (as Qwen3VLProcessor does); which frames are read and the resize target (pixel budget over
+t * h * w, t the real number of frames) follow Qwen3VLVideoProcessor (`_qwen_video`).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..media import MediaError
+from . import _qwen_video as QV
+from ._qwen_video import smart_resize_3d
 from .base import Encoded
 from .qwen2_vl import Qwen2VLAdapter
-
-
-def smart_resize_3d(num_frames: int, height: int, width: int, temporal_factor: int, factor: int,
-                    min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen3-VL video resize rule: like Qwen2-VL's, with the pixel budget over t * h * w."""
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise MediaError(f"aspect ratio must be below 200, got {max(height, width) / min(height, width):.0f}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(num_frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def frame_timestamps(indices: list[int], fps: float, temporal: int) -> list[float]:
@@ -50,21 +28,12 @@ def frame_timestamps(indices: list[int], fps: float, temporal: int) -> list[floa
 
 class Qwen3VLAdapter(Qwen2VLAdapter):
     family = "qwen3_vl"
+    qwen3 = True
     default_video_fps = 24.0  # what Qwen3VLProcessor assumes for frames without metadata
 
-    def num_frames(self, total: int, video_fps: float) -> int:
-        """Qwen3-VL video processor rule: int(duration * fps) clamped to [min_frames, max_frames, total]."""
-        vc = self.video_config
-        if vc["num_frames"]:
-            return max(1, min(total, int(vc["num_frames"])))
-        video_fps = video_fps or self.default_video_fps
-        n = int(total / video_fps * vc["fps"]) if vc["fps"] else total
-        return max(1, min(max(n, vc["min_frames"]), vc["max_frames"], total))
-
-    def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
-        vc = self.video_config
-        return smart_resize_3d(num_frames, height, width, self.temporal, self.patch * self.merge,
-                               vc["min_pixels"], vc["max_pixels"])
+    def sample_frames(self, total: int, video_fps: float) -> list[int]:
+        """Qwen3VLVideoProcessor.sample_frames: int(duration * fps) frames at np.linspace(...).round()."""
+        return QV.qwen3_indices(total, video_fps, self.video_config)
 
     def _expand_video_text(self, text: str, grid: torch.Tensor, indices: list[int], fps: float) -> str:
         tok = self.tokenizer

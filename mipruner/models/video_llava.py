@@ -1,7 +1,9 @@
 """Video-LLaVA (transformers `VideoLlavaForConditionalGeneration`, model_type "video_llava").
 
 Images and videos. A video is sampled to 8 frames (`default_frames`; Video-LLaVA was trained on
-8) with PyAV; a list of several PIL images is taken as the frames of one video.
+8) with PyAV, at i * n // 8 as transformers' `BaseVideoProcessor.sample_frames` picks num_frames=8
+(`mipruner.media.sample_indices`; every frame of a shorter clip, where transformers refuses); a
+list of several PIL images is taken as the frames of one video.
 
 Tokens, in LLM order:
   image  the image tower's patch grid (CLS dropped under the "default" strategy), like LLaVA-1.5.

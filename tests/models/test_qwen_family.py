@@ -235,15 +235,13 @@ def test_video_pixels_match_image_processor_per_frame(adapters):
     vc = ad.video_config
     frames = v.frames + [v.frames[-1]]
     for i, frame in enumerate(frames):
-        ref = ad.image_processor(images=frame, size={"shortest_edge": vc["min_pixels"],
-                                                     "longest_edge": vc["max_pixels"]}, return_tensors="pt")
+        ref = ad.image_processor(images=frame, size=vc["size"], return_tensors="pt")
         assert ref["image_grid_thw"].tolist() == [[1, gh, gw]]
         ref = ref["pixel_values"].view(gh // m, gw // m, m, m, 3, t, p, p)[..., 0, :, :]
         assert torch.equal(vid[i // t, ..., i % t, :, :], ref)
     # a static video is exactly the image tiled grid_t times
     still, _, _ = ad._video_pixels([v.frames[0]] * 4)
-    img = ad.image_processor(images=v.frames[0], size={"shortest_edge": vc["min_pixels"],
-                                                       "longest_edge": vc["max_pixels"]}, return_tensors="pt")
+    img = ad.image_processor(images=v.frames[0], size=vc["size"], return_tensors="pt")
     assert torch.equal(still, img["pixel_values"].repeat(2, 1))
 
 
