@@ -36,7 +36,9 @@ def test_select_contract(model, name, budget):
     n = enc.n_visual
     sel = mipruner.select(ad, enc, name, budget, cache={})
     k = budget if isinstance(budget, int) else round(budget * n)
-    assert sel.method == name and sel.keep.dtype == torch.long and sel.keep.shape == (k,)
+    n_prefix = 0 if sel.prefix is None else sel.prefix.shape[0]  # rows with no position (VisionZip's [CLS])
+    assert sel.method == name and sel.keep.dtype == torch.long and sel.keep.shape == (k - n_prefix,)
+    assert sel.budget == k
     assert torch.equal(sel.keep, torch.unique(sel.keep)), "keep must be ascending and unique"
     assert 0 <= int(sel.keep.min()) and int(sel.keep.max()) < n
     assert torch.equal(torch.sort(sel.order).values, sel.keep)

@@ -5,6 +5,19 @@ Rule: at decoder layer K-1, take the attention probabilities of the LAST prompt 
 by that score; from layer K on only those image tokens (and every text token) remain.
 Original defaults: K = 2, drop ratio R = 50% (budget = share 0.5).
 
+Original: pkunlp-icler/FastV, `src/transformers/src/transformers/models/llama/modeling_llama.py`
+`LlamaModel.forward` (the `use_fast_v` branch: at layer AGG_LAYER the head-mean attention row of the
+last token over the image span, its topk(ATTENTION_RANK), and an attention mask hiding the others
+from then on). What matches: the layer, the attention row (last prompt token, head mean, layer K-1),
+the top-k. Deliberate deviations, and why:
+  * The release keeps the dropped tokens in the sequence and masks them out of attention from
+    layer K on; we remove them from layer K on, keeping every token's position. The outputs of the
+    kept tokens are the same (tested against the model's own forward with that mask, to 1e-5), and
+    the pruned run is actually cheaper.
+  * The release needs eager attention to read the row; we recompute the one row (below), so the
+    model keeps SDPA. K = 0 (random tokens in the release) is not offered: K >= 1.
+  * Ties to the lower index (stable sort); the release's topk leaves them to the kernel.
+
 The model runs SDPA, which returns no probabilities, so we compute that one row ourselves, from
 what the layer actually used: its attention input of the last token (captured by a pre-hook in
 `_decoder.run_prefix`) goes through the module's own `q_proj` (and `q_norm` where the family has

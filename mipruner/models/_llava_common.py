@@ -237,6 +237,27 @@ def views_attention(att_all: torch.Tensor, keys_all: torch.Tensor, view: torch.T
     return att, keys
 
 
+def projected_cls(model, outputs) -> torch.Tensor | None:
+    """(views, d): each view's [CLS] hidden state at the feature layer(s), through the projector, or
+    None under the "full" strategy (there the [CLS] is already a visual token). `outputs`: what
+    `get_image_features` returned (its `hidden_states`, as the model selects them)."""
+    cfg = model.config
+    if getattr(cfg, "vision_feature_select_strategy", "default") != "default" or outputs.hidden_states is None:
+        return None
+    layers = cfg.vision_feature_layer
+    layers = list(layers) if isinstance(layers, (list, tuple)) else [layers]
+    h = torch.cat([outputs.hidden_states[i][:, 0] for i in layers], dim=-1)  # (views, D_v), as the model concatenates
+    return model.model.multi_modal_projector(h)  # (views, d)
+
+
+def _with_prefix(embeds: torch.Tensor, positions: torch.Tensor, prefix: torch.Tensor, vpos: torch.Tensor):
+    """`prefix` (P, d) inserted right before the first visual token of the pruned sequence; each
+    prefix row takes the first visual token's original position (used with positions="original")."""
+    at = int((positions < vpos[0]).sum())  # the pruned sequence's index of the visual block
+    pos = vpos[:1].to(positions.device).expand(prefix.shape[0])
+    return (torch.cat([embeds[:at], prefix, embeds[at:]]), torch.cat([positions[:at], pos, positions[at:]]))
+
+
 # ----------------------------------------------------------------------------------------------
 # the shared adapter
 
@@ -365,7 +386,7 @@ class LlavaFamilyAdapter(Adapter):
         return Encoded(model=self.name, prompt=prompt, visual=visual, geometry=out["geometry"], text=embeds,
                        text_tokens=tokens, text_mask=tmask, text_mode=text_mode, frames=out["frames"],
                        is_video=out.get("is_video", False), attention=out.get("attention"),
-                       keys=out.get("keys"), has_cls=out.get("has_cls", False), state=state,
+                       keys=out.get("keys"), has_cls=out.get("has_cls", False), cls=out.get("cls"), state=state,
                        timings={"encode_s": time.perf_counter() - t0})
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
@@ -388,9 +409,10 @@ class LlavaFamilyAdapter(Adapter):
 
     def pruned_inputs(self, encoded: Encoded, keep=None, positions: str | None = None) -> dict:
         """inputs_embeds (1, L', d), attention_mask (1, L'), position_ids (1, L') or None, and the
-        original positions (L',) of the kept sequence. L' = L - (N_V - K)."""
+        original positions (L',) of the kept sequence. L' = L - (N_V - K). A Selection's `prefix`
+        rows (VisionZip's [CLS]) go right before the first visual token and count in K."""
         positions = check_choice("positions", positions or self.positions, POSITIONS)
-        idx = keep_indices(keep, encoded.n_visual)
+        idx = keep_indices(keep, encoded.n_visual, allow_prefix=True)
         st = encoded.state
         ids, vpos = st["input_ids"], st["visual_positions"]
         L, d = int(ids.numel()), encoded.visual.shape[-1]
@@ -413,7 +435,11 @@ class LlavaFamilyAdapter(Adapter):
         full = torch.empty(L, d, dtype=self.dtype, device=self.device)
         full[text_pos] = encoded.text.to(self.device, self.dtype)
         full[kept_vpos] = rows.to(self.device, self.dtype)
-        embeds = full[orig_positions].unsqueeze(0)  # (1, L', d)
+        embeds = full[orig_positions]  # (L', d)
+        if isinstance(keep, Selection) and keep.prefix is not None:
+            embeds, orig_positions = _with_prefix(embeds, orig_positions, keep.prefix.to(self.device, self.dtype),
+                                                  vpos)
+        embeds = embeds.unsqueeze(0)  # (1, L', d)
         mask = torch.ones(1, embeds.shape[1], dtype=torch.long, device=self.device)
         pos = orig_positions.unsqueeze(0) if positions == "original" else None
         return dict(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, orig_positions=orig_positions)

@@ -56,6 +56,10 @@ class Encoded:
     LLaVA-NeXT: all views, row 0 = each token's [CLS] attention in its view, 0 across views;
     Video-LLaVA video: block-diagonal over frames (each frame's [CLS] is a visual token there);
     Qwen: the ViT's attention pooled over each 2x2 merge group, no [CLS].
+    cls: (P, d) the vision tower's [CLS] hidden state at the feature layer, through the projector
+    (the LLM's input space), one row per view the tower saw (image, LLaVA-NeXT base view and tiles),
+    filled with `attention` where the [CLS] is not itself a visual token; else None (Qwen has no
+    [CLS]). VisionZip feeds it to the LLM as its original does (`Selection.prefix`).
     frames: the original images / frames (PIL), for drawing masks.
     state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
     An Encoded is treated as immutable once built (derived tensors are cached on it).
@@ -74,6 +78,7 @@ class Encoded:
     attention: torch.Tensor | None = None
     keys: torch.Tensor | None = None
     has_cls: bool = False
+    cls: torch.Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -111,14 +116,19 @@ def check_prompt(prompt: Any) -> str:
     return prompt
 
 
-def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: int) -> torch.Tensor | None:
+def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: int, *,
+                 allow_prefix: bool = False) -> torch.Tensor | None:
     """Normalise `keep` to a sorted unique LongTensor on the CPU (None = keep all).
 
-    Out-of-range, duplicate or empty indices raise ValueError.
+    Out-of-range, duplicate or empty indices raise ValueError; so does a Selection with `prefix`
+    rows unless the caller feeds them (allow_prefix=True), so that they are never dropped silently.
     """
     if keep is None:
         return None
     if isinstance(keep, Selection):
+        if keep.prefix is not None and not allow_prefix:
+            raise ValueError("the selection carries prefix rows (Selection.prefix, VisionZip's [CLS]) that this "
+                             "model path cannot feed; select without them (no `cls` input)")
         keep = keep.keep
     keep = torch.as_tensor(keep).flatten()
     if keep.dtype.is_floating_point or keep.dtype == torch.bool:

@@ -46,7 +46,8 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         layer = C.feature_layer_index(self.config.vision_feature_layer, n_layers)
         ctx = C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
         with ctx as cap:
-            feats = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra).pooler_output
+            outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+        feats = outputs.pooler_output
         per_image = [f.shape[0] for f in feats]
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): image after image
         parts, grids, has_cls = [], [], False
@@ -59,6 +60,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                    is_video=is_video, ref={k: v for k, v in inputs.items()})
         if need_attention:
             att, keys = cap["attention"].cpu(), cap["keys"].cpu()  # (F, n+1, n+1), (F, n+1, d_head)
+            out["cls"] = C.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
             if len(images) == 1:
                 out.update(attention=att[0], keys=keys[0], has_cls=True)
             else:  # several images: one matrix over all tokens, each image's [CLS] row in row 0

@@ -43,8 +43,8 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         tower = self.model.model.vision_tower
         layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
         with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
-            feats = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes,
-                                                  return_dict=True).pooler_output
+            outputs = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes, return_dict=True)
+        feats = outputs.pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines
         geometry, packed = self._geometry(image, pixels.shape[-2:], sizes)
         if len(geometry) != visual.shape[0]:
@@ -53,7 +53,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
                    ref={k: v for k, v in inputs.items()})
         if need_attention:
             att, keys = self._token_attention(cap["attention"].cpu(), cap["keys"].cpu(), packed, pixels.shape[-1])
-            out.update(attention=att, keys=keys, has_cls=True,
+            out.update(attention=att, keys=keys, has_cls=True, cls=C.projected_cls(self.model, outputs),  # (views, d)
                        state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu()})
         return out
 

@@ -99,12 +99,14 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         tower = self.model.model.image_tower
         layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
         with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
-            feats = self.model.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
+            outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
+        feats = outputs.pooler_output
         visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
         geometry, _ = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])
         ids = self._expand(templated, self.config.image_token_id, visual.shape[0])
         ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels.cpu())
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
         if need_attention:
-            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True)
+            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True,
+                       cls=C.projected_cls(self.model, outputs))  # (1, d)
         return out

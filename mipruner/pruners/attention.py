@@ -1,5 +1,12 @@
 """Attention: keep the visual tokens the vision encoder attends to most (the paper's Eq. 1).
 
+Original: the MI-Pruner paper's "Attention" baseline, which it takes from VisionZip's dominant-token
+step (dvlab-research/VisionZip, `visionzip/clip_encoder.py` `CLIPVisionTower_VisionZip.forward`:
+top-K of [CLS] attention at the tower's feature layer, summed over heads) and, for encoders without a
+[CLS] (Qwen), defines as the attention summed over the other image tokens. No code of its own was
+released. Deviations: the head MEAN instead of the head sum (same ranking); no [CLS] token is kept
+(VisionZip itself keeps it: `visionzip`); ties to the lowest index (topk leaves them to the kernel).
+
     with a [CLS] token:   Attn_i = A[cls, 1+i]                  (what [CLS] reads from patch i)
     without one:          Attn_i = sum_{j != i} A[j, i]         (column sum over image queries,
                                                                  the diagonal excluded)

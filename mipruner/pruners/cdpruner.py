@@ -1,4 +1,8 @@
-"""CDPruner: greedy MAP of a conditional DPP over the visual tokens (Zhang et al. 2025).
+"""CDPruner: greedy MAP of a conditional DPP over the visual tokens (Zhang et al. 2025, "Beyond
+Attention or Similarity: Maximizing Conditional Diversity for Token Pruning in MLLMs").
+
+Original: Theia-4869/CDPruner, `llava/model/llava_arch.py` `LlavaMetaForCausalLM.encode_images`
+(relevance, kernel and the greedy MAP loop). At the default theta = 1 ours selects what it selects.
 
     v~, t~       L2-normalised rows of V (N_V, d) and T (N_T, d)
     x_i  = mean_m ( -cos(v_i, t_m) )                                   (N_V,)
@@ -18,7 +22,15 @@ relevance against diversity; theta = 0 ignores the prompt (plain DPP on S). The 
 this weighting commented out (kernel diag(r) S diag(r)); later ports enable it with theta = 0.5 and
 treat theta = 1 as "no exponential weighting", i.e. the released kernel. We follow that convention,
 so theta = 1 reproduces the released code exactly; note it is not the limit theta -> 1 (which
-would be a pure top-K by relevance).
+would be a pure top-K by relevance). The default is theta = 1, the released kernel; theta < 1 is
+kept as an option, the later ports' weighting (their default 0.5).
+
+Deliberate deviations from the release, and why:
+  * Inputs: the release scores CLIP's image features against CLIP text features of the prompt;
+    the LLM-space V (projected tokens) and T (prompt embeddings) are what every method here sees,
+    as in the later ports.
+  * Rank exhaustion (below) picks the rest by relevance; the release would divide by ~0 there.
+  * Ties go to the lowest index (argmax); the release's argmax does the same on one device.
 
 Greedy MAP with incremental Cholesky (Chen et al. 2018, Alg. 1). For the selected set S (in pick
 order) keep c_i (|S|,) and d_i^2 = det(L_{S+i}) / det(L_S), the Schur complement of L_S in L_{S+i}:
@@ -99,9 +111,10 @@ def greedy_map(kernel_row, diag: torch.Tensor, k: int, fallback: torch.Tensor
 
 
 @register_pruner("cdpruner", needs=("text",), label="CDPruner", params=(
-    Param.real("theta", 0.5, 0.0, 1.0, "relevance weight of the kernel (1 = the released kernel)", step=0.05),))
+    Param.real("theta", 1.0, 0.0, 1.0, "relevance weight of the kernel (1 = the released kernel; < 1: later "
+               "ports' exp weighting)", step=0.05),))
 def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
-             theta: float = 0.5,  # later ports' default (Chen et al. 2018 weighting); 1 = released kernel
+             theta: float = 1.0,  # the released kernel diag(r) S diag(r); < 1: later ports' weighting
              ) -> Selection:
     """CDPruner: greedy MAP of a DPP whose kernel weighs visual similarity by prompt relevance."""
     theta = check_range("theta", theta, 0.0, 1.0)

@@ -1,4 +1,8 @@
-"""DivPrune: keep the most diverse visual tokens (max-min diversity, text-agnostic).
+"""DivPrune (Alvar et al. 2025, "DivPrune: Diversity-based Visual Token Pruning for Large Multimodal
+Models"): keep the most diverse visual tokens (max-min diversity, text-agnostic).
+
+Original: vbdi/divprune, `LLaVA/llava/model/llava_arch.py` `LlavaMetaForCausalLM.DivPrune` (called
+from `prepare_inputs_labels_for_multimodal` on the projected visual tokens, as here).
 
     v~                 L2-normalised rows of V (N_V, d)
     d_ij = 1 - cos(v_i, v_j) = 1 - (v~ v~^T)_ij
@@ -15,6 +19,20 @@ are computed in row chunks, and each greedy step recomputes the one column it ne
 Scores: a picked token's min-distance to the set at the step it was picked (for the first pick, to
 its nearest neighbour); an unpicked token's min-distance to the final set. Ties go to the lowest
 index. Rows of zero norm have cosine 0, i.e. distance 1, to everything.
+
+What matches the release: the distance 1 - cos on the projected tokens, the first pick by
+nearest-neighbour distance (its second-smallest column entry), then argmax of the min-distance
+to the picked set; argmax keeps the first index on ties, as ours.
+Deliberate deviations, and why:
+  * The release excludes itself from the first pick's minimum by taking the second-smallest
+    distance (self ~ 0); we mask the diagonal: the same except for exact duplicates, where both
+    see distance 0.
+  * Picked tokens are masked out. The release relies on their distance to themselves (~0) being
+    the smallest, so once only duplicates of picked tokens remain it can pick one twice and return
+    fewer distinct tokens; we always return K distinct tokens.
+  * Budget: the release takes a share, int(round(ratio * N)) with Python's round-half-to-even; an
+    int budget here is exact and a share rounds half up (the registry's rule for every method).
+  * Zero-norm rows: the release divides by 0 (NaN); ours gives them cosine 0.
 """
 from __future__ import annotations
 

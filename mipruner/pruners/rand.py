@@ -3,8 +3,10 @@
     priority_i ~ U[0, 1)  i.i.d., from a local generator seeded by `seed`
     keep the K tokens of highest priority   (= the first K of a uniform random permutation)
 
-The paper averages three seeds; one call is one seed. The global RNG is never touched, so a call
-is deterministic for its seed and does not disturb anyone else's random stream.
+Original: the MI-Pruner paper's "Random" baseline (the mean of three runs with randomly selected
+tokens); no code was released for it. Deliberate deviation: one call is one seed (the caller
+averages seeds 0, 1, 2 as the paper does). The global RNG is never touched, so a call is
+deterministic for its seed and does not disturb anyone else's random stream.
 The file is `rand.py`, not `random.py`, so it never shadows the standard library module.
 """
 from __future__ import annotations

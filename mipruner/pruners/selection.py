@@ -27,6 +27,9 @@ class Selection:
     pivot:  (N_V,) int64 index of each patch's pivot text token (argmax_j PMI), MI methods only.
     tokens: (K, d) replacement tokens for methods that merge (VisionZip), in `keep` order, else None.
     extras: method-specific tensors worth showing (e.g. MI's relevance and redundancy terms).
+    prefix: (P, d) rows the LLM reads before the kept visual tokens that belong to no visual position
+            (VisionZip's projected [CLS]), else None. `keep` (what masks show) excludes them; `budget`
+            counts them, since they reach the LLM.
     """
 
     keep: torch.Tensor
@@ -37,10 +40,12 @@ class Selection:
     tokens: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     method: str = ""
+    prefix: torch.Tensor | None = None
 
     @property
     def budget(self) -> int:
-        return int(self.keep.numel())
+        """Visual tokens that reach the LLM: the kept ones plus any `prefix` rows."""
+        return int(self.keep.numel()) + (0 if self.prefix is None else int(self.prefix.shape[0]))
 
     @classmethod
     def from_order(cls, order: torch.Tensor, scores: torch.Tensor, **kw) -> "Selection":

@@ -7,6 +7,11 @@
 
 This is the paper's Eq. 6 without the softmax / PMI: the raw cross-modal cosine, so the comparison
 with MI-Pruner isolates what the PMI normalisation adds. Rows of zero norm have cosine 0.
+
+Original: the MI-Pruner paper's "Similarity" baseline ("cosine similarity between V/T tokens",
+Eq. 6); no code was released for it. Our reading (deliberate): aggregate over the prompt tokens by
+max by default, as MI-Pruner's default, with "mean" as the option; the prompt tokens are the question
+(`text_mode`), as for MI-Pruner; ties to the lowest index.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ def test_settings_roundtrip_and_errors():
     fields = dict(part.split("=") for part in s.split("&"))
     for p in all_params().values():
         assert p.code in fields
-    assert fields["theta"] == "0.5" and fields["dom"] == "0.84375" and fields["K"] == "2"
+    assert fields["theta"] == "1.0" and fields["dom"] == "0.84375" and fields["K"] == "2"
     assert Settings.parse(s) == st
     st2 = Settings(methods=("similarity",), budget=0.25, lam=1.0, tau=0.01, aggregation="mean",
                    normalization="minmax", text_mode="nostop", seed=3)

@@ -45,9 +45,11 @@ def hide_from_layer(model, layer: int, dropped: torch.Tensor):
 
 
 def reference_run(model, inputs: dict, step_inputs, layer: int, dropped: torch.Tensor, max_new_tokens: int):
-    """(prompt logits (L, vocab) float32, greedy token ids) of the masked full-sequence model.
+    """(prompt logits (L, vocab) float32, greedy token ids, margins) of the masked full-sequence model.
 
     inputs: the prefill kwargs of the model; step_inputs(token, step) -> kwargs of one decoding step.
+    margins[i]: the gap between the best and the second-best logit at greedy step i (a near-tie there
+    lets another computation of the same logits pick the other token).
     """
     from transformers import DynamicCache
 
@@ -56,9 +58,15 @@ def reference_run(model, inputs: dict, step_inputs, layer: int, dropped: torch.T
         out = model(**inputs, past_key_values=cache, use_cache=True)
         logits = out.logits[0].float()
         token = int(logits[-1].argmax())
-        tokens = [token]
+        tokens, margins = [token], [_margin(logits[-1])]
         for step in range(1, max_new_tokens):
             out = model(**step_inputs(token, step), past_key_values=cache, use_cache=True)
             token = int(out.logits[0, -1].argmax())
             tokens.append(token)
-    return logits, tokens
+            margins.append(_margin(out.logits[0, -1].float()))
+    return logits, tokens, margins
+
+
+def _margin(row: torch.Tensor) -> float:
+    top = torch.topk(row, 2).values
+    return float(top[0] - top[1])

@@ -135,14 +135,17 @@ def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, metho
     gone[sel.keep] = False
     dropped[enc.state["visual_positions"].cpu()[gone]] = True
     inputs, step = _reference_inputs(ad, enc)
-    ref_logits, ref_tokens = reference_run(ad.model, inputs, step, layer, dropped, max_new_tokens=5)
+    ref_logits, ref_tokens, margins = reference_run(ad.model, inputs, step, layer, dropped, max_new_tokens=5)
     got = inllm.prefill_logits(ad, enc, sel, layer=layer)
     assert got.shape[0] == L - (enc.n_visual - k)
     torch.testing.assert_close(got, ref_logits[~dropped], atol=1e-5, rtol=1e-5)
     ans = inllm.generate(ad, enc, sel, layer=layer, max_new_tokens=5)
     eos = set(inllm._run._get_prompt(ad, enc, None).eos)
     cut = next((i + 1 for i, t in enumerate(ref_tokens) if t in eos), len(ref_tokens))
-    assert ans.token_ids == ref_tokens[:cut]
+    if ans.token_ids != ref_tokens[:cut]:  # allowed only where the reference's greedy step is a near-tie
+        first = next((i for i, (a, b) in enumerate(zip(ans.token_ids, ref_tokens)) if a != b),
+                     min(len(ans.token_ids), cut))
+        assert first < len(margins) and margins[first] < 1e-4, (ans.token_ids, ref_tokens[:cut], margins)
     assert ans.input_tokens == L - (enc.n_visual - k) and ans.visual_tokens == k
     # the pruned run is not the unpruned one (the test could fail)
     assert not torch.allclose(got, ad.prefill_logits(enc)[~dropped], atol=1e-4)
@@ -187,8 +190,13 @@ def test_fastv_is_the_top_k_of_eager_attention(paths, adapters, encoded, fam):
         expected = att[0, :, -1, vis].float().mean(0)  # the last token's head-mean attention on the image
         sel = mipruner.select(ad, enc, "fastv", 5, layer=layer)
         torch.testing.assert_close(sel.scores, expected, atol=1e-6, rtol=1e-5)
-        assert sel.keep.tolist() == sorted(torch.topk(expected, 5).indices.tolist())
-        assert sel.order.tolist() == torch.topk(expected, 5).indices.tolist()
+        # the top 5 of the eager attention, in its order, up to near-ties (the two are computed differently);
+        # where it separates its 5th from its 6th token by more than `tol`, exactly its topk
+        tol = 1e-5
+        kept = expected[sel.order]
+        dropped = expected[~torch.isin(torch.arange(expected.numel()), sel.keep)]
+        assert sel.keep.numel() == 5 and bool((kept[:-1] >= kept[1:] - tol).all())
+        assert float(kept.min()) >= float(dropped.max()) - tol
 
 
 # ------------------------------------------------------------------------------------ DART
@@ -215,6 +223,47 @@ def test_dart_rule_by_hand():
     assert dart_rank(key_img, key_txt, img, txt, budget=1).keep.tolist() == [0]
 
 
+def test_dart_visit_order_follows_python_sets():
+    # image tokens at angles 0, 180, 270, 90, 45, 190, 260 deg; pivots: image token 0 (east), text token 0 (up).
+    # East's least similar: 180, then 190; up's: 270, then 260. Budget 4 = the image pivot + 3 picks, so the
+    # pivot visited first takes 2: east first keeps {0, 180, 190, 270}, up first keeps {0, 270, 260, 180}.
+    ang = torch.tensor([0.0, 180.0, 270.0, 90.0, 45.0, 190.0, 260.0]) * torch.pi / 180
+    img = torch.stack([ang.cos(), ang.sin()], 1)
+    txt = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    key_img = torch.tensor([5.0, 1.0, 1.0, 1.0, 2.0, 1.0, 1.0])
+    key_txt = torch.tensor([3.0, 1.0])
+    # the release visits list(set(positions)): image at 0..6, text at 7, 8 -> slots 0 and 7: east first
+    east_first = dart_rank(key_img, key_txt, img, txt, budget=4, image_pivots=1, text_pivots=1)
+    assert east_first.extras["visit"].tolist() == [0, 7] == list({0, 7})
+    assert east_first.keep.tolist() == [0, 1, 2, 5] and east_first.order.tolist() == [0, 1, 5, 2]
+    # image at 30..36, text at 37, 38: the pivots sit at 30 and 37, slots 30 mod 8 = 6 and 37 mod 8 = 5: up first
+    up_first = dart_rank(key_img, key_txt, img, txt, budget=4, image_pivots=1, text_pivots=1,
+                         image_positions=torch.arange(30, 37), text_positions=torch.arange(37, 39))
+    assert up_first.extras["visit"].tolist() == [37, 30] == list({30, 37})
+    assert up_first.keep.tolist() == [0, 1, 2, 6] and up_first.order.tolist() == [0, 2, 6, 1]
+    assert up_first.extras["picked_by"].tolist() == [1, 1, 0, -1, -1, -1, 0]
+    # the release's count: each pivot takes floor(4 / 2) = 2, so 1 + 2 * 2 = 5 are kept
+    orig = dart_rank(key_img, key_txt, img, txt, budget=4, image_pivots=1, text_pivots=1, count_rule="original")
+    assert orig.keep.tolist() == [0, 1, 2, 5, 6] and orig.budget == 5
+    # ... capped by what is left: 7 tokens, floor(12 / 2) = 6 each -> the first takes 6, the second nothing
+    assert dart_rank(key_img, key_txt, img, txt, budget=7, image_pivots=1, text_pivots=1,
+                     count_rule="original").budget == 7
+
+
+def test_set_order_is_cpython_set_iteration():
+    import random
+
+    from mipruner.inllm.dart import set_order
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        hi = rng.choice([50, 700, 10**6])
+        vals = [rng.randrange(hi) for _ in range(rng.randint(0, 12))]
+        assert set_order(vals) == list(set(vals).copy()), vals
+    # 8 pivots as the release has them: positions mod 32, collisions probed
+    assert set_order([100, 68, 36, 4, 611, 612, 640, 700]) == list(set([100, 68, 36, 4, 611, 612, 640, 700]))
+
+
 @pytest.mark.parametrize("fam", ["llava", "qwen2_vl"])
 def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
     ad, enc = adapters[fam], encoded[fam, "image"]
@@ -230,10 +279,23 @@ def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
     vis = enc.state["visual_positions"].cpu()
     after = torch.arange(int(vis.max()) + 1, l1.numel())
     k = enc.n_visual // 2
-    expected = dart_rank(l1[vis], l1[after], hidden[vis], hidden[after], k)
+    expected = dart_rank(l1[vis], l1[after], hidden[vis], hidden[after], k, image_positions=vis,
+                         text_positions=after)
+    # our prefix computes the same keys and states another way: the comparison is meaningful only if
+    # last-bit differences cannot flip a decision, i.e. the rule's result survives 1e-5 relative noise
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        def jit(x):
+            return x * (1 + 1e-5 * torch.randn(x.shape, generator=g))
+        noisy = dart_rank(jit(l1[vis]), jit(l1[after]), jit(hidden[vis]), jit(hidden[after]), k, image_positions=vis,
+                          text_positions=after)
+        assert noisy.keep.tolist() == expected.keep.tolist(), "near-tie in the inputs: pick another scene"
     sel = mipruner.select(ad, enc, "dart", k, layer=layer)
     assert sel.keep.tolist() == expected.keep.tolist() and sel.budget == k
     assert sel.extras["pivots_text_positions"].tolist() == after[expected.extras["pivots_text"]].tolist()
+    assert sel.extras["visit"].tolist() == expected.extras["visit"].tolist()  # absolute positions, set order
+    orig = mipruner.select(ad, enc, "dart", 8, layer=layer, count_rule="original")  # 4 + 8 * floor(8 / 8)
+    assert orig.budget == 12 and orig.extras["count_rule"] == "original"
 
 
 # ------------------------------------------------------------------------------------ cache
@@ -267,7 +329,8 @@ def test_api_and_errors(adapters, encoded):
     ad, enc = adapters["llava"], encoded["llava", "image"]
     assert mipruner.list_pruners("llm") == ["dart", "fastv"]
     assert mipruner.get_pruner("fastv").defaults() == {"layer": 2}
-    assert mipruner.get_pruner("dart").defaults() == {"layer": 2, "image_pivots": 4, "text_pivots": 4}
+    assert mipruner.get_pruner("dart").defaults() == {"layer": 2, "image_pivots": 4, "text_pivots": 4,
+                                                      "count_rule": "budget"}
     with pytest.raises(ValueError, match="Did you mean 'fastv'"):
         mipruner.select(ad, enc, "fastvv", 4)
     with pytest.raises(TypeError, match="lam"):

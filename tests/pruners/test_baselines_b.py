@@ -121,67 +121,135 @@ def test_visionzip_zero_keys_and_bf16():
     assert sel.tokens.dtype == torch.bfloat16 and bool(torch.isfinite(sel.tokens.float()).all())
 
 
+def test_visionzip_cls_counts_in_the_budget():
+    kw = rand_inputs(n=20, d=8)
+    cls = torch.randn(1, 8)
+    sel = mipruner.prune("visionzip", budget=10, cls=cls, **kw)
+    # D = round(54/64 * 10) = 8 dominant INCLUDING [CLS]: 7 patches by [CLS] attention, 2 contextual
+    assert sel.budget == 10 and sel.keep.numel() == 9 and torch.equal(sel.prefix, cls)
+    top7 = torch.argsort(kw["attention"][0, 1:], descending=True)[:7].tolist()
+    assert set(sel.extras["dominant"].tolist()) == set(top7) and sel.tokens.shape == (9, 8)
+    # at 64 of 576 this is the release's [CLS] + 53 + 10
+    big = rand_inputs(n=576, d=8, seed=1)
+    sel = mipruner.prune("visionzip", budget=64, cls=torch.randn(1, 8), **big)
+    assert sel.extras["dominant"].numel() == 53 and sel.keep.numel() == 63 and sel.budget == 64
+    # views: one [CLS] per view, all kept; no room (K <= P) or keep-all: no [CLS], K patches
+    sel = mipruner.prune("visionzip", budget=10, cls=torch.randn(3, 8), **kw)
+    assert sel.prefix.shape == (3, 8) and sel.keep.numel() == 7 and sel.extras["dominant"].numel() == 5
+    for k in (1, 3, 20):
+        sel = mipruner.prune("visionzip", budget=k, cls=torch.randn(3, 8), **kw)
+        assert sel.prefix is None and sel.keep.numel() == k
+    assert mipruner.prune("visionzip", budget=20, cls=cls, **kw).keep.tolist() == list(range(20))
+
+
+def test_visionzip_cls_errors():
+    kw = rand_inputs(n=10, cls=False)
+    with pytest.raises(ValueError, match="cls"):
+        mipruner.prune("visionzip", budget=4, cls=torch.randn(1, 8), **kw)  # no [CLS] row in the attention
+    kw = rand_inputs(n=10)
+    with pytest.raises(ValueError, match="cls"):
+        mipruner.prune("visionzip", budget=4, cls=torch.randn(1, 5), **kw)
+
+
 # ----------------------------------------------------------------------------------------- vispruner
 
 def test_vispruner_important_set_and_total():
     kw = rand_inputs(n=30, d=8)
     for k in (1, 2, 5, 8, 17, 29, 30):
         sel = mipruner.prune("vispruner", budget=k, **kw)
-        n_imp = int(k * 0.5 + 0.5)  # round half up
+        n_imp = int(k * 0.5)  # the release's int(T * r): floored (2 of 5, 8 of 17)
         expect = torch.argsort(kw["attention"][0, 1:], descending=True)[:n_imp].tolist()
         assert set(sel.extras["important"].tolist()) == set(expect)
         assert set(expect) <= set(sel.keep.tolist())
         assert sel.keep.numel() == k == len(set(sel.keep.tolist()))
 
 
+def descending_attention(n):
+    """[CLS] attention falling with the index: the leftovers' order is the index order."""
+    a = torch.full((n + 1, n + 1), 1.0 / (n + 1))
+    a[0, 1:] = torch.linspace(0.9, 0.1, n)
+    return a
+
+
 def test_vispruner_drops_duplicate_first():
     feats = torch.eye(8)
-    feats[5] = feats[2]  # 2 (even position) duplicates 5 (odd position)
-    a = torch.softmax(torch.randn(9, 9), dim=-1)
+    feats[5] = feats[2]  # 2 duplicates 5
     visual = torch.randn(8, 4)  # unrelated: the diverse stage must read `features`
+    # leftovers by descending attention = 0..7: A = 0, 2, 4, 6 and B = 1, 3, 5, 7; 2 (in A) matches 5: dropped
+    a = descending_attention(8)
     sel = mipruner.prune("vispruner", visual=visual, budget=7, attention=a, features=feats, ratio=0.0)
     assert sel.keep.tolist() == [0, 1, 3, 4, 5, 6, 7]
     # without `features` the projected tokens are used
-    sel = mipruner.prune("vispruner", visual=feats, budget=7, attention=a, ratio=0.0)
-    assert sel.keep.tolist() == [0, 1, 3, 4, 5, 6, 7]
+    assert mipruner.prune("vispruner", visual=feats, budget=7, attention=a, ratio=0.0).keep.tolist() == \
+        [0, 1, 3, 4, 5, 6, 7]
+    # the split follows the attention order: leftovers 1, 0, 3, 2, 5, 4, 7, 6 put 5 in A and 2 in B
+    a[0, 1:] = torch.tensor([0.8, 0.9, 0.6, 0.7, 0.4, 0.5, 0.2, 0.3])
+    sel = mipruner.prune("vispruner", visual=visual, budget=7, attention=a, features=feats, ratio=0.0)
+    assert sel.keep.tolist() == [0, 1, 2, 3, 4, 6, 7]
 
 
 def test_vispruner_duplicates_go_before_distinct_last_round_partial():
     feats = torch.eye(12)
     feats[7] = feats[4]  # even 4 duplicates odd 7
     feats[10] = feats[1] * 3.0  # even 10 duplicates odd 1: a scaled copy is a duplicate by cosine
-    a = torch.softmax(torch.randn(13, 13), dim=-1)
     # 12 -> 10: one round that drops only the 2 needed (not drop_per_round = 8): the two even copies
-    sel = mipruner.prune("vispruner", visual=feats, budget=10, attention=a, ratio=0.0)
+    sel = mipruner.prune("vispruner", visual=feats, budget=10, attention=descending_attention(12), ratio=0.0)
     assert sel.keep.tolist() == [0, 1, 2, 3, 5, 6, 7, 8, 9, 11]
     assert sel.extras["drop_round"].tolist() == [-1] * 4 + [0] + [-1] * 5 + [0, -1]
 
 
+def cosine_features(pairs: dict, n: int) -> torch.Tensor:
+    """Unit rows whose cosines are the identity plus the given symmetric entries (diagonally dominant)."""
+    c = torch.eye(n, dtype=torch.float64)
+    for (i, j), v in pairs.items():
+        c[i, j] = c[j, i] = v
+    return torch.linalg.cholesky(c).to(torch.float32)  # rows: unit norm, pairwise dot products = c
+
+
+def test_vispruner_reorders_survivors_between_rounds():
+    # leftovers 0..7 (descending attention), K = 5, 2 per round.
+    # round 0: A = 0 2 4 6, B = 1 3 5 7; red = .4 (0~1), .3 (2~3), .1 (4~5), .2 (6~7): drop 0, 2.
+    #          new order: the survivors of A by DESCENDING redundancy, 6 (.2) then 4 (.1), then B: 6 4 1 3 5 7
+    # round 1: A = 6 1 5, B = 4 3 7; red = .2 (6~7), 0, .5 (5~7): drop 5 (r = 6 - 5 = 1)
+    # (index order instead would split A = 1 4 6, B = 3 5 7 and drop 6, keeping 1 3 4 5 7)
+    feats = cosine_features({(0, 1): 0.4, (2, 3): 0.3, (4, 5): 0.1, (6, 7): 0.2, (5, 7): 0.5}, 8)
+    sel = mipruner.prune("vispruner", visual=feats, budget=5, attention=descending_attention(8), ratio=0.0,
+                         drop_per_round=2)
+    assert sel.keep.tolist() == [1, 3, 4, 6, 7]
+    assert sel.order.tolist() == [6, 1, 4, 3, 7]  # the final leftover order: A survivors, then B
+    assert sel.extras["drop_round"].tolist() == [0, -1, 0, -1, -1, 1, -1, -1]
+
+
 def naive_diverse(feats, n_keep, per_round):
-    """The diverse stage straight from its description: the full (A, B) block every round."""
-    u = torch.nn.functional.normalize(feats, dim=1).tolist()
-    alive = list(range(feats.shape[0]))
-    while len(alive) > n_keep:
-        a, b = alive[0::2], alive[1::2]
+    """The diverse stage from its description, in float64 Python, on rows in their given order.
+    Also returns the smallest gap between two redundancies it ranked (ties would make it moot)."""
+    u = torch.nn.functional.normalize(feats.double(), dim=1).tolist()
+    order, gap = list(range(feats.shape[0])), float("inf")
+    while len(order) > n_keep:
+        a, b = order[0::2], order[1::2]
         red = [max(sum(x * y for x, y in zip(u[i], u[j])) for j in b) for i in a]  # best cosine in B
-        r = min(per_round, len(alive) - n_keep, len(a))
-        ranked = sorted(range(len(a)), key=lambda i: (-red[i], i))  # most redundant, earliest first
-        gone = {a[i] for i in ranked[:r]}
-        alive = [t for t in alive if t not in gone]
-    return alive
+        r = min(per_round, len(order) - n_keep, len(a))
+        ranked = sorted(range(len(a)), key=lambda i: -red[i])  # most redundant first
+        # swaps among the dropped change nothing; any other swap changes the survivors or their order
+        gap = min([gap] + [red[ranked[i]] - red[ranked[i + 1]] for i in range(max(r - 1, 0), len(a) - 1)])
+        order = [a[i] for i in ranked[r:]] + b
+    return order, gap
 
 
-@pytest.mark.parametrize("neighbours", [32, 2])  # 2: most rows take the recompute path
-def test_vispruner_diverse_matches_naive(monkeypatch, neighbours):
+@pytest.mark.parametrize("path", ["dense", "sparse-32", "sparse-2"])  # sparse-2: most rows recomputed
+def test_vispruner_diverse_matches_naive(monkeypatch, path):
     from mipruner.pruners import vispruner as vp
 
-    monkeypatch.setattr(vp, "NEIGHBOURS", neighbours)
-    g = torch.Generator().manual_seed(5)
+    if path.startswith("sparse"):
+        monkeypatch.setattr(vp, "NEIGHBOURS", int(path.split("-")[1]))
+    g = torch.Generator().manual_seed(4)  # a seed whose rankings have no near-ties (checked below)
     centres = torch.randn(6, 10, generator=g)
     feats = centres[torch.randint(0, 6, (70,), generator=g)] + 0.3 * torch.randn(70, 10, generator=g)
-    for n_keep, per_round in [(1, 8), (9, 8), (30, 3), (69, 8)]:
-        survivors, _ = vp.drop_duplicates(feats, n_keep, per_round)
-        assert survivors.tolist() == naive_diverse(feats, n_keep, per_round)
+    for n_keep, per_round in [(1, 8), (9, 8), (30, 3), (69, 8), (40, 5)]:
+        want, gap = naive_diverse(feats, n_keep, per_round)
+        assert gap > 1e-5, "the inputs must have no near-ties for this comparison to be meaningful"
+        survivors, _ = vp.drop_duplicates(feats, n_keep, per_round, dense=path == "dense")
+        assert survivors.tolist() == want
 
 
 def test_vispruner_bad_args():

@@ -141,7 +141,8 @@ def test_redundancy_term_skips_duplicates():
     both = mipruner.prune("mi", visual=V, text=T, budget=2, lam=1.0)
     assert both.keep.tolist() == [7, 8]  # relevance alone keeps the copy
     div = mipruner.prune("mi", visual=V, text=T, budget=2, lam=0.5)
-    assert div.order[0].item() == 7 and 8 not in div.keep.tolist()
+    # 7 and 8 tie exactly: which one comes first is the tie rule's business; exactly one is kept
+    assert div.order[0].item() in (7, 8) and len({7, 8} & set(div.keep.tolist())) == 1
 
 
 def test_chunked_equals_dense(monkeypatch):
