@@ -4,7 +4,9 @@
     keep the K tokens of highest priority   (= the first K of a uniform random permutation)
 
 The paper averages three seeds; one call is one seed. The global RNG is never touched, so a call
-is deterministic for its seed and does not disturb anyone else's random stream.
+is deterministic for its seed and does not disturb anyone else's random stream. The priorities are
+drawn on the host (a CPU generator) and moved to `visual`'s device, so a seed keeps the same tokens
+on every device.
 The file is `rand.py`, not `random.py`, so it never shadows the standard library module.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ def random_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, 
     seed = check_seed(seed)
     n = visual.shape[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)  # local: the global RNG is untouched
-    priority = torch.rand(n, generator=gen, dtype=torch.float32)  # (N_V,)
+    # drawn on the host whatever the device, so a seed keeps the same tokens on every device
+    priority = torch.rand(n, generator=gen, dtype=torch.float32, device="cpu").to(visual.device)  # (N_V,)
     order = torch.argsort(priority, descending=True, stable=True)[:budget]  # (K,)
     return Selection.from_order(order, priority)
