@@ -73,34 +73,32 @@ def greedy_map(kernel_rows, diag: torch.Tensor, k: int, fallback: torch.Tensor
     kernel_rows(idx) -> L[idx, :] (m, N) for idx (m,) int64 on the device; diag: L_ii (N,); k picks;
     fallback (N,): the priority for the picks left once the kernel's rank is exhausted. Returns
     (order (k,), scores (N,)): a picked token's d^2 when picked, an unpicked token's d^2 given the
-    final set. Every step stays on the device: whether the rank is exhausted is a device flag
-    that selects between the Cholesky pick and the fallback pick (no host copy per token).
+    final set. Every step stays on the device: a picked token's d^2 is set to -inf (no Python set),
+    and whether the rank is exhausted is a device flag that selects between the Cholesky pick and
+    the fallback pick and zeroes the update (no host copy per token).
     """
     n, dev = diag.shape[0], diag.device
-    d2 = diag.to(torch.float32).clone().view(1, n)  # (1, N) d_i^2 = det(L_{S+i}) / det(L_S)
+    d2 = diag.to(torch.float32).clone().view(1, n)  # (1, N) d_i^2 = det(L_{S+i}) / det(L_S); -inf once picked
     c = torch.zeros(k, n, device=dev)  # (K, N) row s holds e_i of step s; c_i is the column c[:s, i]
     order = torch.empty(k, dtype=torch.long, device=dev)
-    gains = torch.empty(k, device=dev)  # each pick's d^2 when picked
-    taken = torch.zeros(1, n, dtype=torch.bool, device=dev)
+    gains = torch.empty(k, 1, device=dev)  # each pick's d^2 when picked
     floor = _EPS * diag.max().clamp_min(0.0)  # 0-dim, on the device
-    fb = fallback.to(torch.float32).view(1, n).clone()  # picked tokens are set to -inf
+    fb = fallback.to(torch.float32).clone().view(1, n)  # picked tokens are set to -inf
     exhausted = torch.zeros(1, dtype=torch.bool, device=dev)  # sticky: once no token adds volume
     for step in range(k):
-        best, j_map = d2.masked_fill(taken, -math.inf).max(dim=1)  # (1,), (1,) ties to the lowest index
-        exhausted = exhausted | (best <= floor)
-        j = torch.where(exhausted, fb.argmax(dim=1), j_map)  # (1,) the fallback's pick once exhausted
-        order[step:step + 1] = j
-        gains[step:step + 1] = d2.index_select(1, j)[0]
-        taken.index_fill_(1, j, True)
+        best, j_map = d2.max(dim=1)  # (1,), (1,): ties to the lowest index
+        exhausted |= best <= floor
+        j = torch.where(exhausted, fb.argmax(dim=1), j_map, out=order[step:step + 1])  # (1,) fallback once exhausted
+        dj2 = torch.index_select(d2, 1, j, out=gains[step:step + 1])  # (1, 1)
+        d2.index_fill_(1, j, -math.inf)
         fb.index_fill_(1, j, -math.inf)
-        # e_i = (L_ji - <c_j, c_i>) / d_j; no update (e = 0) once exhausted
-        cj = c[:step].index_select(1, j)  # (step, 1) c_j
-        e = (kernel_rows(j) - cj.T @ c[:step]) / torch.sqrt(d2.index_select(1, j).clamp_min(_TINY))  # (1, N)
-        e = torch.where(exhausted.view(1, 1), torch.zeros_like(e), e)
+        # e_i = (L_ji - <c_j, c_i>) / d_j for every i; no update (e = 0) once exhausted
+        e = torch.addmm(kernel_rows(j), c[:step].index_select(1, j).T, c[:step], alpha=-1)  # (1, N)
+        e = (e / dj2.clamp_min(_TINY).sqrt()).masked_fill_(exhausted, 0.0)
         c[step:step + 1] = e
-        d2 = d2 - e * e  # (1, N)
-    scores = torch.where(taken[0], torch.zeros_like(d2[0]), d2[0])  # unpicked: d^2 given the final set
-    scores.index_copy_(0, order, gains)
+        d2 = d2 - e * e  # (1, N); stays -inf where picked
+    scores = d2[0].clone()  # unpicked: d^2 given the final set
+    scores.index_copy_(0, order, gains[:, 0])
     return order, scores.clamp_min(0.0)
 
 
@@ -115,8 +113,14 @@ def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     q = quality(r, theta)  # (N_V,)
     cos = CosineColumns(visual)  # S, dense up to mi.DENSE_LIMIT
 
-    def kernel_rows(idx: torch.Tensor) -> torch.Tensor:
-        return q.index_select(0, idx)[:, None] * q[None, :] * cos.cols(idx)  # L[idx, :] = q_j q_i S_ji, (m, N_V)
+    if cos.dense:  # L held whole: one row read a step
+        kernel = q[:, None] * q[None, :] * cos.cos  # (N_V, N_V) L = diag(q) S diag(q)
+
+        def kernel_rows(idx: torch.Tensor) -> torch.Tensor:
+            return kernel.index_select(0, idx)
+    else:
+        def kernel_rows(idx: torch.Tensor) -> torch.Tensor:  # L[idx, :] = q_j q_i S_ji, (m, N_V)
+            return q.index_select(0, idx)[:, None] * q[None, :] * cos.cols(idx)
 
     diag = q * q * (cos.u * cos.u).sum(dim=1)  # (N_V,) L_ii = q_i^2 (0 for a zero-norm row)
     order, scores = greedy_map(kernel_rows, diag, budget, fallback=q)
