@@ -9,7 +9,8 @@ depend only on V, T and tau), as the app does when a slider moves.
 
 The cells of one (N_V, K) are timed round-robin (one call of each method per round, `--repeats`
 rounds after one warm-up round), so a load change on a shared machine hits every method alike and
-the ratios within one table compare. On CUDA every call ends with `torch.cuda.synchronize()`, so
+the ratios within one table compare; `--clock cpu` (with `--threads 1`) times this process's CPU
+time instead, which other processes on a shared machine barely move. On CUDA every call ends with `torch.cuda.synchronize()`, so
 a cell is the selection's whole time, not its launch. In-LLM methods (FastV, DART) need a model:
 `python -m mipruner.bench efficiency` times them.
 """
@@ -68,23 +69,29 @@ def _calls(data: dict, k: int, methods: list[str]) -> list[tuple[str, object]]:
     return out
 
 
-def time_round_robin(calls: list[tuple[str, object]], repeats: int, sync=lambda: None) -> dict[str, float]:
+def time_round_robin(calls: list[tuple[str, object]], repeats: int, sync=lambda: None,
+                     clock=time.perf_counter) -> dict[str, float]:
     """Median ms of each call, timed one call of each per round (after one warm-up round)."""
     times: dict[str, list[float]] = {label: [] for label, _ in calls}
     for r in range(repeats + 1):
         for label, fn in calls:
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
             if r:
-                times[label].append(time.perf_counter() - t0)
+                times[label].append(clock() - t0)
     return {label: statistics.median(t) * 1e3 for label, t in times.items()}
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, device="cpu", dtype=torch.float32,
-        log=print) -> list[dict]:
+        clock="wall", log=print) -> list[dict]:
     device = torch.device(device)
+    if clock == "cpu" and device.type != "cpu":
+        raise ValueError("--clock cpu times host CPU time: use it with --device cpu only")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = []
     for n in sizes:
@@ -92,7 +99,7 @@ def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, device="cpu", dty
         data = make_inputs(n, dim, n_text, seed, needs_att, device, dtype)
         for b in budgets:
             k = resolve_budget(b, n)
-            ms = time_round_robin(_calls(data, k, methods), repeats, sync)
+            ms = time_round_robin(_calls(data, k, methods), repeats, sync, CLOCKS[clock])
             floor = ms.pop("floor (V @ T.T + topk)")
             rows = [["floor (V @ T.T + topk)", f"{floor:.2f}", "1.00"]]
             results.append(dict(n_v=n, k=k, method="floor", ms=floor, ratio=1.0))
@@ -100,7 +107,7 @@ def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, device="cpu", dty
                 rows.append([label, f"{t:.2f}", f"{t / floor:.2f}"])
                 results.append(dict(n_v=n, k=k, method=label, ms=t, ratio=t / floor))
             log(f"\nN_V={n}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
-                f"(torch threads: {torch.get_num_threads()}, {repeats} round-robin rounds)")
+                f"(torch threads: {torch.get_num_threads()}, {repeats} round-robin rounds, {clock} clock)")
             log(table(rows, ["method", "median ms", "x floor"]))
             if "mi lam=0.5" in ms and "cdpruner" in ms:
                 log(f"mi lam=0.5 (cold) / cdpruner = {ms['mi lam=0.5'] / ms['cdpruner']:.2f}")
@@ -120,6 +127,9 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true", help="N_V=576 only, 3 rounds")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="dtype of the inputs (pruners compute in fp32)")
+    p.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                   help="wall: elapsed time; cpu: this process's CPU time (with --threads 1 on a shared machine, "
+                        "the code's own cost without the time other processes take the core)")
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     a = p.parse_args(argv)
@@ -132,7 +142,7 @@ def main(argv=None) -> None:
         if get_pruner(m).stage == "llm":  # also fails fast on typos, with "did you mean"
             p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
     rows = run(sizes, a.dim, a.text, budgets, methods, 3 if a.quick else a.repeats, device=a.device,
-               dtype=DTYPES[a.dtype])
+               dtype=DTYPES[a.dtype], clock=a.clock)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
