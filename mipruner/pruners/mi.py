@@ -25,10 +25,9 @@ Two choices the paper leaves open, and how we read them (both change selections)
     p(v_j|v_i) / sum_{k in kept} p(v_k|v_i) = softmax_{j in kept} rho_self(i,j), a weighted mean
     over the kept set ("consensus") whose weights sum to 1; with one token kept it equals "max".
     In both, the averaged values are Eq. 8's PMI_self (p(v_j|v_i) over all N_V, p(v_j) = 1/N_V),
-    so only the weights differ. (Renormalising the PMI itself over the kept set as well, with
-    p(v_j) = 1/|kept|, would score how peaked p(.|v_i) is over the kept set, not how similar
-    v_i is to it: a token far from every kept one but a little nearer one of them would count as
-    redundant. We do not offer that reading.) With "max", or lam = 1, mean_weights has no effect.
+    so only the weights differ. (Renormalising the PMI itself too, with p(v_j) = 1/|kept|, would
+    score how peaked p(.|v_i) is over the kept set, not how close v_i is to it; not offered.)
+    With "max", or lam = 1, mean_weights has no effect.
 
 What depends on what (so callers can cache across slider moves):
   * the cross PMI depends only on (V, T, tau, normalization)              -> `cross_pmi`
@@ -40,6 +39,7 @@ lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus `torch.topk`, no
 lam < 1 needs each candidate's self-PMI row normaliser, i.e. every row of v~ v~^T: O(N_V^2 d) once,
 then O(N_V) per greedy step. Up to `DENSE_LIMIT` tokens the Gram matrix is held and its columns are
 reused; above it, rows are processed in chunks and columns are recomputed per step (O(N_V d)).
+Everything runs on the inputs' device; a greedy step is a few (N_V,) kernels and no host copy.
 """
 from __future__ import annotations
 
@@ -316,12 +316,12 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
 def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
               mean_weights: str = "all") -> tuple[float, float]:
     lam = check_range("lam", lam, 0.0, 1.0)
-    check_choice("mean_weights", mean_weights, MEAN_WEIGHTS_CHOICES)
     tau = check_range("tau", tau, 0.0, math.inf, lo_open=True)
     if math.isinf(tau):
         raise ValueError("tau must be finite")
     check_choice("aggregation", aggregation, AGGREGATIONS)
     check_choice("normalization", normalization, NORMALIZATIONS)
+    check_choice("mean_weights", mean_weights, MEAN_WEIGHTS_CHOICES)
     return lam, tau
 
 
@@ -331,7 +331,7 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}
               aggregation: str = "max",  # paper Fig. 5a: max beats the global (mean) aggregation
               normalization: str = "softmax",  # paper App. B.2: softmax beats MinMax
-              mean_weights: str = "all",  # not in the paper: Eq. 7's normalisation over all N_V tokens
+              mean_weights: str = "all",  # left open by the paper; "all" = Eq. 7 as written
               cache: dict | None = None) -> Selection:
     """MI-Pruner: maximise PMI with the prompt, minus PMI with what is already kept (paper Alg. 1)."""
     lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)

@@ -10,7 +10,9 @@
 
 All MI work is mipruner.pruners.mi's (`cross_pmi`, `SelfPMI`, `greedy_select(init=...)`), and
 `cache=` holds the same entries as for `prune("mi", ...)`, so one dict serves both methods.
-The paper does not state the split; 0.5 is our default.
+The paper does not state the split; 0.5 is our default. `mean_weights` is `mi`'s (see mi.py): with
+"kept", the round-1 tokens belong to the kept set over which the weights are renormalised. Attn is
+moved to `visual`'s device (the adapters keep attention on the host), where the Selection lives.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                         tau: float = 0.1,  # as `mi`: paper Tab. 4, best of {0.01, 0.1, 0.5}
                         aggregation: str = "max",  # as `mi`: paper Fig. 5a, max beats mean
                         normalization: str = "softmax",  # as `mi`: paper App. B.2, softmax beats MinMax
-                        mean_weights: str = "all",  # as `mi`: Eq. 7's normalisation over all N_V tokens
+                        mean_weights: str = "all",  # as `mi`: left open by the paper; "all" = Eq. 7
                         cache: dict | None = None) -> Selection:
     """MI-Attention: round 1 keeps tokens by vision-encoder attention, round 2 fills the rest by MI."""
     split = check_range("split", split, 0.0, 1.0)
