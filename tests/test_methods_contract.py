@@ -9,6 +9,7 @@ import torch
 import mipruner
 from mipruner.pruners import Param, Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 
+from .conftest import TEST_DEVICE
 from .models.tiny_llava import save_tiny, scene
 
 ALL = mipruner.list_pruners()
@@ -16,7 +17,7 @@ ALL = mipruner.list_pruners()
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("contract") / "llava")), device="cpu")
+    ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("contract") / "llava")), device=TEST_DEVICE)
     enc = ad.encode(scene(square=(8, 8, 40, 40)), "What colour is the square?", need_attention=True)
     return ad, enc
 

@@ -1,21 +1,35 @@
-"""`python -m mipruner.bench pruners`: every pruner's median time against a floor.
+"""`python -m mipruner.bench pruners`: every pre-LLM pruner's median time against a floor.
 
 For each N_V (default 576, 2048, 16384), d = 4096, N_T = 32, K in {64, 10%}: the floor is one
 `V @ T.T` plus `topk` on the same tensors; each pruner is reported as median ms and its ratio to
-the floor, all in one run. "mi lam=0.5 (cached)" reuses the per-encoding cache (cross PMI and the
-self-PMI row normaliser depend only on V, T and tau), as the app does when a slider moves.
+the floor, all in one run. "mi lam=0.5" is from cold (no cache: the self-PMI normaliser and the
+N_V x N_V Gram matrix are built inside the call, as CDPruner and DivPrune build theirs);
+"mi lam=0.5 (cached)" reuses the per-encoding cache (cross PMI and the self-PMI row normaliser
+depend only on V, T and tau), as the app does when a slider moves.
+
+The cells of one (N_V, K) are timed round-robin (one call of each method per round, `--repeats`
+rounds after one warm-up round), so a load change on a shared machine hits every method alike and
+the ratios within one table compare; `--clock cpu` (with `--threads 1`) times this process's CPU
+time instead, which other processes on a shared machine barely move. On CUDA every call ends with `torch.cuda.synchronize()`, so
+a cell is the selection's whole time, not its launch. In-LLM methods (FastV, DART) need a model:
+`python -m mipruner.bench efficiency` times them.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import statistics
+import time
 
 import torch
 
 import mipruner
 from mipruner.pruners import get_pruner, resolve_budget
 
-from .timing import measure, median_ms, table
+from .timing import table
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def variants(methods: list[str]) -> list[tuple[str, str, dict]]:
@@ -30,39 +44,73 @@ def variants(methods: list[str]) -> list[tuple[str, str, dict]]:
     return out
 
 
-def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool) -> dict:
+def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, device="cpu", dtype=torch.float32) -> dict:
     g = torch.Generator().manual_seed(seed)
     kw = {"visual": torch.randn(n, d, generator=g), "text": torch.randn(n_t, d, generator=g)}
     if need_attention:
         att = torch.randn(n + 1, n + 1, generator=g).softmax(dim=-1)  # (N+1, N+1), [CLS] first
         kw.update(attention=att, keys=torch.randn(n + 1, 64, generator=g))
-    return kw
+    return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
 
 
-def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, log=print) -> list[dict]:
+def _calls(data: dict, k: int, methods: list[str]) -> list[tuple[str, object]]:
+    """(label, zero-argument call) for the floor and every variant, on the same tensors."""
+    V, T = data["visual"], data["text"]
+    out = [("floor (V @ T.T + topk)", lambda: (V @ T.T).amax(dim=1).topk(k))]
+    for label, name, extra in variants(methods):
+        spec = get_pruner(name)
+        sig = inspect.signature(spec.fn).parameters
+        kw = {key: val for key, val in data.items() if key in sig}  # the inputs this method takes
+        if extra.get("cache") == "warm":
+            cache: dict = {}
+            mipruner.prune(name, budget=k, **kw, lam=extra["lam"], cache=cache)  # fill it
+            extra = {"lam": extra["lam"], "cache": cache}
+        out.append((label, lambda name=name, kw=kw, extra=extra: mipruner.prune(name, budget=k, **kw, **extra)))
+    return out
+
+
+def time_round_robin(calls: list[tuple[str, object]], repeats: int, sync=lambda: None,
+                     clock=time.perf_counter) -> dict[str, float]:
+    """Median ms of each call, timed one call of each per round (after one warm-up round)."""
+    times: dict[str, list[float]] = {label: [] for label, _ in calls}
+    for r in range(repeats + 1):
+        for label, fn in calls:
+            sync()
+            t0 = clock()
+            fn()
+            sync()
+            if r:
+                times[label].append(clock() - t0)
+    return {label: statistics.median(t) * 1e3 for label, t in times.items()}
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, device="cpu", dtype=torch.float32,
+        clock="wall", log=print) -> list[dict]:
+    device = torch.device(device)
+    if clock == "cpu" and device.type != "cpu":
+        raise ValueError("--clock cpu times host CPU time: use it with --device cpu only")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = []
     for n in sizes:
         needs_att = any(get_pruner(m).needs_attention for m in methods)
-        data = make_inputs(n, dim, n_text, seed, needs_att)
-        V, T = data["visual"], data["text"]
+        data = make_inputs(n, dim, n_text, seed, needs_att, device, dtype)
         for b in budgets:
             k = resolve_budget(b, n)
-            floor = median_ms(measure(lambda: (V @ T.T).amax(dim=1).topk(k), repeats))
+            ms = time_round_robin(_calls(data, k, methods), repeats, sync, CLOCKS[clock])
+            floor = ms.pop("floor (V @ T.T + topk)")
             rows = [["floor (V @ T.T + topk)", f"{floor:.2f}", "1.00"]]
             results.append(dict(n_v=n, k=k, method="floor", ms=floor, ratio=1.0))
-            for label, name, extra in variants(methods):
-                spec = get_pruner(name)
-                kw = {key: val for key, val in data.items()
-                      if key in ("visual", "text") or key in spec.params}
-                if extra.get("cache") == "warm":
-                    cache: dict = {}
-                    mipruner.prune(name, budget=k, **kw, lam=extra["lam"], cache=cache)  # fill it
-                    extra = {"lam": extra["lam"], "cache": cache}
-                ms = median_ms(measure(lambda: mipruner.prune(name, budget=k, **kw, **extra), repeats))
-                rows.append([label, f"{ms:.2f}", f"{ms / floor:.2f}"])
-                results.append(dict(n_v=n, k=k, method=label, ms=ms, ratio=ms / floor))
-            log(f"\nN_V={n}  d={dim}  N_T={n_text}  K={k}  (torch threads: {torch.get_num_threads()})")
+            for label, t in ms.items():
+                rows.append([label, f"{t:.2f}", f"{t / floor:.2f}"])
+                results.append(dict(n_v=n, k=k, method=label, ms=t, ratio=t / floor))
+            log(f"\nN_V={n}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
+                f"(torch threads: {torch.get_num_threads()}, {repeats} round-robin rounds, {clock} clock)")
             log(table(rows, ["method", "median ms", "x floor"]))
+            if "mi lam=0.5" in ms and "cdpruner" in ms:
+                log(f"mi lam=0.5 (cold) / cdpruner = {ms['mi lam=0.5'] / ms['cdpruner']:.2f}")
     return results
 
 
@@ -73,9 +121,15 @@ def main(argv=None) -> None:
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--text", type=int, default=32, help="N_T, prompt tokens")
     p.add_argument("--budgets", default="64,0.1", help="ints are tokens, floats in (0,1] are shares")
-    p.add_argument("--methods", default=",".join(mipruner.list_pruners()))
-    p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--quick", action="store_true", help="N_V=576 only, 3 repeats")
+    p.add_argument("--methods", default=",".join(mipruner.list_pruners("projector") + mipruner.list_pruners("vision")),
+                   help="pre-LLM methods (default: all of them)")
+    p.add_argument("--repeats", type=int, default=9, help="round-robin rounds (after one warm-up round)")
+    p.add_argument("--quick", action="store_true", help="N_V=576 only, 3 rounds")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="dtype of the inputs (pruners compute in fp32)")
+    p.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                   help="wall: elapsed time; cpu: this process's CPU time (with --threads 1 on a shared machine, "
+                        "the code's own cost without the time other processes take the core)")
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     a = p.parse_args(argv)
@@ -85,8 +139,10 @@ def main(argv=None) -> None:
     budgets = [float(b) if "." in b else int(b) for b in a.budgets.split(",")]
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
-        get_pruner(m)  # fail fast with "did you mean"
-    rows = run(sizes, a.dim, a.text, budgets, methods, 3 if a.quick else a.repeats)
+        if get_pruner(m).stage == "llm":  # also fails fast on typos, with "did you mean"
+            p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
+    rows = run(sizes, a.dim, a.text, budgets, methods, 3 if a.quick else a.repeats, device=a.device,
+               dtype=DTYPES[a.dtype], clock=a.clock)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

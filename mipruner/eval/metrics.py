@@ -95,4 +95,4 @@ def query_recall(keep: torch.Tensor | None, cover: torch.Tensor, min_cover: floa
         return float("nan")
     if keep is None:
         return 1.0
-    return int(obj[keep].sum()) / total
+    return int(obj[keep.to(obj.device)].sum()) / total  # a Selection's keep lives on the model's device

@@ -18,6 +18,8 @@ cols = keys, shape (N_V+1, N_V+1) with [CLS] first when the encoder has one, els
 Whether [CLS] is present is read from the shape; `keys` (N_V[+1], d_k) are the same layer's
 head-averaged keys, in the same row order. Geometry (Qwen's 2x2 merge groups, tiles, frames) is
 the model adapter's job: it hands over attention at the granularity of the N_V projected tokens.
+Attention may arrive on another device than `visual` (adapters keep it on the host): Attn (N_V,) is
+computed where the attention is and moved to `visual`'s device, where the Selection lives.
 """
 from __future__ import annotations
 
@@ -87,6 +89,6 @@ def attention_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
                      use_cls: bool | None = None,  # None: [CLS] row if the shape has one, else column sum
                      ) -> Selection:
     """Attention: top-K visual tokens by vision-encoder [CLS] attention (or received attention)."""
-    scores = attention_scores(attention, visual.shape[0], use_cls=use_cls)  # (N_V,)
+    scores = attention_scores(attention, visual.shape[0], use_cls=use_cls).to(visual.device)  # (N_V,)
     order = torch.topk(scores, budget).indices  # (K,) highest attention first
     return Selection.from_order(order, scores)

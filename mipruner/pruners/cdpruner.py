@@ -59,15 +59,15 @@ from .selection import Selection, check_range, cosine_to
 
 _EPS = 1e-6  # relative floor on d_i^2: below it a token adds no volume in float32 (rank exhausted)
 _MINMAX_EPS = 1e-6  # as in the released code: keeps the least relevant token's weight above 0
+_TINY = torch.finfo(torch.float32).tiny  # keeps sqrt(d^2) away from 0 on a step whose update is discarded
 
 
 def relevance(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """r_i = MinMax_i( mean_m -cos(v_i, t_m) ): (N_V,) float32, the released code's relevance."""
     x = -cosine_to(visual, text).mean(dim=1)  # (N_V, N_T) -> (N_V,), note the minus
     lo, hi = x.min(), x.max()
-    if float(hi - lo) <= 0.0:
-        return torch.ones_like(x)  # a constant relevance carries no information: weight all alike
-    return (x - lo + _MINMAX_EPS) / (hi - lo)
+    # A constant relevance carries no information: weight all alike (decided on the device, no host copy).
+    return torch.where(hi > lo, (x - lo + _MINMAX_EPS) / (hi - lo), torch.ones_like(x))
 
 
 def quality(r: torch.Tensor, theta: float) -> torch.Tensor:
@@ -78,35 +78,39 @@ def quality(r: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.exp(alpha * r)
 
 
-def greedy_map(kernel_row, diag: torch.Tensor, k: int, fallback: torch.Tensor
+def greedy_map(kernel_rows, diag: torch.Tensor, k: int, fallback: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy MAP of the DPP with kernel L, by incremental Cholesky (Chen et al. 2018, Alg. 1).
 
-    kernel_row(j) -> L[j, :] (N,); diag: L_ii (N,); k picks; fallback (N,): the priority for the
-    picks left once the kernel's rank is exhausted. Returns (order (k,), scores (N,)): a picked
-    token's d^2 when picked, an unpicked token's d^2 given the final set.
+    kernel_rows(idx) -> L[idx, :] (m, N) for idx (m,) int64 on the device; diag: L_ii (N,); k picks;
+    fallback (N,): the priority for the picks left once the kernel's rank is exhausted. Returns
+    (order (k,), scores (N,)): a picked token's d^2 when picked, an unpicked token's d^2 given the
+    final set. Every step stays on the device: a picked token's d^2 is set to -inf (no Python set),
+    and whether the rank is exhausted is a device flag that selects between the Cholesky pick and
+    the fallback pick and zeroes the update (no host copy per token).
     """
-    n = diag.shape[0]
-    d2 = diag.to(torch.float32).clone()  # (N,) d_i^2 = det(L_{S+i}) / det(L_S)
-    c = torch.zeros(k, n)  # (K, N) row s holds e_i of step s; c_i is the column c[:s, i]
-    order = torch.empty(k, dtype=torch.long)
-    scores = torch.empty(n)
-    taken = torch.zeros(n, dtype=torch.bool)
-    floor = _EPS * max(float(diag.max()), 0.0)
-    exhausted = False
+    n, dev = diag.shape[0], diag.device
+    d2 = diag.to(torch.float32).clone().view(1, n)  # (1, N) d_i^2 = det(L_{S+i}) / det(L_S); -inf once picked
+    c = torch.zeros(k, n, device=dev)  # (K, N) row s holds e_i of step s; c_i is the column c[:s, i]
+    order = torch.empty(k, dtype=torch.long, device=dev)
+    gains = torch.empty(k, 1, device=dev)  # each pick's d^2 when picked
+    floor = _EPS * diag.max().clamp_min(0.0)  # 0-dim, on the device
+    fb = fallback.to(torch.float32).clone().view(1, n)  # picked tokens are set to -inf
+    exhausted = torch.zeros(1, dtype=torch.bool, device=dev)  # sticky: once no token adds volume
     for step in range(k):
-        if not exhausted:
-            j = int(d2.masked_fill(taken, -math.inf).argmax())  # ties to the lowest index
-            exhausted = float(d2[j]) <= floor
-        if exhausted:  # no token adds volume: take the rest by the fallback priority
-            j = int(fallback.masked_fill(taken, -math.inf).argmax())
-        order[step], scores[j], taken[j] = j, d2[j], True
-        if exhausted:
-            continue
-        e = (kernel_row(j) - c[:step, j] @ c[:step]) / math.sqrt(float(d2[j]))  # (N,)
-        c[step] = e
-        d2 = d2 - e * e  # (N,)
-    scores[~taken] = d2[~taken]
+        best, j_map = d2.max(dim=1)  # (1,), (1,): ties to the lowest index
+        exhausted |= best <= floor
+        j = torch.where(exhausted, fb.argmax(dim=1), j_map, out=order[step:step + 1])  # (1,) fallback once exhausted
+        dj2 = torch.index_select(d2, 1, j, out=gains[step:step + 1])  # (1, 1)
+        d2.index_fill_(1, j, -math.inf)
+        fb.index_fill_(1, j, -math.inf)
+        # e_i = (L_ji - <c_j, c_i>) / d_j for every i; no update (e = 0) once exhausted
+        e = torch.addmm(kernel_rows(j), c[:step].index_select(1, j).T, c[:step], alpha=-1)  # (1, N)
+        e = (e / dj2.clamp_min(_TINY).sqrt()).masked_fill_(exhausted, 0.0)
+        c[step:step + 1] = e
+        d2 = d2 - e * e  # (1, N); stays -inf where picked
+    scores = d2[0].clone()  # unpicked: d^2 given the final set
+    scores.index_copy_(0, order, gains[:, 0])
     return order, scores.clamp_min(0.0)
 
 
@@ -122,9 +126,15 @@ def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     q = quality(r, theta)  # (N_V,)
     cos = CosineColumns(visual)  # S, dense up to mi.DENSE_LIMIT
 
-    def kernel_row(j: int) -> torch.Tensor:
-        return q[j] * q * cos.col(j)  # L[j, :] = q_j q_i S_ij, (N_V,)
+    if cos.dense:  # L held whole: one row read a step
+        kernel = q[:, None] * q[None, :] * cos.cos  # (N_V, N_V) L = diag(q) S diag(q)
+
+        def kernel_rows(idx: torch.Tensor) -> torch.Tensor:
+            return kernel.index_select(0, idx)
+    else:
+        def kernel_rows(idx: torch.Tensor) -> torch.Tensor:  # L[idx, :] = q_j q_i S_ji, (m, N_V)
+            return q.index_select(0, idx)[:, None] * q[None, :] * cos.cols(idx)
 
     diag = q * q * (cos.u * cos.u).sum(dim=1)  # (N_V,) L_ii = q_i^2 (0 for a zero-norm row)
-    order, scores = greedy_map(kernel_row, diag, budget, fallback=q)
+    order, scores = greedy_map(kernel_rows, diag, budget, fallback=q)
     return Selection.from_order(order, scores, extras={"relevance": r, "quality": q})

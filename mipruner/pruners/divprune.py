@@ -64,6 +64,13 @@ class CosineColumns:
         """cos(v_i, v_j) for every i: (N_V,)."""
         return self.cos[:, j] if self.cos is not None else self.u @ self.u[j]  # (N_V, d) @ (d,) -> (N_V,)
 
+    def cols(self, idx: torch.Tensor) -> torch.Tensor:
+        """cos(v_j, v_i) for j in idx (m,) and every i: (m, N_V) (the matrix is symmetric: rows = columns).
+        idx stays on the device: no host copy."""
+        if self.cos is not None:
+            return self.cos.index_select(0, idx)
+        return self.u.index_select(0, idx) @ self.u.T  # (m, d) @ (d, N_V) -> (m, N_V)
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """cos(v_i, v_j) for i in [start, stop) and every j: a fresh (stop - start, N_V) tensor."""
         if self.cos is not None:
@@ -77,14 +84,14 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
     With a single token there is no neighbour; its distance is reported as 0 (not +inf), so
     scores stay finite.
     """
-    n = cos.n
+    n, dev = cos.n, cos.u.device
     if n == 1:
-        return torch.zeros(1)
-    out = torch.empty(n)
+        return torch.zeros(1, device=dev)
+    out = torch.empty(n, device=dev)
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
         block = cos.rows(start, stop)  # (chunk, N_V)
-        rows = torch.arange(stop - start)
+        rows = torch.arange(stop - start, device=dev)
         block[rows, rows + start] = -torch.inf  # exclude j == i
         out[start:stop] = 1.0 - block.max(dim=1).values  # (chunk,)
     return out
@@ -94,17 +101,21 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
 def divprune(visual: torch.Tensor, text: torch.Tensor | None, budget: int) -> Selection:
     """DivPrune: greedy max-min diversity over cosine distance, without looking at the prompt."""
     cos = CosineColumns(visual)
-    n = cos.n
+    n, dev = cos.n, cos.u.device
     first = nearest_neighbour_distance(cos)  # (N_V,)
-    order = torch.empty(budget, dtype=torch.long)
-    scores = torch.empty(n)
-    taken = torch.zeros(n, dtype=torch.bool)
-    j = int(first.argmax())  # ties to the lowest index
-    order[0], scores[j], taken[j] = j, first[j], True
-    min_dist = 1.0 - cos.col(j)  # (N_V,) m_i = min_{j in S} d_ij
+    order = torch.empty(budget, dtype=torch.long, device=dev)
+    gains = torch.empty(budget, device=dev)  # each pick's min-distance to the set when picked
+    order2, gains2 = order.view(budget, 1), gains.view(budget, 1)
+    torch.max(first.view(1, n), 1, keepdim=True, out=(gains2[:1], order2[:1]))  # ties to the lowest index
+    # m_i = min_{j in S} d_ij, as (1, N_V); a picked token's entry is set to -inf, which takes it out
+    # of the race and no later minimum can raise.
+    min_dist = 1.0 - cos.cols(order[:1])
+    min_dist.index_fill_(1, order[:1], -torch.inf)
     for step in range(1, budget):
-        j = int(min_dist.masked_fill(taken, -torch.inf).argmax())
-        order[step], scores[j], taken[j] = j, min_dist[j], True
-        min_dist = torch.minimum(min_dist, 1.0 - cos.col(j))  # O(N_V): running min over S
-    scores[~taken] = min_dist[~taken]  # distance to the final set
+        torch.max(min_dist, 1, keepdim=True, out=(gains2[step:step + 1], order2[step:step + 1]))
+        j = order[step:step + 1]  # (1,), stays on the device
+        min_dist = torch.minimum(min_dist, 1.0 - cos.cols(j))  # O(N_V): running min over S
+        min_dist.index_fill_(1, j, -torch.inf)
+    scores = min_dist[0].clone()  # unpicked: distance to the final set
+    scores.index_copy_(0, order, gains)
     return Selection.from_order(order, scores, extras={"nearest_neighbour_distance": first})

@@ -1,4 +1,5 @@
-"""MI-Pruner (paper Sec. 3.2, Alg. 1; App. B.2 for MinMax).
+"""MI-Pruner ("MI-Pruner: Crossmodal Mutual Information-guided Token Pruner for Efficient MLLMs",
+Li, Tiulpin & Blaschko; the paper's Sec. 3.2, Alg. 1; App. B.2 for MinMax).
 
     v~, t~            L2-normalised rows of V (N_V, d) and T (N_T, d)
     rho_cross = v~ t~^T / tau   (N_V, N_T)       rho_self = v~ v~^T / tau   (N_V, N_V)
@@ -6,8 +7,27 @@
     p(v_j) = 1/N_V                                p(t_j) = (1/N_V) sum_i p(t_j|v_i)
     PMI_cross(i,j) = log p(t_j|v_i) - log p(t_j)  PMI_self(i,j) = log p(v_j|v_i) + log N_V
     S_cross_i = max_j PMI_cross(i,j)   ("max")  or  sum_j p(t_j|v_i) PMI_cross(i,j)  ("mean")
-    greedy:  S_i = lam * S_cross_i - (1 - lam) * agg_{j in selected} PMI_self(i,j)   (0 while empty)
+    greedy:  S_i = lam * S_cross_i - (1 - lam) * S_self_i,   S_self_i = 0 while nothing is kept,
+             S_self_i = max_{j in kept} PMI_self(i,j)   ("max")
+                     or sum_{j in kept} w_ij PMI_self(i,j)   ("mean"; w_ij below)
     pivot word of patch i = argmax_j PMI_cross(i,j)
+
+Two choices the paper leaves open, and how we read them (both change selections):
+  * The redundancy while nothing is kept. Alg. 1 takes max_{j in V_S} PMI_self over V_S = {} at
+    the first step; the maximum of an empty set is -inf by convention, which would make every
+    gain +inf and the first pick arbitrary (index 0 under our lowest-index tie rule). We read it
+    as an empty sum, S_self = 0 (what Eq. 11's global aggregation gives), so the first pick is the
+    most relevant token, the same whatever lam. No option: any constant picks the same token.
+  * For aggregation="mean" (Eq. 11, "averaging over ... selected image tokens") with lam < 1:
+    over which tokens p(v_j|v_i), the weight w_ij, is normalised. `mean_weights="all"` (default,
+    Eq. 7 as written): w_ij = p(v_j|v_i) = softmax over all N_V tokens, so the weights over the
+    kept set sum to less than 1 and S_self grows with every pick. `mean_weights="kept"`: w_ij =
+    p(v_j|v_i) / sum_{k in kept} p(v_k|v_i) = softmax_{j in kept} rho_self(i,j), a weighted mean
+    over the kept set ("consensus") whose weights sum to 1; with one token kept it equals "max".
+    In both, the averaged values are Eq. 8's PMI_self (p(v_j|v_i) over all N_V, p(v_j) = 1/N_V),
+    so only the weights differ. (Renormalising the PMI itself too, with p(v_j) = 1/|kept|, would
+    score how peaked p(.|v_i) is over the kept set, not how close v_i is to it; not offered.)
+    With "max", or lam = 1, mean_weights has no effect.
 
 What depends on what (so callers can cache across slider moves):
   * the cross PMI depends only on (V, T, tau, normalization)              -> `cross_pmi`
@@ -19,6 +39,7 @@ lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus `torch.topk`, no
 lam < 1 needs each candidate's self-PMI row normaliser, i.e. every row of v~ v~^T: O(N_V^2 d) once,
 then O(N_V) per greedy step. Up to `DENSE_LIMIT` tokens the Gram matrix is held and its columns are
 reused; above it, rows are processed in chunks and columns are recomputed per step (O(N_V d)).
+Everything runs on the inputs' device; a greedy step is a few (N_V,) kernels and no host copy.
 """
 from __future__ import annotations
 
@@ -42,7 +63,11 @@ AGGREGATION = Param.choice("aggregation", "max", AGGREGATIONS, "over prompt toke
                            "expected PMI (mean, the paper's global)", code="agg")
 NORMALIZATION = Param.choice("normalization", "softmax", NORMALIZATIONS, "softmax (Eq. 7) or MinMax "
                              "(App. B.2 ablation)", code="norm")
-MI_PARAMS = (LAM, TAU, AGGREGATION, NORMALIZATION)
+MEAN_WEIGHTS_CHOICES = ("all", "kept")  # see the module docstring: how the "mean" redundancy is weighted
+MEAN_WEIGHTS = Param.choice("mean_weights", "all", MEAN_WEIGHTS_CHOICES, "aggregation=mean with lam<1: the "
+                            "redundancy's weights p(v_j|v_i) normalised over all tokens (all, as Eq. 7) or over "
+                            "the kept set (kept: a weighted mean)", code="mw")
+MI_PARAMS = (LAM, TAU, AGGREGATION, NORMALIZATION, MEAN_WEIGHTS)
 DENSE_LIMIT = 4096  # above this many visual tokens the N_V x N_V matrix is never held whole
 _CHUNK = 1024  # rows per chunk when the Gram matrix is not held
 _TINY = torch.finfo(torch.float32).tiny  # floor for log(p) where MinMax gives p = 0
@@ -64,6 +89,15 @@ class CrossPMI:
     @property
     def pivot(self) -> torch.Tensor:
         return self.pmi.argmax(dim=1)
+
+
+def _logsumexp_rows_(x: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp(x, dim=1), bit for bit (max, exp of the difference, sum, log, plus the max),
+    computed in place in x, which it overwrites: half the time of the library call on an N x N
+    matrix, which allocates a temporary per step."""
+    top = x.amax(dim=1)  # (n,)
+    top = top.masked_fill(torch.isinf(top), 0.0)  # an all -inf (or +inf) row: as torch.logsumexp
+    return x.sub_(top[:, None]).exp_().sum(dim=1).log_().add_(top)
 
 
 def _minmax_log_p(rho: torch.Tensor, row_min: torch.Tensor, row_rng: torch.Tensor,
@@ -127,8 +161,13 @@ class SelfPMI:
         dense matrix, blocks (a, b) with a <= b are computed once and serve the rows of a (over
         b's columns) and, transposed, the rows of b: half the flops of a row-by-row pass.
         """
-        lse = torch.full((n,), -math.inf)
-        lo, hi, tot = torch.full((n,), math.inf), torch.full((n,), -math.inf), torch.zeros(n)
+        if self.cos is not None:
+            rho = self.cos / self.tau
+            return [_logsumexp_rows_(rho)] if self.normalization == "softmax" else _minmax_stats(rho)
+        dev = self.u.device
+        lse = torch.full((n,), -math.inf, device=dev)
+        lo, hi = torch.full((n,), math.inf, device=dev), torch.full((n,), -math.inf, device=dev)
+        tot = torch.zeros(n, device=dev)
 
         def update(rows: slice, rho: torch.Tensor) -> None:  # rho (len(rows), m): a part of these rows
             if self.normalization == "softmax":
@@ -138,46 +177,95 @@ class SelfPMI:
                 hi[rows] = torch.maximum(hi[rows], rho.max(dim=1).values)
                 tot[rows] += rho.sum(dim=1)
 
-        if self.cos is not None:
-            update(slice(0, n), self.cos / self.tau)
-        else:
-            for a in range(0, n, _CHUNK):
-                ra = slice(a, min(n, a + _CHUNK))
-                for b in range(a, n, _CHUNK):
-                    rb = slice(b, min(n, b + _CHUNK))
-                    rho = (self.u[ra] @ self.u[rb].T) / self.tau  # (chunk, chunk) block of rho_self
-                    update(ra, rho)
-                    if b != a:
-                        update(rb, rho.T)
+        for a in range(0, n, _CHUNK):
+            ra = slice(a, min(n, a + _CHUNK))
+            for b in range(a, n, _CHUNK):
+                rb = slice(b, min(n, b + _CHUNK))
+                rho = (self.u[ra] @ self.u[rb].T) / self.tau  # (chunk, chunk) block of rho_self
+                update(ra, rho)
+                if b != a:
+                    update(rb, rho.T)
         return [lse] if self.normalization == "softmax" else _minmax_finish(lo, hi, tot, n)
 
     def _log_p_t(self, cos_t: torch.Tensor) -> torch.Tensor:
         """log p(v_j | v_i) laid out as [j, i], from cos_t[j, i] = cos(v_i, v_j): (m, N_V)."""
-        rho_t = cos_t / self.tau
+        rho_t = cos_t / self.tau  # a fresh tensor: the softmax case works in place
         if self.normalization == "softmax":
-            return rho_t - self.stats[0][None, :]
+            return rho_t.sub_(self.stats[0][None, :])
         return _minmax_log_p(rho_t.T, *self.stats).T
 
     def _terms_t(self, cos_t: torch.Tensor, aggregation: str) -> torch.Tensor:
-        log_p = self._log_p_t(cos_t)
-        pmi = log_p + self.log_n  # PMI_self(i, j) = log p(v_j|v_i) - log(1/N_V)
-        return pmi if aggregation == "max" else log_p.exp() * pmi  # "mean": p(v_j|v_i) * PMI, Eq. 11
+        log_p = self._log_p_t(cos_t)  # (m, N_V), fresh
+        if aggregation == "max":
+            return log_p.add_(self.log_n)  # PMI_self(i, j) = log p(v_j|v_i) - log(1/N_V)
+        return log_p.exp() * (log_p + self.log_n)  # "mean": p(v_j|v_i) * PMI, Eq. 11
+
+    def rows(self, idx: torch.Tensor, aggregation: str = "max") -> torch.Tensor:
+        """What each selected token idx[r] contributes to every candidate's redundancy: (m, N_V).
+
+        aggregation "max": PMI_self(i, idx[r]); "mean": p(v_idx[r]|v_i) PMI_self(i, idx[r]).
+        idx: (m,) int64 on the inputs' device; no host copy.
+        """
+        if self.cos is None:
+            return self._terms_t(self.u.index_select(0, idx) @ self.u.T, aggregation)  # (m, d) @ (d, N_V)
+        if aggregation not in self._dense:
+            self._dense[aggregation] = self._terms_t(self.cos, aggregation)  # (N_V, N_V), uses cos = cos.T
+        return self._dense[aggregation].index_select(0, idx)
 
     def term(self, j: int, aggregation: str = "max") -> torch.Tensor:
         """What selected token j contributes to every candidate's redundancy: (N_V,)."""
-        if self.cos is None:
-            return self._terms_t((self.u @ self.u[j])[None, :], aggregation)[0]
-        if aggregation not in self._dense:
-            self._dense[aggregation] = self._terms_t(self.cos, aggregation)  # (N_V, N_V), uses cos = cos.T
-        return self._dense[aggregation][j]
+        return self.rows(torch.tensor([int(j)], device=self.u.device), aggregation)[0]
 
     def pmi_col(self, j: int) -> torch.Tensor:
         """PMI_self(i, j) for every row i: (N_V,)."""
         return self.term(j, "max")
 
 
+class Redundancy:
+    """S_self_i = agg_{j in kept} (every candidate i at once, (1, N_V)), grown one pick at a time.
+
+    "max": max_j PMI_self(i, j). "mean" + mean_weights "all": sum_j p(v_j|v_i) PMI_self(i, j) with
+    p normalised over all N_V tokens (Eq. 7, as written). "mean" + "kept": the same average with
+    the weights renormalised over the kept set, p(v_j|v_i) / sum_{k in kept} p(v_k|v_i), i.e.
+    softmax over the kept set; kept as running (max, sum of weights, weighted sum) in log space so
+    that weights far below float32's range (small tau) never divide 0 by 0.
+    `value` is 0 while nothing is kept. Everything stays on the inputs' device.
+    """
+
+    def __init__(self, self_pmi: SelfPMI, aggregation: str, mean_weights: str, n: int, device: torch.device):
+        self.sp, self.aggregation = self_pmi, aggregation
+        self.kept_weights = aggregation == "mean" and mean_weights == "kept"
+        self.value = torch.zeros(1, n, device=device)  # 0 while nothing is kept
+        self.empty = True
+
+    def add(self, idx: torch.Tensor) -> None:
+        """Add the tokens idx (m,) to the kept set."""
+        if not self.kept_weights:
+            t = self.sp.rows(idx, self.aggregation)  # (m, N_V)
+            if self.aggregation == "max":
+                t = t if t.shape[0] == 1 else t.amax(dim=0, keepdim=True)
+                self.value = t if self.empty else torch.maximum(self.value, t)
+            else:
+                t = t if t.shape[0] == 1 else t.sum(dim=0, keepdim=True)
+                self.value = t if self.empty else self.value + t
+        else:
+            pmi = self.sp.rows(idx, "max")  # (m, N_V)
+            log_w = pmi - self.sp.log_n  # log p(v_j|v_i) (any per-row constant cancels)
+            top = log_w.amax(dim=0, keepdim=True)  # (1, N_V)
+            if not self.empty:
+                top = torch.maximum(self.top, top)
+            w = torch.exp(log_w - top)  # (m, N_V) in (0, 1]
+            den, num = w.sum(dim=0, keepdim=True), (w * pmi).sum(dim=0, keepdim=True)
+            if not self.empty:
+                scale = torch.exp(self.top - top)
+                den, num = self.den * scale + den, self.num * scale + num
+            self.top, self.den, self.num = top, den, num
+            self.value = num / den  # den >= 1: the largest weight is exp(0)
+        self.empty = False
+
+
 def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float,
-                  aggregation: str = "max", init: torch.Tensor | None = None
+                  aggregation: str = "max", init: torch.Tensor | None = None, mean_weights: str = "all"
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Alg. 1's greedy: pick argmax S_i = lam*S_cross_i - (1-lam)*S_self_i, k times.
 
@@ -185,34 +273,32 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
     are not returned. Returns (order (k,), scores (N_V,), redundancy (N_V,)); a picked token's
     score is its gain when picked, an `init` token's lam * S_cross, the others' their gain given
     the final selected set.
-    Ties go to the lowest index (torch.argmax returns the first maximum).
+    Ties go to the lowest index (torch.max returns the first maximum).
+    One step is a handful of (N_V,) kernels on the inputs' device: no host copy, no Python set;
+    a picked token leaves the race by setting its lam * S_cross to -inf.
     """
-    n = relevance.shape[0]
-    base = lam * relevance  # (N_V,)
-    red = torch.zeros(n)
-    taken = torch.zeros(n, dtype=torch.bool)
-    have_any = False
-
-    def add(j: int) -> None:
-        nonlocal red, have_any
-        t = self_pmi.term(j, aggregation)
-        red = t.clone() if not have_any else (torch.maximum(red, t) if aggregation == "max" else red + t)
-        taken[j] = True
-        have_any = True
-
-    scores = base.clone()  # `init` tokens keep lam * S_cross, their gain with nothing selected
-    for j in ([] if init is None else init.tolist()):
-        add(int(j))
-    order = torch.empty(k, dtype=torch.long)
+    n, dev = relevance.shape[0], relevance.device
+    c = 1.0 - lam
+    base = (lam * relevance).reshape(1, n)  # (1, N_V); picked tokens are set to -inf
+    scores = base.clone()[0]  # `init` tokens keep lam * S_cross, their gain with nothing selected
+    red = Redundancy(self_pmi, aggregation, mean_weights, n, dev)
+    if init is not None and init.numel():
+        init = init.to(device=dev, dtype=torch.long)
+        red.add(init)
+        base.index_fill_(1, init, -math.inf)
+    order = torch.empty(k, dtype=torch.long, device=dev)
+    gains = torch.empty(k, device=dev)  # each pick's gain when picked
+    order2, gains2 = order.view(k, 1), gains.view(k, 1)
     for step in range(k):
-        gain = base - (1.0 - lam) * red if have_any else base.clone()
-        g = gain.masked_fill_(taken, -math.inf) if have_any else gain
-        j = int(g.argmax())
-        order[step], scores[j] = j, gain[j]
-        add(j)
-    final = base - (1.0 - lam) * red
-    scores[~taken] = final[~taken]
-    return order, scores, red
+        gain = base if red.empty else base - c * red.value  # (1, N_V)
+        torch.max(gain, 1, keepdim=True, out=(gains2[step:step + 1], order2[step:step + 1]))
+        j = order[step:step + 1]  # (1,), stays on the device
+        base.index_fill_(1, j, -math.inf)
+        red.add(j)
+    taken = torch.isneginf(base[0])  # picked or `init`
+    scores = torch.where(taken, scores, (base - c * red.value)[0])  # the others: gain given the final set
+    scores.index_copy_(0, order, gains)
+    return order, scores, red.value[0]
 
 
 def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None, key: tuple, make):
@@ -227,13 +313,15 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
     return cache[key]
 
 
-def mi_params(lam: float, tau: float, aggregation: str, normalization: str) -> tuple[float, float]:
+def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
+              mean_weights: str = "all") -> tuple[float, float]:
     lam = check_range("lam", lam, 0.0, 1.0)
     tau = check_range("tau", tau, 0.0, math.inf, lo_open=True)
     if math.isinf(tau):
         raise ValueError("tau must be finite")
     check_choice("aggregation", aggregation, AGGREGATIONS)
     check_choice("normalization", normalization, NORMALIZATIONS)
+    check_choice("mean_weights", mean_weights, MEAN_WEIGHTS_CHOICES)
     return lam, tau
 
 
@@ -243,9 +331,10 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}
               aggregation: str = "max",  # paper Fig. 5a: max beats the global (mean) aggregation
               normalization: str = "softmax",  # paper App. B.2: softmax beats MinMax
+              mean_weights: str = "all",  # left open by the paper; "all" = Eq. 7 as written
               cache: dict | None = None) -> Selection:
     """MI-Pruner: maximise PMI with the prompt, minus PMI with what is already kept (paper Alg. 1)."""
-    lam, tau = mi_params(lam, tau, aggregation, normalization)
+    lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)
     cross = _cached(cache, visual, text, ("cross", tau, normalization),
                     lambda: cross_pmi(visual, text, tau, normalization))
     relevance = cross.relevance(aggregation)  # (N_V,)
@@ -256,5 +345,6 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
                            lambda: SelfPMI(visual, tau, normalization))
-        order, scores, extras["redundancy"] = greedy_select(relevance, self_pmi, budget, lam, aggregation)
+        order, scores, extras["redundancy"] = greedy_select(relevance, self_pmi, budget, lam, aggregation,
+                                                            mean_weights=mean_weights)
     return Selection.from_order(order, scores, pmi=cross.pmi, pivot=cross.pivot, extras=extras)

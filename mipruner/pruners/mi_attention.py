@@ -10,7 +10,9 @@
 
 All MI work is mipruner.pruners.mi's (`cross_pmi`, `SelfPMI`, `greedy_select(init=...)`), and
 `cache=` holds the same entries as for `prune("mi", ...)`, so one dict serves both methods.
-The paper does not state the split; 0.5 is our default.
+The paper does not state the split; 0.5 is our default. `mean_weights` is `mi`'s (see mi.py): with
+"kept", the round-1 tokens belong to the kept set over which the weights are renormalised. Attn is
+moved to `visual`'s device (the adapters keep attention on the host), where the Selection lives.
 """
 from __future__ import annotations
 
@@ -35,18 +37,19 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                         tau: float = 0.1,  # as `mi`: paper Tab. 4, best of {0.01, 0.1, 0.5}
                         aggregation: str = "max",  # as `mi`: paper Fig. 5a, max beats mean
                         normalization: str = "softmax",  # as `mi`: paper App. B.2, softmax beats MinMax
+                        mean_weights: str = "all",  # as `mi`: left open by the paper; "all" = Eq. 7
                         cache: dict | None = None) -> Selection:
     """MI-Attention: round 1 keeps tokens by vision-encoder attention, round 2 fills the rest by MI."""
     split = check_range("split", split, 0.0, 1.0)
-    lam, tau = mi_params(lam, tau, aggregation, normalization)
+    lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)
     n_v = visual.shape[0]
-    attn = attention_scores(attention, n_v, method="mi_attention")  # (N_V,)
+    attn = attention_scores(attention, n_v, method="mi_attention").to(visual.device)  # (N_V,)
     cross = _cached(cache, visual, text, ("cross", tau, normalization),
                     lambda: cross_pmi(visual, text, tau, normalization))
     relevance = cross.relevance(aggregation)  # (N_V,)
 
     k1 = min(budget, int(math.floor(split * budget + 0.5)))  # K1 = round(split K)
-    round1 = torch.topk(attn, k1).indices.cpu()  # (K1,) highest attention first
+    round1 = torch.topk(attn, k1).indices  # (K1,) highest attention first, on the inputs' device
     k2 = budget - k1
     extras = {"relevance": relevance, "attention": attn}
     if lam == 1.0 or k2 == 0:
@@ -56,9 +59,9 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
                            lambda: SelfPMI(visual, tau, normalization))
         round2, scores, extras["redundancy"] = greedy_select(relevance, self_pmi, k2, lam, aggregation,
-                                                             init=round1)
+                                                             init=round1, mean_weights=mean_weights)
         scores[round1] = lam * relevance[round1]  # round-1 tokens: their gain before any redundancy
-    rounds = torch.zeros(n_v, dtype=torch.long)  # (N_V,) 1 / 2: the round a kept token came in; 0: pruned
+    rounds = torch.zeros(n_v, dtype=torch.long, device=visual.device)  # (N_V,) round a token came in; 0: pruned
     rounds[round1], rounds[round2] = 1, 2
     extras["round"] = rounds
     order = torch.cat([round1, round2])  # (K,)

@@ -6,7 +6,9 @@
 Original: the MI-Pruner paper's "Random" baseline (the mean of three runs with randomly selected
 tokens); no code was released for it. Deliberate deviation: one call is one seed (the caller
 averages seeds 0, 1, 2 as the paper does). The global RNG is never touched, so a call is
-deterministic for its seed and does not disturb anyone else's random stream.
+deterministic for its seed and does not disturb anyone else's random stream. The priorities are
+drawn on the host (a CPU generator) and moved to `visual`'s device, so a seed keeps the same tokens
+on every device.
 The file is `rand.py`, not `random.py`, so it never shadows the standard library module.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ def random_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, 
     seed = check_seed(seed)
     n = visual.shape[0]
     gen = torch.Generator(device="cpu").manual_seed(seed)  # local: the global RNG is untouched
-    priority = torch.rand(n, generator=gen, dtype=torch.float32)  # (N_V,)
+    # drawn on the host whatever the device, so a seed keeps the same tokens on every device
+    priority = torch.rand(n, generator=gen, dtype=torch.float32, device="cpu").to(visual.device)  # (N_V,)
     order = torch.argsort(priority, descending=True, stable=True)[:budget]  # (K,)
     return Selection.from_order(order, priority)

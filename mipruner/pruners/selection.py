@@ -3,6 +3,12 @@
 Pruners are pure functions on tensors: they never see a model, a file or the UI. All numeric work
 runs in float32 whatever the input dtype (fp16/bf16 inputs are upcast), and rows of zero norm are
 normalised to zero vectors (cosine 0 with everything) instead of producing NaN.
+
+Devices: a pruner computes on the device of its `visual` input, creates every tensor there
+(`device=` taken from the inputs), and never copies to the host inside a selection: a Selection's
+tensors stay on that device. Code that shows a selection (viz, JSON export, an adapter's
+`keep_indices`) copies what it reads once, with `.cpu()`/`.tolist()`, or calls `Selection.to("cpu")`.
+On a GPU, selecting therefore queues kernels without waiting for them; the first host read waits.
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ class Selection:
     prefix: (P, d) rows the LLM reads before the kept visual tokens that belong to no visual position
             (VisionZip's projected [CLS]), else None. `keep` (what masks show) excludes them; `budget`
             counts them, since they reach the LLM.
+
+    Every tensor lives on the device the pruner computed on (that of its `visual` input); nothing
+    is copied to the host when a selection is made (see the module docstring).
     """
 
     keep: torch.Tensor
@@ -47,12 +56,27 @@ class Selection:
         """Visual tokens that reach the LLM: the kept ones plus any `prefix` rows."""
         return int(self.keep.numel()) + (0 if self.prefix is None else int(self.prefix.shape[0]))
 
+    @property
+    def device(self) -> torch.device:
+        return self.keep.device
+
     @classmethod
     def from_order(cls, order: torch.Tensor, scores: torch.Tensor, **kw) -> "Selection":
-        """Build a Selection from the pick order; `keep` is the sorted copy."""
-        order = order.to(torch.long).flatten().cpu()
+        """Build a Selection from the pick order; `keep` is the sorted copy. No host copy: the
+        tensors stay on their device (order and scores must share one)."""
+        order = order.to(torch.long).flatten()
         keep, _ = torch.sort(order)
-        return cls(keep=keep, order=order, scores=scores.detach().to(torch.float32).cpu(), **kw)
+        return cls(keep=keep, order=order, scores=scores.detach().to(torch.float32), **kw)
+
+    def to(self, device: torch.device | str) -> "Selection":
+        """A copy with every tensor (extras included) on `device`; `self` when already there."""
+        device = torch.device(device)
+        if self.keep.device == device:
+            return self
+        move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
+        return Selection(keep=move(self.keep), order=move(self.order), scores=move(self.scores), pmi=move(self.pmi),
+                         pivot=move(self.pivot), tokens=move(self.tokens), prefix=move(self.prefix),
+                         extras={k: move(v) for k, v in self.extras.items()}, method=self.method)
 
 
 def check_matrix(name: str, x: Any, *, ndim: int = 2) -> None:

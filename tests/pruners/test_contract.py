@@ -5,6 +5,8 @@ import torch
 import mipruner
 from mipruner.pruners import get_pruner
 
+from ..conftest import TEST_DEVICE
+
 N_V, D, N_T = 48, 16, 5
 
 
@@ -14,6 +16,7 @@ def inputs(spec, n=N_V, seed=0, dtype=torch.float32):
     if spec.needs_attention:
         att = torch.softmax(torch.randn(n + 1, n + 1, generator=g) * 3, dim=-1)  # [CLS] first
         kw.update(attention=att, keys=torch.randn(n + 1, 12, generator=g))
+    kw = {k: v.to(TEST_DEVICE) for k, v in kw.items()}  # MIPRUNER_TEST_DEVICE (tests/conftest.py)
     if "seed" in spec.param_names:
         kw["seed"] = 0
     return kw

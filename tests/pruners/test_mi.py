@@ -9,8 +9,9 @@ from mipruner.pruners import mi as mi_mod
 from mipruner.pruners.mi import SelfPMI, cross_pmi, greedy_select
 
 
-def reference_mi(V, T, K, lam, tau, aggregation="max"):
-    """Alg. 1 written out with Python floats and loops, independent of the library code."""
+def reference_mi(V, T, K, lam, tau, aggregation="max", mean_weights="all"):
+    """Alg. 1 written out with Python floats and loops, independent of the library code.
+    mean_weights="kept": the "mean" redundancy's weights p(v_j|v_i) renormalised over the chosen set."""
     def unit(x):
         n = math.sqrt(sum(a * a for a in x)) or 1.0
         return [a / n for a in x]
@@ -46,7 +47,10 @@ def reference_mi(V, T, K, lam, tau, aggregation="max"):
             elif aggregation == "max":
                 red = max(pmi_s[i][j] for j in chosen)
             else:
-                red = sum(p_v_v[i][j] * pmi_s[i][j] for j in chosen)
+                w = [p_v_v[i][j] for j in chosen]
+                if mean_weights == "kept":
+                    w = [x / sum(w) for x in w]
+                red = sum(wj * pmi_s[i][j] for wj, j in zip(w, chosen))
             s = lam * s_cross[i] - (1 - lam) * red
             if s > best:
                 best, best_i = s, i
@@ -225,3 +229,93 @@ def test_greedy_init_seeds_redundancy_and_scores():
     expected_first = int((0.5 * rel - 0.5 * torch.maximum(sp.pmi_col(4), sp.pmi_col(11)))
                          .masked_fill(torch.isin(torch.arange(30), init), -math.inf).argmax())
     assert order[0].item() == expected_first
+
+
+# ----------------------------------------------- mean_weights: the "mean" redundancy's normalisation
+def test_mean_weights_hand_case():
+    """A, B nearly the same direction, C orthogonal to both; relevance given: A 1.0, B 0.9, C 0.5.
+
+    tau = 0.1, N_V = 3, rho_self = cos / tau:  A: (10, 9.9, 0)  B: (9.9, 10, 0)  C: (0, 0, 10).
+    Pick 1 is A (no redundancy yet). Pick 2, lam = 0.5, with S_self_i over the kept set {A}:
+      all:  S_self_i = p(A|i) PMI(i, A)     B: 0.4750 * log(3 * 0.4750) = 0.168;  C: ~ -4e-4
+            gains  B: 0.45 - 0.084 = 0.366  >  C: 0.25 + 0.0002  -> B
+      kept: S_self_i = PMI(i, A) (one token: weight 1)   B: 0.354;  C: log(3 / (e^10 + 2)) = -8.90
+            gains  B: 0.45 - 0.177 = 0.273  <  C: 0.25 + 4.45 = 4.70  -> C
+    """
+    c = 0.99
+    V = torch.tensor([[1.0, 0.0, 0.0], [c, math.sqrt(1 - c * c), 0.0], [0.0, 0.0, 1.0]])
+    rel = torch.tensor([1.0, 0.9, 0.5])
+    sp = SelfPMI(V, 0.1)
+    p_ab = math.exp(9.9) / (math.exp(10) + math.exp(9.9) + 1)  # p(A|B)
+    p_ac = 1 / (math.exp(10) + 2)  # p(A|C)
+    gains = {"all": (0.45 - 0.5 * p_ab * math.log(3 * p_ab), 0.25 - 0.5 * p_ac * math.log(3 * p_ac)),
+             "kept": (0.45 - 0.5 * math.log(3 * p_ab), 0.25 - 0.5 * math.log(3 * p_ac))}  # (B, C) at pick 2
+    for mw, second in (("all", 1), ("kept", 2)):
+        b, c_ = gains[mw]
+        assert (b > c_) == (second == 1)  # the hand computation itself decides the pick
+        order, scores, _ = greedy_select(rel, sp, 2, lam=0.5, aggregation="mean", mean_weights=mw)
+        assert order.tolist() == [0, second], mw
+        assert scores[0].item() == pytest.approx(0.5)  # pick 1: lam * relevance
+        assert scores[second].item() == pytest.approx(max(b, c_), rel=1e-4), mw  # its gain when picked
+    # the same through mipruner.prune, against the pure-Python restatement
+    g = torch.Generator().manual_seed(12)
+    V, T = torch.randn(30, 8, generator=g), torch.randn(4, 8, generator=g)
+    picks = {mw: mipruner.prune("mi", visual=V, text=T, budget=8, lam=0.5, aggregation="mean", mean_weights=mw)
+             for mw in ("all", "kept")}
+    assert picks["all"].keep.tolist() != picks["kept"].keep.tolist()  # the choice changes the selection
+
+
+@pytest.mark.parametrize("lam", [0.7, 0.5, 0.2])
+@pytest.mark.parametrize("normalization", ["softmax", "minmax"])
+def test_mean_weights_kept_matches_reference(lam, normalization):
+    g = torch.Generator().manual_seed(13)
+    V, T = torch.randn(24, 8, generator=g), torch.randn(5, 8, generator=g)
+    sel = mipruner.prune("mi", visual=V, text=T, budget=7, lam=lam, tau=0.1, aggregation="mean",
+                         mean_weights="kept", normalization=normalization)
+    if normalization == "softmax":
+        chosen, _, _ = reference_mi(V, T, 7, lam, 0.1, "mean", mean_weights="kept")
+        assert sel.order.tolist() == chosen
+    # with one token kept, the weighted mean over the kept set is that token's PMI: "max"'s pick 2
+    a = mipruner.prune("mi", visual=V, text=T, budget=2, lam=lam, aggregation="mean", mean_weights="kept",
+                       normalization=normalization)
+    rel = cross_pmi(V, T, 0.1, normalization).relevance("mean")
+    b, _, _ = greedy_select(rel, SelfPMI(V, 0.1, normalization), 2, lam, aggregation="max")
+    assert a.order.tolist() == b.tolist()
+
+
+def test_mean_weights_kept_survives_underflowing_weights():
+    """tau = 0.005: p(v_j|v_i) for a dissimilar j is ~exp(-400), 0 in float32; the kept-set weights
+    are computed in log space, so the redundancy stays finite and equals a float64 computation."""
+    g = torch.Generator().manual_seed(14)
+    V = torch.randn(12, 6, generator=g)
+    sp = SelfPMI(V, 0.005)
+    order, scores, red = greedy_select(torch.zeros(12), sp, 4, lam=0.5, aggregation="mean", mean_weights="kept")
+    assert bool(torch.isfinite(red).all()) and bool(torch.isfinite(scores).all())
+    u = (V / V.norm(dim=1, keepdim=True)).double()
+    rho = u @ u.T / 0.005
+    log_p = rho - torch.logsumexp(rho, dim=1, keepdim=True)  # [i, j] log p(v_j|v_i)
+    kept = order
+    w = torch.softmax(log_p[:, kept], dim=1)  # renormalised over the kept set, float64
+    expected = (w * (log_p[:, kept] + math.log(12))).sum(dim=1)
+    assert torch.allclose(red.double(), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_mean_weights_seeded_by_init_and_registered():
+    g = torch.Generator().manual_seed(15)
+    V, T = torch.randn(20, 8, generator=g), torch.randn(3, 8, generator=g)
+    rel = cross_pmi(V, T, 0.1).relevance("mean")
+    sp = SelfPMI(V, 0.1)
+    init = torch.tensor([3, 9])
+    order, _, _ = greedy_select(rel, sp, 1, lam=0.5, aggregation="mean", init=init, mean_weights="kept")
+    u = V / V.norm(dim=1, keepdim=True)
+    log_p = torch.log_softmax(u @ u.T / 0.1, dim=1)
+    w = torch.softmax(log_p[:, init], dim=1)
+    red = (w * (log_p[:, init] + math.log(20))).sum(dim=1)
+    gain = (0.5 * rel - 0.5 * red).masked_fill(torch.isin(torch.arange(20), init), -math.inf)
+    assert order.tolist() == [int(gain.argmax())]
+    for name in ("mi", "mi_attention"):
+        p = mipruner.get_pruner(name).param("mean_weights")
+        assert p.default == "all" and p.choices == ("all", "kept")
+        extra = {"attention": torch.softmax(torch.randn(21, 21, generator=g), dim=-1)} if name == "mi_attention" else {}
+        with pytest.raises(ValueError, match="mean_weights"):
+            mipruner.prune(name, visual=V, text=T, budget=3, mean_weights="selected", **extra)

@@ -1,0 +1,160 @@
+"""Every registered method creates its tensors on its inputs' device, so it runs on a GPU.
+
+Under `torch.set_default_device("meta")`, a tensor made without `device=` (`torch.zeros(n)`,
+`torch.arange(n)`, `torch.tensor([...])`, ...) lands on the meta device: the first operation that
+mixes it with the real inputs raises, and a result built from it has no data. Each method runs here
+on real inputs (on TEST_DEVICE, see tests/conftest.py) with the meta default, and must return
+exactly the selection it returns without it, on the inputs' device. Pre-LLM methods go through
+`mipruner.prune` on tensors (every choice of their parameters, and the chunked paths above
+DENSE_LIMIT); every method, in-LLM ones included, through `mipruner.select` on a tiny LLaVA.
+With MIPRUNER_TEST_DEVICE=cuda the last test also checks that CUDA selects what the CPU selects.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import pytest
+import torch
+
+import mipruner
+from mipruner.pruners import get_pruner, list_pruners
+from mipruner.pruners import mi as mi_mod
+
+from .conftest import TEST_DEVICE
+from .models.tiny_llava import save_tiny, scene
+
+N_V, D, N_T, K = 40, 16, 5, 20  # K > D: CDPruner's kernel runs out of rank and its fallback runs too
+
+@contextlib.contextmanager
+def meta_default():
+    before = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(before)
+
+
+def tensor_inputs(spec, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(visual=torch.randn(N_V, D, generator=g), text=torch.randn(N_T, D, generator=g))
+    if spec.needs_attention:
+        kw.update(attention=torch.softmax(torch.randn(N_V + 1, N_V + 1, generator=g) * 3, dim=-1),
+                  keys=torch.randn(N_V + 1, 12, generator=g))
+    return {k: v.to(TEST_DEVICE) for k, v in kw.items()}
+
+
+def variants(spec) -> list[dict]:
+    """The defaults, each other choice of every choice parameter, and MI's lambda < 1 combinations."""
+    out = [{}]
+    for p in spec.params:
+        if p.kind == "choice":
+            out += [{p.name: c} for c in p.choices if c != p.default]
+    if spec.name == "cdpruner":
+        out += [{"theta": 1.0}, {"theta": 0.0}]
+    if spec.name == "random":
+        out += [{"seed": 7}]
+    if "lam" in spec.param_names:
+        out += [{"lam": 1.0}, {"lam": 0.3, "aggregation": "mean", "mean_weights": "kept"},
+                {"lam": 0.3, "aggregation": "mean", "normalization": "minmax"},
+                {"lam": 0.3, "aggregation": "mean", "mean_weights": "kept", "normalization": "minmax"}]
+    if "split" in spec.param_names:
+        out += [{"split": 0.0}, {"split": 1.0}]
+    return out
+
+
+def assert_same(got, ref):
+    """`got` (made under the meta default) is `ref` (made without it), on the inputs' device."""
+    for name in ("keep", "order", "scores", "pmi", "pivot", "tokens"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.device == TEST_DEVICE, f"{name} is on {a.device}, the inputs on {TEST_DEVICE}"
+            assert torch.equal(a, b), name
+    for name, value in got.extras.items():
+        if isinstance(value, torch.Tensor):
+            assert value.device.type != "meta", f"extras[{name!r}] is a meta tensor"
+            assert torch.equal(value, ref.extras[name]), name
+
+
+PRE_LLM = [n for n in list_pruners() if get_pruner(n).stage != "llm"]
+
+
+@pytest.mark.parametrize("name", PRE_LLM)
+@pytest.mark.parametrize("chunked", [False, True], ids=["dense", "chunked"])
+def test_prune_creates_no_tensor_off_the_inputs_device(name, chunked, monkeypatch):
+    spec = get_pruner(name)
+    kw = tensor_inputs(spec)
+    if chunked:  # MI, DivPrune and CDPruner never hold the N_V x N_V matrix: the per-step column path
+        monkeypatch.setattr(mi_mod, "DENSE_LIMIT", 8)
+        monkeypatch.setattr(mi_mod, "_CHUNK", 16)
+    for params in variants(spec):
+        ref = mipruner.prune(name, budget=K, **kw, **params)
+        cache: dict = {}
+        with meta_default():
+            got = mipruner.prune(name, budget=K, **kw, **params)
+            cached = [mipruner.prune(name, budget=K, cache=cache, **kw, **params) for _ in range(2)] \
+                if "cache" in inspect.signature(spec.fn).parameters else []
+        assert_same(got, ref)
+        for c in cached:  # the cached normalisers too were made on the inputs' device
+            assert_same(c, ref)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("meta") / "llava")), device=TEST_DEVICE)
+    enc = ad.encode(scene(square=(8, 8, 40, 40)), "What colour is the square?", need_attention=True)
+    return ad, enc
+
+
+@pytest.mark.parametrize("name", list_pruners())
+def test_select_creates_no_tensor_off_the_inputs_device(tiny, name):
+    ad, enc = tiny
+    spec = get_pruner(name)
+    budget = 5
+    ref = mipruner.select(ad, enc, name, budget)
+    with meta_default():
+        got = mipruner.select(ad, enc, name, budget)
+        got_cached = mipruner.select(ad, enc, name, budget, cache={})
+    for sel in (got, got_cached):
+        assert sel.keep.device.type != "meta" and torch.equal(sel.keep.cpu(), ref.keep.cpu())
+        assert torch.equal(sel.order.cpu(), ref.order.cpu())
+        assert torch.allclose(sel.scores.cpu(), ref.scores.cpu(), equal_nan=True)
+    if spec.stage != "llm":  # pre-LLM selections live on the device of the encoding's visual tokens
+        assert got.keep.device == enc.visual.device
+
+
+def test_the_meta_default_catches_a_tensor_made_without_device():
+    """The mechanism the tests above rely on: a factory call without device= breaks the computation."""
+    x = torch.randn(6)
+    with meta_default():
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            torch.maximum(torch.zeros(6), x)
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            torch.arange(6).tolist()
+        assert torch.zeros(6, device=x.device).device == x.device
+
+
+def test_selection_to_moves_every_tensor():
+    sel = mipruner.prune("mi", budget=4, **tensor_inputs(get_pruner("mi")))
+    moved = sel.to("meta")
+    assert moved.keep.device.type == "meta" and moved.pmi.device.type == "meta"
+    assert all(v.device.type == "meta" for v in moved.extras.values() if isinstance(v, torch.Tensor))
+    assert moved.method == sel.method and sel.keep.device == TEST_DEVICE  # a copy: the original stays
+    assert sel.to(TEST_DEVICE) is sel
+
+
+@pytest.mark.skipif(TEST_DEVICE.type == "cpu", reason="MIPRUNER_TEST_DEVICE is the CPU: nothing to compare with")
+@pytest.mark.parametrize("name", PRE_LLM)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_device_selects_what_the_cpu_selects(name, dtype):
+    """The same inputs (rounded to `dtype` once) select the same tokens on TEST_DEVICE and on the CPU.
+    The inputs are Gaussian, so scores tie only with probability ~0; a mismatch is a device bug."""
+    spec = get_pruner(name)
+    on_cpu = {k: v.cpu().to(dtype) for k, v in tensor_inputs(spec).items()}
+    for params in variants(spec):
+        ref = mipruner.prune(name, budget=K, **on_cpu, **params)
+        got = mipruner.prune(name, budget=K, **{k: v.to(TEST_DEVICE) for k, v in on_cpu.items()}, **params)
+        assert got.keep.device == TEST_DEVICE
+        assert got.order.cpu().tolist() == ref.order.tolist(), params
