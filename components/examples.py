@@ -24,22 +24,22 @@ FAMILY_ORDER = ("color", "count", "presence", "color")  # one question family pe
 
 def _question(scene, family: str) -> str:
     """A question of `family` about an object really in the scene (colour: of a unique shape)."""
-    from mipruner.shapes import scenes as sc
+    from mipruner.shapes import questions as sq
 
     objs = scene.objects
     shapes = [o.shape for o in objs]
     unique = [o for o in objs if shapes.count(o.shape) == 1]
     if family == "color" and unique:
-        return sc.color_question(unique[0].shape)
+        return sq.color_question(unique[0].shape)
     if family == "count":
-        return sc.count_question(objs[0].shape)
-    return sc.presence_question(objs[-1].color, objs[-1].shape)
+        return sq.count_question(objs[0].shape)
+    return sq.presence_question(objs[-1].color, objs[-1].shape)
 
 
 def write_examples(out_dir: str = EXAMPLES_DIR, n_images: int = 4) -> list[dict]:
     """Write n_images scenes (PNG) and one 8-frame clip (MP4) with prompts; returns the index."""
-    from mipruner.shapes import scenes as sc
     from mipruner.media import write_video
+    from mipruner.shapes import scenes as sc
 
     os.makedirs(out_dir, exist_ok=True)
     rows, index = [], 0

@@ -20,8 +20,9 @@ LAYERS = {
     "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4, "components": 5, "app": 6,
 }
 # What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
-# and the toy model's scene generator for its examples. No pruner, model or in-LLM module.
-UI_ALLOWED = ("mipruner.engine", "mipruner.media", "mipruner.viz", "mipruner.shapes.scenes", "mipruner.session",
+# and the toy model's scene and question generators for its examples. No pruner, model or in-LLM module.
+UI_ALLOWED = ("mipruner.engine", "mipruner.media", "mipruner.viz", "mipruner.shapes.scenes", "mipruner.shapes.questions",
+              "mipruner.session",
               "mipruner.export")
 
 

@@ -4,6 +4,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from mipruner.shapes import questions as sq
 from mipruner.shapes import scenes as sc
 
 
@@ -11,7 +12,7 @@ def test_same_seed_same_pixels_and_questions():
     a, b = sc.make_scene(3, 7), sc.make_scene(3, 7)
     assert np.array_equal(a.image, b.image)
     assert [o.category for o in a.objects] == [o.category for o in b.objects]
-    qa, qb = sc.qa_items(5, 12), sc.qa_items(5, 12)
+    qa, qb = sq.qa_items(5, 12), sq.qa_items(5, 12)
     assert [(q.question, q.answer, q.split) for q in qa] == [(q.question, q.answer, q.split) for q in qb]
     ca, cb = sc.make_clip(3, 7), sc.make_clip(3, 7)
     assert all(np.array_equal(x, y) for x, y in zip(ca.frames, cb.frames))
@@ -20,7 +21,7 @@ def test_same_seed_same_pixels_and_questions():
 def test_different_seeds_or_indices_differ():
     assert not np.array_equal(sc.make_scene(0, 0).image, sc.make_scene(1, 0).image)
     assert not np.array_equal(sc.make_scene(0, 0).image, sc.make_scene(0, 1).image)
-    assert [(q.question, q.answer) for q in sc.qa_items(0, 12)] != [(q.question, q.answer) for q in sc.qa_items(1, 12)]
+    assert [(q.question, q.answer) for q in sq.qa_items(0, 12)] != [(q.question, q.answer) for q in sq.qa_items(1, 12)]
 
 
 @pytest.mark.parametrize("clip", [False, True])
@@ -55,15 +56,15 @@ def test_answers_follow_the_scene():
     for i in range(30):
         scene = sc.make_scene(21, i)
         shapes = Counter(o.shape for o in scene.objects)
-        for item in sc.color_items(scene):
+        for item in sq.color_items(scene):
             (obj,) = [o for o in scene.objects if o.shape == item.target]
             assert item.answer == obj.color and item.question == f"what color is the {obj.shape}?"
             assert np.array_equal(item.masks[0], obj.mask)
-        for item in sc.count_items(scene):
+        for item in sq.count_items(scene):
             assert item.answer == sc.NUMBERS[shapes[item.target]]
             assert item.masks[0].sum() == sum(o.mask.sum() for o in scene.objects if o.shape == item.target)
         for color, shape in sc.CATEGORIES:
-            item = sc.presence_item(scene, color, shape)
+            item = sq.presence_item(scene, color, shape)
             present = any(o.color == color and o.shape == shape for o in scene.objects)
             assert item.answer == ("yes" if present else "no")
             assert item.masks[0].any() == present
@@ -71,10 +72,10 @@ def test_answers_follow_the_scene():
 
 def test_pope_negative_rules():
     scenes = [sc.make_scene(4, i) for i in range(80)]
-    freq, co = sc.category_stats(scenes)
+    freq, co = sq.category_stats(scenes)
     assert len(set(freq.values())) > 3, "category frequencies must differ for 'popular' to mean anything"
     for split in sc.POPE_SPLITS:
-        items = sc.pope_items(scenes, split, seed=4)
+        items = sq.pope_items(scenes, split, seed=4)
         assert Counter(it.answer for it in items)["yes"] == Counter(it.answer for it in items)["no"]
         assert all(it.split == split and it.family == "presence" for it in items)
     rng = np.random.default_rng(0)
@@ -82,12 +83,12 @@ def test_pope_negative_rules():
         present = scene.categories
         absent = [sc.category_name(c, s) for c, s in sc.CATEGORIES if sc.category_name(c, s) not in present]
         for split in sc.POPE_SPLITS:
-            neg = sc.pope_negatives(scene, split, 3, rng, (freq, co))
+            neg = sq.pope_negatives(scene, split, 3, rng, (freq, co))
             assert len(neg) == 3 and len(set(neg)) == 3 and not set(neg) & present
-        popular = sc.pope_negatives(scene, "popular", 3, rng, (freq, co))
+        popular = sq.pope_negatives(scene, "popular", 3, rng, (freq, co))
         worst_kept = min(freq[a] for a in popular)
         assert all(freq[a] <= worst_kept for a in absent if a not in popular)
-        adversarial = sc.pope_negatives(scene, "adversarial", 3, rng, (freq, co))
+        adversarial = sq.pope_negatives(scene, "adversarial", 3, rng, (freq, co))
         score = {a: sum(co[(p, a)] for p in present) for a in absent}
         assert all(score[a] <= min(score[b] for b in adversarial) for a in absent if a not in adversarial)
     # the rules pick different objects: adversarial negatives co-occur more than random ones
@@ -95,13 +96,13 @@ def test_pope_negative_rules():
     for scene in scenes:
         for split, out in (("adversarial", adv), ("random", rnd)):
             out += [sum(co[(p, a)] for p in scene.categories)
-                    for a in sc.pope_negatives(scene, split, 2, rng, (freq, co))]
+                    for a in sq.pope_negatives(scene, split, 2, rng, (freq, co))]
     assert np.mean(adv) > 2 * np.mean(rnd)
 
 
 def test_invalid_split_raises():
     with pytest.raises(ValueError, match="split"):
-        sc.pope_negatives(sc.make_scene(0, 0), "hard", 1, np.random.default_rng(0), (Counter(), Counter()))
+        sq.pope_negatives(sc.make_scene(0, 0), "hard", 1, np.random.default_rng(0), (Counter(), Counter()))
 
 
 def test_patch_coverage():

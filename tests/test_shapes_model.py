@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from mipruner.shapes import questions as sq
 from mipruner.shapes import scenes as sc
 from mipruner.models import resolve
 
@@ -41,13 +42,13 @@ def adapter():
     return mipruner.load("shapes-llava", device="cpu")
 
 
-def _questions(n_per_family: int = 60) -> list[sc.QAItem]:
+def _questions(n_per_family: int = 60) -> list[sq.QAItem]:
     """Held-out questions with balanced answers (yes/no half and half, counts 1-4 alike), drawn as
     the trainer draws them but from a seed it never uses, so the answer prior cannot pass."""
     from mipruner.shapes.data import sample_qa
 
     rng = np.random.default_rng(HELD_OUT_SEED)
-    out: dict[str, list[sc.QAItem]] = defaultdict(list)
+    out: dict[str, list[sq.QAItem]] = defaultdict(list)
     index = 0
     while min(len(out[f]) for f in sc.FAMILIES) < n_per_family:
         item = sample_qa(rng, HELD_OUT_SEED, index)
@@ -98,7 +99,7 @@ def test_answers_held_out_clips(adapter):
     """Video mode: a clip is read as its frames, each its own <image> (the LLaVA adapter)."""
     from mipruner.media import Video
 
-    items = [it for it in sc.qa_items(HELD_OUT_SEED, 20, clips=True) if it.family != "presence"]
+    items = [it for it in sq.qa_items(HELD_OUT_SEED, 20, clips=True) if it.family != "presence"]
     right = defaultdict(list)
     for item in items:
         frames = item.images

@@ -4,12 +4,13 @@ Use a seed never used in training (the default 1234 is held out by `mipruner.sha
 """
 from __future__ import annotations
 
+from mipruner.shapes import questions as sq
 from mipruner.shapes import scenes as sc
 
 from .tasks import EvalItem
 
 
-def _to_eval(q: sc.QAItem, i: int, video: bool) -> EvalItem:
+def _to_eval(q: sq.QAItem, i: int, video: bool) -> EvalItem:
     frames = q.images
     if video:
         from mipruner.media import Video
@@ -34,16 +35,16 @@ def shapes_items(task: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
             scenes, items = [], []
             while len(items) < n:
                 scenes.append(sc.make_scene(seed, len(scenes)))
-                items = sc.pope_items(scenes, split, seed)
+                items = sq.pope_items(scenes, split, seed)
             out += [_to_eval(q, i, False) for i, q in enumerate(items)]
         return out
     if task in ("shapes-open", "shapes-video"):
         video = task == "shapes-video"
-        items: list[sc.QAItem] = []
+        items: list[sq.QAItem] = []
         i = 0
         while len(items) < n:
             s = sc.make_clip(seed, i) if video else sc.make_scene(seed, i)
-            items += sc.color_items(s) + sc.count_items(s)
+            items += sq.color_items(s) + sq.count_items(s)
             i += 1
         return [_to_eval(q, j, video) for j, q in enumerate(items[:n])]
     raise ValueError(f"unknown synthetic task {task!r}; choose shapes-pope, shapes-open or shapes-video")

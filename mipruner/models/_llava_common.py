@@ -1,5 +1,6 @@
-"""What the three LLaVA families share: loading, prompt building, splicing kept tokens, generation,
-vision-encoder attention capture, and the map from processed pixels back to the original image.
+"""What the three LLaVA families share: loading, prompt building, splicing kept tokens, generation.
+Vision-encoder attention capture is in `_clip_attention.py`, the map from processed pixels back to
+the original image in `_llava_geometry.py`.
 
 The family files (`llava_hf.py`, `llava_next.py`, `video_llava.py`) only say how to turn media into
 processor inputs, visual tokens and their geometry. Everything that runs the LLM lives here:
@@ -24,16 +25,13 @@ more in eager; pass `vision_attn="sdpa"` to trade attention capture for that mem
 """
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
-from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
@@ -76,178 +74,6 @@ def chat_prompt(template_owner, prompt: str, kind: str, fallback: str, n_media: 
 
 # ----------------------------------------------------------------------------------------------
 # geometry: processed pixels -> original pixels
-
-
-def _size_get(size, key):
-    if size is None:
-        return None
-    if isinstance(size, dict):
-        return size.get(key)
-    return getattr(size, key, None)
-
-
-@dataclass
-class PixelMap:
-    """x_orig = (x_proc + crop_x) / scale_x - pad_x (same for y): undoes pad -> resize -> crop."""
-
-    width: int  # original
-    height: int
-    pad_x: float = 0.0
-    pad_y: float = 0.0
-    scale_x: float = 1.0
-    scale_y: float = 1.0
-    crop_x: float = 0.0
-    crop_y: float = 0.0
-
-    def boxes(self, x0, y0, x1, y1) -> torch.Tensor:
-        """(N, 4) original-pixel boxes of processed-pixel boxes, clipped to the image."""
-        bx = (torch.as_tensor(x0, dtype=torch.float64), torch.as_tensor(x1, dtype=torch.float64))
-        by = (torch.as_tensor(y0, dtype=torch.float64), torch.as_tensor(y1, dtype=torch.float64))
-        xs = [((x + self.crop_x) / self.scale_x - self.pad_x).clamp(0, self.width) for x in bx]
-        ys = [((y + self.crop_y) / self.scale_y - self.pad_y).clamp(0, self.height) for y in by]
-        return torch.stack([xs[0], ys[0], xs[1], ys[1]], dim=-1).to(torch.float32)
-
-
-def resize_crop_map(width: int, height: int, ip) -> PixelMap:
-    """How a LLaVA-style image processor (pad-to-square? -> resize -> center crop?) moved pixels.
-
-    Reads `do_pad`, `do_resize`, `size` (shortest_edge or height/width), `do_center_crop`,
-    `crop_size` from the processor; the sizes are computed with transformers' own
-    `get_resize_output_image_size`, so rounding matches the processor.
-    """
-    from transformers.image_transforms import get_resize_output_image_size
-
-    m = PixelMap(width, height)
-    w, h = width, height
-    if getattr(ip, "do_pad", False) and getattr(ip, "pad_to_square", None) is not None and w != h:
-        side = max(w, h)  # pad_to_square centres the image: start = (side - edge) // 2
-        m.pad_x, m.pad_y = float((side - w) // 2), float((side - h) // 2)
-        w = h = side
-    if getattr(ip, "do_resize", True):
-        size = ip.size
-        short = _size_get(size, "shortest_edge")
-        if short:
-            dummy = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, h, w))  # no memory
-            new_h, new_w = get_resize_output_image_size(dummy, size=short, default_to_square=False,
-                                                        input_data_format="channels_first")
-        else:
-            new_h, new_w = _size_get(size, "height"), _size_get(size, "width")
-        m.scale_x, m.scale_y = new_w / w, new_h / h
-        w, h = new_w, new_h
-    if getattr(ip, "do_center_crop", False):
-        ch, cw = _size_get(ip.crop_size, "height"), _size_get(ip.crop_size, "width")
-        # transformers' center_crop: top = (h - ch) // 2 when cropping, else pads by ceil((ch - h) / 2)
-        m.crop_y = float((h - ch) // 2) if h >= ch else -float(-(-(ch - h) // 2))
-        m.crop_x = float((w - cw) // 2) if w >= cw else -float(-(-(cw - w) // 2))
-    return m
-
-
-def grid_geometry(pmap: PixelMap, rows: int, cols: int, patch: int, frame: int = 0, kind: str = "patch"):
-    """frame/row/col/box/kind for a rows x cols patch grid of `patch`-pixel processed patches."""
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    r, c = r.flatten(), c.flatten()  # row-major, the order the vision tower emits them
-    box = pmap.boxes(c * patch, r * patch, (c + 1) * patch, (r + 1) * patch)  # (rows*cols, 4)
-    return dict(frame=torch.full_like(r, frame), row=r, col=c, box=box, kind=[kind] * len(r))
-
-
-def cat_geometry(parts: list[dict], grids, sizes) -> TokenGeometry:
-    return TokenGeometry(frame=torch.cat([p["frame"] for p in parts]).long(),
-                         row=torch.cat([p["row"] for p in parts]).long(),
-                         col=torch.cat([p["col"] for p in parts]).long(),
-                         box=torch.cat([p["box"] for p in parts]).float(),
-                         kind=[k for p in parts for k in p["kind"]], grids=list(grids), sizes=list(sizes))
-
-
-# ----------------------------------------------------------------------------------------------
-# vision-encoder attention capture
-
-
-def encoder_layers(tower) -> torch.nn.ModuleList:
-    """The transformer blocks of a CLIP/SigLIP-style vision tower (transformers 5: `encoder.layers`)."""
-    for name in ("encoder.layers", "vision_model.encoder.layers"):
-        try:
-            return tower.get_submodule(name)
-        except AttributeError:
-            continue
-    raise RuntimeError(f"cannot find the encoder layers of {type(tower).__name__}")
-
-
-def feature_layer_index(feature_layer, n_layers: int) -> int:
-    """The block whose output is `hidden_states[feature_layer]` (hidden_states[0] = embeddings).
-
-    A list of feature layers (multi-layer features) uses the last one listed.
-    """
-    h = feature_layer[-1] if isinstance(feature_layer, (list, tuple)) else int(feature_layer)
-    h = h if h >= 0 else n_layers + 1 + h
-    return min(max(h - 1, 0), n_layers - 1)
-
-
-@contextlib.contextmanager
-def capture_attention(tower, layer_index: int):
-    """Collect head-averaged attention probabilities and keys of one vision block.
-
-    Yields a dict filled during the forward: "attention" (B, N+1, N+1) and "keys" (B, N+1, d_head),
-    float32. The hooks are removed on exit, whatever happens. Needs eager attention in the tower
-    (SDPA returns no probabilities), which `load_model` sets up.
-    """
-    layer = encoder_layers(tower)[layer_index]
-    attn = layer.self_attn
-    out: dict[str, torch.Tensor] = {}
-
-    def on_attn(_module, _inputs, output):
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise RuntimeError("the vision tower returned no attention probabilities: load the model with "
-                               "vision_attn='eager' to capture attention")
-        out["attention"] = weights.detach().float().mean(dim=1)  # (B, H, N+1, N+1) -> (B, N+1, N+1)
-
-    def on_keys(_module, _inputs, output):
-        b, n, _ = output.shape
-        k = output.detach().float().view(b, n, attn.num_heads, attn.head_dim)  # (B, N+1, H, d_head)
-        out["keys"] = k.mean(dim=2)  # (B, N+1, d_head)
-
-    handles = [attn.register_forward_hook(on_attn), attn.k_proj.register_forward_hook(on_keys)]
-    try:
-        yield out
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def views_attention(att_all: torch.Tensor, keys_all: torch.Tensor, view: torch.Tensor, pos: torch.Tensor):
-    """Per-view tower attention (views, n+1, n+1) and keys (views, n+1, d_head) -> the pruners' form
-    over all N_V visual tokens: (N_V+1, N_V+1) with [CLS] first and keys (N_V+1, d_head).
-
-    view (N_V,): the view (image, tile, frame) each token comes from, -1 for tokens the tower never
-    saw (LLaVA-NeXT's newlines); pos (N_V,): its index within the view, [CLS] = 0. Row 0 holds each
-    token's [CLS] attention within its own view; tokens of different views get 0; key 0 is view 0's
-    [CLS] key.
-    """
-    seen = view >= 0
-    v = view.clamp_min(0)
-    p = pos.clamp_min(0)
-    n = int(view.numel())
-    att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
-    att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))
-    same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
-    att[1:, 1:] = torch.where(same, att_all[v[:, None], p[:, None], p[None, :]], torch.zeros(()))
-    keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
-    keys[0] = keys_all[0, 0]
-    keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
-    return att, keys
-
-
-def projected_cls(model, outputs) -> torch.Tensor | None:
-    """(views, d): each view's [CLS] hidden state at the feature layer(s), through the projector, or
-    None under the "full" strategy (there the [CLS] is already a visual token). `outputs`: what
-    `get_image_features` returned (its `hidden_states`, as the model selects them)."""
-    cfg = model.config
-    if getattr(cfg, "vision_feature_select_strategy", "default") != "default" or outputs.hidden_states is None:
-        return None
-    layers = cfg.vision_feature_layer
-    layers = list(layers) if isinstance(layers, (list, tuple)) else [layers]
-    h = torch.cat([outputs.hidden_states[i][:, 0] for i in layers], dim=-1)  # (views, D_v), as the model concatenates
-    return model.model.multi_modal_projector(h)  # (views, d)
 
 
 def _with_prefix(embeds: torch.Tensor, positions: torch.Tensor, prefix: torch.Tensor, vpos: torch.Tensor):

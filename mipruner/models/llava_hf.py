@@ -21,7 +21,9 @@ import contextlib
 import torch
 
 from ..media import Video
+from . import _clip_attention as A
 from . import _llava_common as C
+from . import _llava_geometry as G
 
 
 class LlavaAdapter(C.LlavaFamilyAdapter):
@@ -42,9 +44,9 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (F, 3, Hp, Wp)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         tower = self.model.model.vision_tower
-        n_layers = len(C.encoder_layers(tower))
-        layer = C.feature_layer_index(self.config.vision_feature_layer, n_layers)
-        ctx = C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
+        n_layers = len(A.encoder_layers(tower))
+        layer = A.feature_layer_index(self.config.vision_feature_layer, n_layers)
+        ctx = A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
         with ctx as cap:
             outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
         feats = outputs.pooler_output
@@ -55,19 +57,19 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
             p, grid, has_cls = image_parts(self, image, pixels.shape[-2:], n, frame=f)
             parts += p
             grids.append(grid)
-        geometry = C.cat_geometry(parts, grids, [im.size for im in images])
+        geometry = G.cat_geometry(parts, grids, [im.size for im in images])
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
                    is_video=is_video, ref={k: v for k, v in inputs.items()})
         if need_attention:
             att, keys = cap["attention"].cpu(), cap["keys"].cpu()  # (F, n+1, n+1), (F, n+1, d_head)
-            out["cls"] = C.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
+            out["cls"] = A.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
             if len(images) == 1:
                 out.update(attention=att[0], keys=keys[0], has_cls=True)
             else:  # several images: one matrix over all tokens, each image's [CLS] row in row 0
                 view = torch.cat([torch.full((n,), f, dtype=torch.long) for f, n in enumerate(per_image)])
                 first = 0 if has_cls else 1  # the tokens' index within their image's tower sequence
                 pos = torch.cat([torch.arange(first, first + n) for n in per_image])
-                a, k = C.views_attention(att, keys, view, pos)
+                a, k = A.views_attention(att, keys, view, pos)
                 out.update(attention=a, keys=k, has_cls=True)
         return out
 
@@ -77,21 +79,21 @@ def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     patch = int(adapter.config.vision_config.patch_size)
     hp, wp = int(processed_hw[0]), int(processed_hw[1])
     rows, cols = hp // patch, wp // patch
-    pmap = C.resize_crop_map(image.width, image.height, adapter.image_processor)
+    pmap = G.resize_crop_map(image.width, image.height, adapter.image_processor)
     parts = []
     has_cls = n_visual == rows * cols + 1  # "full" strategy keeps CLS in front
     if not has_cls and n_visual != rows * cols:
         raise RuntimeError(f"{n_visual} visual tokens for a {rows} x {cols} patch grid")
     if has_cls:
         parts.append(cls_token(pmap, hp, wp, frame))
-    parts.append(C.grid_geometry(pmap, rows, cols, patch, frame=frame))
+    parts.append(G.grid_geometry(pmap, rows, cols, patch, frame=frame))
     return parts, (rows, cols), has_cls
 
 
 def image_geometry(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     """Geometry of one CLIP-grid image (LLaVA-1.5, Video-LLaVA): (TokenGeometry, has CLS token)."""
     parts, grid, has_cls = image_parts(adapter, image, processed_hw, n_visual, frame)
-    return C.cat_geometry(parts, [grid], [image.size]), has_cls
+    return G.cat_geometry(parts, [grid], [image.size]), has_cls
 
 
 def cls_token(pmap, hp: int, wp: int, frame: int) -> dict:

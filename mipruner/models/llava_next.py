@@ -28,7 +28,10 @@ import contextlib
 import numpy as np
 import torch
 
+from . import _clip_attention as A
 from . import _llava_common as C
+from . import _llava_geometry as G
+from .base import TokenGeometry
 
 
 class LlavaNextAdapter(C.LlavaFamilyAdapter):
@@ -41,8 +44,8 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)
         sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)
         tower = self.model.model.vision_tower
-        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
+        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             outputs = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes, return_dict=True)
         feats = outputs.pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines
@@ -53,7 +56,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
                    ref={k: v for k, v in inputs.items()})
         if need_attention:
             att, keys = self._token_attention(cap["attention"].cpu(), cap["keys"].cpu(), packed, pixels.shape[-1])
-            out.update(attention=att, keys=keys, has_cls=True, cls=C.projected_cls(self.model, outputs),  # (views, d)
+            out.update(attention=att, keys=keys, has_cls=True, cls=A.projected_cls(self.model, outputs),  # (views, d)
                        state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu()})
         return out
 
@@ -62,7 +65,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         g_c = int(width_px) // int(self.config.vision_config.patch_size)
         view, row, col = packed[:, 0], packed[:, 1], packed[:, 2]
         pos = torch.where(view >= 0, 1 + (row * g_c + col).clamp_min(0), torch.zeros((), dtype=torch.long))
-        return C.views_attention(att_all, keys_all, view, pos)
+        return A.views_attention(att_all, keys_all, view, pos)
 
     def _geometry(self, image, processed_hw, sizes):
         from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
@@ -75,8 +78,8 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         ip = self.image_processor
         # -- which (view, row, col) each visual token is: the model's own packing on index tensors
         bh, bw = select_best_resolution((H, W), ip.image_grid_pinpoints)  # canvas (pixels)
-        tile_px = C._size_get(ip.crop_size, "height") or C._size_get(ip.size, "height") \
-            or C._size_get(ip.size, "shortest_edge")
+        tile_px = G._size_get(ip.crop_size, "height") or G._size_get(ip.size, "height") \
+            or G._size_get(ip.size, "shortest_edge")
         n_tr, n_tc = bh // tile_px, bw // tile_px
         views = 1 + n_tr * n_tc  # base view + tiles, as the processor stacks them
         r, c = torch.meshgrid(torch.arange(g_r), torch.arange(g_c), indexing="ij")
@@ -92,15 +95,15 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         base = view == 0
         tile = ~newline & ~base
         # -- base view: original stretched to the base size, then the processor's resize/crop
-        sw = C._size_get(ip.size, "width") or C._size_get(ip.size, "shortest_edge")
-        sh = C._size_get(ip.size, "height") or C._size_get(ip.size, "shortest_edge")
-        bmap = C.resize_crop_map(sw, sh, ip)
+        sw = G._size_get(ip.size, "width") or G._size_get(ip.size, "shortest_edge")
+        sh = G._size_get(ip.size, "height") or G._size_get(ip.size, "shortest_edge")
+        bmap = G.resize_crop_map(sw, sh, ip)
         box = torch.zeros(len(packed), 4)
         br, bc = row[base], col[base]
         b = bmap.boxes(bc * patch, br * patch, (bc + 1) * patch, (br + 1) * patch)  # in the (sw, sh) image
         box[base] = b * torch.tensor([W / sw, H / sh, W / sw, H / sh])
         # -- tiles: tile pixel -> canvas pixel -> original (undo resize-to-fit + centred padding)
-        tmap = C.resize_crop_map(tile_px, tile_px, ip)
+        tmap = G.resize_crop_map(tile_px, tile_px, ip)
         dummy = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, H, W))
         new_h, new_w = get_patch_output_size(dummy, (bh, bw), input_data_format="channels_first")
         paste_x, paste_y = (bw - new_w) // 2, (bh - new_h) // 2
@@ -137,6 +140,6 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
                 y = ((y + a * tile_px - paste_y) * H / new_h).clamp(0, H)
                 box[i] = torch.tensor([W / 2, float(y[0]), W / 2, float(y[1])])
         kind = ["newline" if n else ("base" if b_ else "tile") for n, b_ in zip(newline.tolist(), base.tolist())]
-        geo = C.TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
+        geo = TokenGeometry(frame=frame.long(), row=R.long(), col=Cc.long(), box=box, kind=kind,
                               grids=[(g_r, g_c), (int(rows_u), int(cols_u))], sizes=[(W, H), (W, H)])
         return geo, packed  # packed (N_V, 3): (view, row, col) in the view's grid; -1s for newlines

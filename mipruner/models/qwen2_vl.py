@@ -21,29 +21,19 @@ frames, resize target and patch layout, with the deviations listed there).
 from __future__ import annotations
 
 import os
-import sys
 import time
-from contextlib import contextmanager
 
 import torch
 from PIL import Image
 
 from ..media import MediaError, Video, is_video_path, load_image, load_video
 from ..pruners.selection import Selection
+from . import _qwen_attention as QA
 from . import _qwen_video as QV
+from ._qwen_attention import merge_attention
 from ._qwen_video import read_json, smart_resize
 from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
-
-
-def merge_attention(probs: torch.Tensor, merge_unit: int) -> torch.Tensor:
-    """(P, P) patch attention -> (N, N) token attention, N = P / merge_unit.
-
-    Token i's row is the mean over its patches (queries) of the attention summed over each key
-    token's patches (column-sum style), so rows still sum to 1.
-    """
-    n = probs.shape[0] // merge_unit
-    return probs.view(n, merge_unit, n, merge_unit).sum(3).mean(1)  # (N, N)
 
 
 class Qwen2VLAdapter(Adapter):
@@ -239,68 +229,9 @@ class Qwen2VLAdapter(Adapter):
         """Token order inside the ViT blocks relative to the LLM order (None = the same)."""
         return None
 
-    @contextmanager
     def _attention_capture(self, vision: dict, store: dict, enabled: bool):
-        """Recompute softmax(q k^T / sqrt(d)) of one ViT block from its inputs, via a removable hook.
-
-        Qwen's ViT attention returns no probabilities; a forward pre-hook on the block's attention
-        module reads its inputs (hidden states, cu_seqlens, rotary cos/sin) and recomputes q, k
-        with the module's own weights, per cu_seqlens segment. Heads are averaged and 2x2 merge
-        groups pooled (`merge_attention`). The hook is removed on exit. With store["keep_heads"]
-        set, the per-head (H, P, P) probabilities and the values are kept too (tests).
-        """
-        if not enabled:
-            yield
-            return
-        block = self._attention_block()
-        module = self.model.model.visual.blocks[block].attn
-        rope = sys.modules[type(module).__module__].apply_rotary_pos_emb_vision
-        grid = vision.get("image_grid_thw", vision.get("video_grid_thw"))
-
-        unit = self.merge ** 2
-
-        def pre_hook(mod, args, kwargs):
-            hs = args[0] if args else kwargs["hidden_states"]
-            cu = kwargs["cu_seqlens"]
-            cos, sin = kwargs["position_embeddings"]
-            n = hs.shape[0]
-            qkv = mod.qkv(hs).reshape(n, 3, mod.num_heads, -1).permute(1, 0, 2, 3)
-            q, k = rope(qkv[0], qkv[1], cos, sin)  # (P, H, hd)
-            q, k = q.float().transpose(0, 1), k.float().transpose(0, 1)  # (H, P, hd)
-            # head-mean merged attention, one cu_seqlens segment (frame / window) and head at a time:
-            # memory O(S^2), not O(H P^2), for large images and long videos
-            merged = torch.zeros(n // unit, n // unit, dtype=torch.float32, device=hs.device)
-            heads = [] if store.get("keep_heads") else None
-            for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
-                mean = torch.zeros(e - s, e - s, dtype=torch.float32, device=hs.device)
-                for h in range(mod.num_heads):
-                    p_h = (q[h, s:e] @ k[h, s:e].T * mod.scaling).softmax(-1)  # (S, S)
-                    mean += p_h / mod.num_heads
-                    if heads is not None:
-                        heads.append((h, s, e, p_h))
-                merged[s // unit:e // unit, s // unit:e // unit] = merge_attention(mean, unit)
-            store["merged"] = merged
-            store["patch_keys"] = k
-            store["block"] = block
-            if heads is not None:  # per-head (H, P, P) probabilities and values, for tests
-                probs = torch.zeros(mod.num_heads, n, n, dtype=torch.float32, device=hs.device)
-                for h, s, e, p_h in heads:
-                    probs[h, s:e, s:e] = p_h
-                store["probs"], store["values"] = probs, qkv[2]
-
-        handle = module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-        attention = store["merged"]  # (N_V, N_V)
-        keys = store["patch_keys"].mean(0)  # (P, hd)
-        keys = keys.view(keys.shape[0] // unit, unit, -1).mean(1)  # (N_V, hd)
-        order = self._attention_order(grid)
-        if order is not None:  # ViT order -> LLM order
-            inv = torch.argsort(order)
-            attention, keys = attention[inv][:, inv], keys[inv]
-        store["attention"], store["keys"] = attention.cpu(), keys.cpu()
+        """A context that captures one ViT block's attention (see `_qwen_attention.capture`)."""
+        return QA.capture(self, vision, store, enabled)
 
     # ------------------------------------------------------------------ LLM
     def _llm_inputs(self, encoded: Encoded, keep) -> dict:

@@ -31,7 +31,9 @@ import contextlib
 import torch
 
 from ..media import MediaError, Video
+from . import _clip_attention as A
 from . import _llava_common as C
+from . import _llava_geometry as G
 from .llava_hf import image_geometry
 
 
@@ -71,8 +73,8 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             raise MediaError("a video with no frames")
         pixels = self._pixels(frames).unsqueeze(0)  # (1, F, 3, Hp, Wp)
         tower = self.model.model.video_tower
-        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
+        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
         n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
         visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
@@ -81,7 +83,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             g, _ = image_geometry(self, frame, pixels.shape[-2:], per_frame, frame=f)
             parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
             grids += g.grids
-        geometry = C.cat_geometry(parts, grids, [fr.size for fr in frames])
+        geometry = G.cat_geometry(parts, grids, [fr.size for fr in frames])
         templated_video = self._expand(templated, self.config.video_token_id, visual.shape[0])
         ref = dict(input_ids=templated_video, attention_mask=torch.ones_like(templated_video),
                    pixel_values_videos=pixels.cpu())
@@ -97,8 +99,8 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
     def _encode_image(self, image, templated: str, need_attention: bool) -> dict:
         pixels = self._pixels([image])  # (1, 3, Hp, Wp)
         tower = self.model.model.image_tower
-        layer = C.feature_layer_index(self.config.vision_feature_layer, len(C.encoder_layers(tower)))
-        with (C.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
+        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
             outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
         feats = outputs.pooler_output
         visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
@@ -108,5 +110,5 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
         if need_attention:
             out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True,
-                       cls=C.projected_cls(self.model, outputs))  # (1, d)
+                       cls=A.projected_cls(self.model, outputs))  # (1, d)
         return out

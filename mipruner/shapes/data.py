@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import questions as sq
 from . import scenes as sc
 from .model import MIX, TrainConfig, grid, image_features, to_pixels
 from .vocab import EOS, IMAGE, prompt_text, vocabulary
@@ -31,28 +32,28 @@ def count_categories(rng: np.random.Generator) -> tuple[str, list[tuple[str, str
     return shape, [cats[i] for i in order]
 
 
-def sample_qa(rng: np.random.Generator, seed: int, index: int) -> sc.QAItem:
+def sample_qa(rng: np.random.Generator, seed: int, index: int) -> sq.QAItem:
     """One question with balanced answers (presence yes/no, counts 1-4); the model test draws its
     held-out questions this way."""
     family = sc.FAMILIES[int(rng.choice(3, p=[0.5, 0.25, 0.25]))]
     if family == "count":
         shape, cats = count_categories(rng)
         scene = sc.make_scene(seed, index, categories=cats)
-        return next(it for it in sc.count_items(scene) if it.target == shape)
+        return next(it for it in sq.count_items(scene) if it.target == shape)
     n = int(rng.integers(1, 5))
     scene = sc.make_scene(seed, index, categories=_random_categories(rng, n) if rng.random() < 0.5 else None)
     if family == "color":
-        items = sc.color_items(scene)
+        items = sq.color_items(scene)
         if items:
             return items[int(rng.integers(len(items)))]
     present = sorted(scene.categories)
     if rng.random() < 0.5:
-        return sc.presence_item(scene, *present[int(rng.integers(len(present)))].split(" "))
+        return sq.presence_item(scene, *present[int(rng.integers(len(present)))].split(" "))
     absent = [c for c in sc.CATEGORIES if sc.category_name(*c) not in scene.categories]
     if rng.random() < 0.5:  # hard negative: shares a colour or a shape with a present object
         near = [c for c in absent if any(c[0] == o.color or c[1] == o.shape for o in scene.objects)]
         absent = near or absent
-    return sc.presence_item(scene, *absent[int(rng.integers(len(absent)))])
+    return sq.presence_item(scene, *absent[int(rng.integers(len(absent)))])
 
 
 @dataclass(frozen=True)
@@ -80,17 +81,17 @@ def pool_questions(scenes: list[sc.Scene]) -> dict[str, list[PoolQuestion]]:
     for i, s in enumerate(scenes):
         for cat in sorted(s.categories):
             color, shape = cat.split(" ")
-            out["yes"].append(PoolQuestion(i, sc.presence_question(color, shape), "yes", color, shape))
+            out["yes"].append(PoolQuestion(i, sq.presence_question(color, shape), "yes", color, shape))
         for color, shape in sc.CATEGORIES:
             if sc.category_name(color, shape) in s.categories:
                 continue
-            q = PoolQuestion(i, sc.presence_question(color, shape), "no", color, shape)
+            q = PoolQuestion(i, sq.presence_question(color, shape), "no", color, shape)
             out["no_any"].append(q)
             if any(color == o.color or shape == o.shape for o in s.objects):
                 out["no_hard"].append(q)
-        for it in sc.color_items(s):
+        for it in sq.color_items(s):
             out["color"].append(PoolQuestion(i, it.question, it.answer, None, it.target))
-        for it in sc.count_items(s):
+        for it in sq.count_items(s):
             out[f"count_{it.answer}"].append(PoolQuestion(i, it.question, it.answer, None, it.target))
     return dict(out)
 

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
+from . import questions as sq
 from . import scenes as sc
 from .vocab import prompt_text
 
@@ -18,7 +19,7 @@ def evaluate(path: str, seed: int = 1234, n_scenes: int = 60, log=print) -> dict
 
     processor = AutoProcessor.from_pretrained(path)
     model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    items = sc.qa_items(seed, n_scenes)
+    items = sq.qa_items(seed, n_scenes)
     right: dict[str, list[bool]] = defaultdict(list)
     answers_by: dict[str, list[str]] = defaultdict(list)  # for the answer-prior baseline
     confusion: Counter = Counter()
@@ -60,7 +61,7 @@ def query_recall(path: str, seed: int = 1234, n_scenes: int = 60, budgets=(8, 16
     import mipruner
 
     adapter = mipruner.load(path, device="cpu")
-    items = [it for it in sc.qa_items(seed, n_scenes, pope_split="random") if it.masks[0].any()]
+    items = [it for it in sq.qa_items(seed, n_scenes, pope_split="random") if it.masks[0].any()]
     rec: dict[str, list[float]] = defaultdict(list)
     for n, it in enumerate(items):
         enc = adapter.encode(it.images[0], it.question)

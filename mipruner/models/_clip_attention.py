@@ -1,0 +1,96 @@
+"""The CLIP tower's attention for the vision-stage methods: which encoder layer the features come
+from, a forward hook (removed on exit) that captures that layer's attention probabilities and keys,
+the per-view [CLS] attention of multi-view inputs, and the projected [CLS] token."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def encoder_layers(tower) -> torch.nn.ModuleList:
+    """The transformer blocks of a CLIP/SigLIP-style vision tower (transformers 5: `encoder.layers`)."""
+    for name in ("encoder.layers", "vision_model.encoder.layers"):
+        try:
+            return tower.get_submodule(name)
+        except AttributeError:
+            continue
+    raise RuntimeError(f"cannot find the encoder layers of {type(tower).__name__}")
+
+
+def feature_layer_index(feature_layer, n_layers: int) -> int:
+    """The block whose output is `hidden_states[feature_layer]` (hidden_states[0] = embeddings).
+
+    A list of feature layers (multi-layer features) uses the last one listed.
+    """
+    h = feature_layer[-1] if isinstance(feature_layer, (list, tuple)) else int(feature_layer)
+    h = h if h >= 0 else n_layers + 1 + h
+    return min(max(h - 1, 0), n_layers - 1)
+
+
+@contextlib.contextmanager
+def capture_attention(tower, layer_index: int):
+    """Collect head-averaged attention probabilities and keys of one vision block.
+
+    Yields a dict filled during the forward: "attention" (B, N+1, N+1) and "keys" (B, N+1, d_head),
+    float32. The hooks are removed on exit, whatever happens. Needs eager attention in the tower
+    (SDPA returns no probabilities), which `load_model` sets up.
+    """
+    layer = encoder_layers(tower)[layer_index]
+    attn = layer.self_attn
+    out: dict[str, torch.Tensor] = {}
+
+    def on_attn(_module, _inputs, output):
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError("the vision tower returned no attention probabilities: load the model with "
+                               "vision_attn='eager' to capture attention")
+        out["attention"] = weights.detach().float().mean(dim=1)  # (B, H, N+1, N+1) -> (B, N+1, N+1)
+
+    def on_keys(_module, _inputs, output):
+        b, n, _ = output.shape
+        k = output.detach().float().view(b, n, attn.num_heads, attn.head_dim)  # (B, N+1, H, d_head)
+        out["keys"] = k.mean(dim=2)  # (B, N+1, d_head)
+
+    handles = [attn.register_forward_hook(on_attn), attn.k_proj.register_forward_hook(on_keys)]
+    try:
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def views_attention(att_all: torch.Tensor, keys_all: torch.Tensor, view: torch.Tensor, pos: torch.Tensor):
+    """Per-view tower attention (views, n+1, n+1) and keys (views, n+1, d_head) -> the pruners' form
+    over all N_V visual tokens: (N_V+1, N_V+1) with [CLS] first and keys (N_V+1, d_head).
+
+    view (N_V,): the view (image, tile, frame) each token comes from, -1 for tokens the tower never
+    saw (LLaVA-NeXT's newlines); pos (N_V,): its index within the view, [CLS] = 0. Row 0 holds each
+    token's [CLS] attention within its own view; tokens of different views get 0; key 0 is view 0's
+    [CLS] key.
+    """
+    seen = view >= 0
+    v = view.clamp_min(0)
+    p = pos.clamp_min(0)
+    n = int(view.numel())
+    att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
+    att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))
+    same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
+    att[1:, 1:] = torch.where(same, att_all[v[:, None], p[:, None], p[None, :]], torch.zeros(()))
+    keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
+    keys[0] = keys_all[0, 0]
+    keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
+    return att, keys
+
+
+def projected_cls(model, outputs) -> torch.Tensor | None:
+    """(views, d): each view's [CLS] hidden state at the feature layer(s), through the projector, or
+    None under the "full" strategy (there the [CLS] is already a visual token). `outputs`: what
+    `get_image_features` returned (its `hidden_states`, as the model selects them)."""
+    cfg = model.config
+    if getattr(cfg, "vision_feature_select_strategy", "default") != "default" or outputs.hidden_states is None:
+        return None
+    layers = cfg.vision_feature_layer
+    layers = list(layers) if isinstance(layers, (list, tuple)) else [layers]
+    h = torch.cat([outputs.hidden_states[i][:, 0] for i in layers], dim=-1)  # (views, D_v), as the model concatenates
+    return model.model.multi_modal_projector(h)  # (views, d)
