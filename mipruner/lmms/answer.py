@@ -117,14 +117,20 @@ class MethodConfig:
 def answer(adapter, media, prompt: str, config: MethodConfig, max_new_tokens: int):
     """Encode `media` + `prompt`, keep the visual tokens `config` selects, answer greedily (an Answer)."""
     enc = adapter.encode(media, prompt, text_mode=config.text_mode, need_attention=config.needs_attention)
+    return answer_encoded(adapter, enc, config, max_new_tokens)
+
+
+def answer_encoded(adapter, enc, config: MethodConfig, max_new_tokens: int, cache: dict | None = None):
+    """The answer of `config` on an encoding. `cache`: one dict per encoding, shared by the methods and
+    budgets answered on it (MI's PMI matrices, FastV/DART's first K layers), as in the eval runner."""
     m = config.method
     if m == NONE:
         return adapter.generate(enc, keep=None, max_new_tokens=max_new_tokens)
-    cache: dict = {}
+    cache = {} if cache is None else cache
     if inllm.is_in_llm(m):
-        sel = inllm.select(adapter, enc, m, config.budget, cache=cache, **config.params)
-        return inllm.generate(adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=max_new_tokens,
-                              cache=cache)
+        c = cache.setdefault("inllm", {})
+        sel = inllm.select(adapter, enc, m, config.budget, cache=c, **config.params)
+        return inllm.generate(adapter, enc, sel, layer=sel.extras["layer"], max_new_tokens=max_new_tokens, cache=c)
     sel = mipruner.prune(m, visual=enc.visual, text=enc.scoring_text, budget=config.budget,
                          **prune_kwargs(m, enc, config.params, None, cache))
     return adapter.generate(enc, keep=sel, max_new_tokens=max_new_tokens)

@@ -81,6 +81,9 @@ class AnswerCache:
             self.hits += 1
         return out
 
+    def has(self, key: str) -> bool:
+        return key in self.answers
+
     def put(self, key: str, answer: str, **info) -> None:
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")

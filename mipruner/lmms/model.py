@@ -39,7 +39,7 @@ from PIL import Image
 
 import mipruner
 
-from .answer import MethodConfig, answer
+from .answer import MethodConfig, answer_encoded
 from .cache import AnswerCache, answer_key, media_digest
 
 log = logging.getLogger("mipruner.lmms")
@@ -47,6 +47,9 @@ _ADAPTERS: dict[tuple, object] = {}  # (pretrained, device, dtype) -> adapter, p
 # Fault injection for tests of resuming: the process kills itself (SIGKILL: no cleanup, like a crash
 # or a preempted job) right after caching its N-th newly computed answer.
 ABORT_ENV = "MIPRUNER_LMMS_ABORT_AFTER"
+# Set by `python -m mipruner.lmms --config FILE`: the model_args of every run of the file (JSON list).
+SWEEP_ENV = "MIPRUNER_LMMS_SWEEP"
+_NOT_METHOD = ("pretrained", "dtype", "device", "cache_dir", "batch_size", "max_batch_size")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float32": torch.float32, "fp32": torch.float32}
 
@@ -99,10 +102,32 @@ class MiPruner(lmms):
         self._device = torch.device(device)
         self.pretrained = str(pretrained)
         self.adapter = load_adapter(self.pretrained, str(self._device), dtype)
-        self.model_key = f"{self.pretrained}|{dtype}|{self._device.type}|{self.config.key()}"
+        self._key_prefix = f"{self.pretrained}|{dtype}|{self._device.type}|"
         self.cache = AnswerCache(cache_dir, self._rank) if cache_dir else None
+        self.sweep = self._sweep(dtype, cache_dir)
         self.batch_size_per_gpu = int(batch_size)  # answers are computed one by one
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
+
+    def _sweep(self, dtype, cache_dir) -> list[MethodConfig]:
+        """This run's configuration, then the other runs of the `--config` sweep answered on the same
+        encodings (same model, dtype, cache folder and text_mode). Without a cache folder: this run only."""
+        import json
+
+        runs = json.loads(os.environ.get(SWEEP_ENV) or "[]")
+        if not runs or self.cache is None:
+            return [self.config]
+        from lmms_eval.utils import simple_parse_args_string
+
+        out = {self.config.key(): self.config}
+        for text in runs:
+            args = simple_parse_args_string(text)
+            if (str(args.get("pretrained", "shapes-llava")), args.get("dtype"), args.get("cache_dir")) != \
+                    (self.pretrained, dtype, cache_dir):
+                continue
+            c = MethodConfig.parse(**{k: v for k, v in args.items() if k not in _NOT_METHOD})
+            if c.text_mode == self.config.text_mode:
+                out.setdefault(c.key(), c)
+        return list(out.values())
 
     @property
     def device(self):
@@ -133,20 +158,29 @@ class MiPruner(lmms):
             context, gen_kwargs, doc_to_visual, doc_id, task, split = req.args
             max_new, until = self._generation(gen_kwargs)
             visuals = doc_to_visual(self.task_dict[task][split][doc_id])
-            key = text = None
+            keys, text = [None] * len(self.sweep), None  # without a cache the sweep is this run only
             if self.cache is not None:
-                key = answer_key(self.model_key, task, split, doc_id, context, media_digest(visuals), max_new)
-                text = self.cache.get(key)
-            if text is None:
-                text = answer(self.adapter, to_media(visuals), context, self.config, max_new).text
-                for stop in until:
-                    if stop and stop in text:
-                        text = text.split(stop)[0]
-                self.calls += 1
-                if self.cache is not None:
-                    self.cache.put(key, text, task=task, doc_id=doc_id)
-                if os.environ.get(ABORT_ENV) and self.calls >= int(os.environ[ABORT_ENV]):
-                    os.kill(os.getpid(), signal.SIGKILL)
+                digest = media_digest(visuals)
+                keys = [answer_key(self._key_prefix + c.key(), task, split, doc_id, context, digest, max_new)
+                        for c in self.sweep]
+                text = self.cache.get(keys[0])
+            if text is None:  # this run's answer, and the sweep's missing ones on the same encoding
+                todo = [(c, k) for i, (c, k) in enumerate(zip(self.sweep, keys))
+                        if i == 0 or not self.cache.has(k)]
+                enc = self.adapter.encode(to_media(visuals), context, text_mode=self.config.text_mode,
+                                          need_attention=any(c.needs_attention for c, _ in todo))
+                shared: dict = {}
+                for c, k in todo:
+                    t = answer_encoded(self.adapter, enc, c, max_new, shared).text
+                    for stop in until:
+                        if stop and stop in t:
+                            t = t.split(stop)[0]
+                    text = t if text is None else text  # the first of `todo` is this run's
+                    self.calls += 1
+                    if self.cache is not None:
+                        self.cache.put(k, t, task=task, doc_id=doc_id, config=c.key())
+                    if os.environ.get(ABORT_ENV) and self.calls >= int(os.environ[ABORT_ENV]):
+                        os.kill(os.getpid(), signal.SIGKILL)
             out.append(text)
         if self.cache is not None:
             log.warning("mipruner rank %d: %d answers computed, %d from the cache %s", self._rank, self.calls,

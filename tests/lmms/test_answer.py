@@ -59,7 +59,7 @@ def _spy(monkeypatch, adapter):
 def test_one_item_answer_is_the_eval_runners(monkeypatch):
     """`answer` (the lmms model's only path) gives the runner's answer for every kind of method."""
     adapter = mipruner.load("shapes-llava", device="cpu")
-    items = shapes_items("shapes-pope", n=3)[:2] + shapes_items("shapes-open", n=2)
+    items = shapes_items("shapes-pope", n=3)[:1] + shapes_items("shapes-open", n=1)
     methods = ["mi", "random", "similarity", "visionzip", "fastv", "dart"]
     budgets = [12, 0.25]
     params = {"lam": 1.0, "layer": 1}
@@ -103,3 +103,31 @@ def test_shipped_pope_yamls_are_the_generated_ones(tmp_path):
     for name in names + ["mipruner_pope"]:
         with open(f"{TASKS_DIR}/{name}.yaml") as a, open(tmp_path / f"{name}.yaml") as b:
             assert a.read() == b.read(), f"{name}.yaml differs: rerun python -m mipruner.lmms.make_tasks --pope-yamls"
+
+
+def test_sweep_expansion_and_config_merge(tmp_path, monkeypatch):
+    import json
+    import os
+
+    import yaml
+
+    from mipruner.lmms.__main__ import _config_with_tasks_dir, expand_model_args
+    from mipruner.lmms.model import SWEEP_ENV
+
+    runs = expand_model_args("pretrained=m,method=none|mi|random,budget=16|25%,lam=1,cache_dir=/c")
+    assert runs == [("none", "pretrained=m,method=none,cache_dir=/c"),
+                    ("mi_16", "pretrained=m,method=mi,budget=16,lam=1,cache_dir=/c"),
+                    ("mi_25pct", "pretrained=m,method=mi,budget=25%,lam=1,cache_dir=/c"),
+                    ("random_16", "pretrained=m,method=random,budget=16,cache_dir=/c"),
+                    ("random_25pct", "pretrained=m,method=random,budget=25%,cache_dir=/c")]
+    assert expand_model_args("method=mi,budget=8,lam=0.5|1") == [("mi_8_lam0.5", "method=mi,budget=8,lam=0.5"),
+                                                                 ("mi_8_lam1", "method=mi,budget=8,lam=1")]
+    assert expand_model_args("method=mi,budget=8,lamda=1") == [("mi_8", "method=mi,budget=8,lamda=1")]  # -> model error
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump([{"model": "mipruner", "model_args": "method=mi,budget=8", "include_path": "/x"},
+                                   {"model": "mipruner", "model_args": "method=random,budget=8"}]))
+    monkeypatch.setenv(SWEEP_ENV, "")  # restored after the test
+    with open(_config_with_tasks_dir(str(cfg))) as f:
+        merged = yaml.safe_load(f)
+    assert [r["include_path"] for r in merged] == [["/x", TASKS_DIR], [TASKS_DIR]]
+    assert json.loads(os.environ[SWEEP_ENV]) == ["method=mi,budget=8", "method=random,budget=8"]

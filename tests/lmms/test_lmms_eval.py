@@ -1,8 +1,9 @@
-"""The embedded model through lmms-eval (1 and 2 processes) = `python -m mipruner.eval`; resuming.
+"""The embedded model through lmms-eval (1 and 2 processes) = `python -m mipruner.eval`; sweeps; resuming.
 
 Offline and on CPU: the shapes tasks are written to a temporary folder by
 `mipruner.lmms.make_tasks`, and every run reads lmms-eval's results and sample files (lmms-eval
-exits 0 even when a run fails, so the exit code proves nothing).
+exits 0 even when a run fails, so the exit code proves nothing). The one-process run is a
+two-run sweep (`method=mi|random`: MI, then Random) sharing one model load and one encoding per item.
 """
 import glob
 import json
@@ -17,8 +18,9 @@ pytest.importorskip("lmms_eval", reason="lmms-eval is installed by .ci/run (requ
 
 import mipruner  # noqa: E402
 from mipruner.eval.__main__ import main as eval_main  # noqa: E402
+from mipruner.eval.shapes import shapes_items  # noqa: E402
 from mipruner.lmms.make_tasks import write_shapes_tasks  # noqa: E402
-from mipruner.lmms.model import ABORT_ENV  # noqa: E402
+from mipruner.lmms.model import ABORT_ENV, SWEEP_ENV  # noqa: E402
 from mipruner.scenes import POPE_SPLITS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,6 +47,7 @@ def _env(tmp, extra=None):
                OMP_NUM_THREADS="1", HF_DATASETS_CACHE=os.path.join(tmp, "hf_datasets"),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop(ABORT_ENV, None)
+    env.pop(SWEEP_ENV, None)
     env.update(extra or {})
     return env
 
@@ -58,9 +61,9 @@ def _free_port():
 class Run:
     """One lmms-eval launch in the background; `wait()` -> (exit code, stdout + stderr)."""
 
-    def __init__(self, task_dir, out, cache=None, processes=1, extra_env=None):
+    def __init__(self, task_dir, out, cache=None, processes=1, extra_env=None, model_args=MODEL_ARGS):
         args = ["-m", "mipruner.lmms", "--model", "mipruner",
-                "--model_args", MODEL_ARGS + (f",cache_dir={cache}" if cache else ""),
+                "--model_args", model_args + (f",cache_dir={cache}" if cache else ""),
                 "--tasks", TASKS, "--include_path", task_dir, "--batch_size", "1",
                 "--log_samples", "--output_path", out]
         if processes == 1:
@@ -123,13 +126,13 @@ def reference(tmp_path_factory, monkeypatch_module):
     ref = {}
     for task, n in (("shapes-pope", N_POPE), ("shapes-open", N_OPEN)):
         texts.clear()
-        eval_main(["--model", "shapes-llava", "--task", task, "--n", str(n), "--seed", str(SEED), "--methods", "mi",
+        eval_main(["--model", "shapes-llava", "--task", task, "--n", str(n), "--seed", str(SEED), "--methods", "mi,random",
                    "--budgets", str(BUDGET), "--lam", "1", "--text-mode", "nostop", "--device", "cpu",
                    "--json", str(tmp / f"{task}.json"), "--no-progress"])
         with open(tmp / f"{task}.json") as f:
             rows = json.load(f)
-        # per item: the unpruned answer, then MI's
-        ref[task] = ({(r["method"], r["split"]): r for r in rows}, texts[1::2], texts[0::2])
+        # per item: the unpruned answer, MI's, then Random's with seeds 0, 1, 2
+        ref[task] = ({(r["method"], r["split"]): r for r in rows}, texts[1::5], texts[0::5], texts[2::5])
     return ref
 
 
@@ -141,9 +144,7 @@ def monkeypatch_module():
 
 
 def check_same_as_eval(results, answers, reference):
-    from mipruner.eval.shapes import shapes_items
-
-    row, mi, unpruned = reference["shapes-pope"]
+    row, mi, unpruned, _ = reference["shapes-pope"]
     items = shapes_items("shapes-pope", n=N_POPE, seed=SEED)
     for split in POPE_SPLITS:
         idx = [i for i, it in enumerate(items) if it.split == split]
@@ -155,7 +156,7 @@ def check_same_as_eval(results, answers, reference):
     for k in ("acc", "f1", "yes_rate"):  # the group: the unweighted mean over the splits, as the runner's
         assert results["results"]["shapes_pope"][f"{k},none"] == pytest.approx(row[("mi", "average")][k], abs=1e-12)
     pruned_differs = mi != unpruned
-    row, mi, unpruned = reference["shapes-open"]
+    row, mi, unpruned, _ = reference["shapes-open"]
     got = answers["shapes_open"]
     assert [got[j] for j in range(N_OPEN)] == mi
     assert results["results"]["shapes_open"]["acc,none"] == pytest.approx(row[("mi", "all")]["acc"], abs=1e-12)
@@ -165,26 +166,50 @@ def check_same_as_eval(results, answers, reference):
 
 @pytest.fixture(scope="module")
 def single_runs(task_dir, tmp_path_factory):
-    """Both one-process launches at once (they are independent): a full run, and one killed mid-run."""
+    """Both one-process launches at once (they are independent): a sweep, and a run killed mid-way."""
     tmp = tmp_path_factory.mktemp("single")
-    full = Run(task_dir, str(tmp / "full" / "out"))
+    # one command, two runs: "mi|random" expands to MI (lam=1) and Random (lam is not one of its settings)
+    full = Run(task_dir, str(tmp / "full"), cache=str(tmp / "sweep_cache"),
+               model_args=f"pretrained=shapes-llava,method=mi|random,budget={BUDGET},lam=1")
     killed = Run(task_dir, str(tmp / "killed" / "out"), cache=str(tmp / "cache"),
                  extra_env={ABORT_ENV: str(KILLED_AFTER)})
-    return {"full": (full, str(tmp / "full" / "out")), "killed": (killed, str(tmp / "killed" / "out"), str(tmp / "cache"))}
+    return {"full": (full, str(tmp / "full")), "killed": (killed, str(tmp / "killed" / "out"), str(tmp / "cache"))}
 
 
 @pytest.fixture(scope="module")
-def one_process(single_runs):
+def sweep(single_runs):
     run, out = single_runs["full"]
     rc, log = run.wait()
     assert rc == 0, log[-5000:]
-    return read_run(out)
+    return {m: read_run(os.path.join(out, f"{m}_{BUDGET}")) for m in ("mi", "random")}, log
+
+
+@pytest.fixture(scope="module")
+def one_process(sweep):
+    return sweep[0]["mi"]
 
 
 def test_one_process_equals_mipruner_eval(one_process, reference):
     results, answers = one_process
     assert sum(len(a) for a in answers.values()) == N_ITEMS
     check_same_as_eval(results, answers, reference)
+
+
+def test_sweep_loads_once_encodes_once(sweep, reference):
+    runs, log = sweep
+    assert log.count("mipruner: loaded shapes-llava") == 1
+    # the first run answered both configurations on each encoding; the second only read them
+    assert f"mipruner rank 0: {2 * N_ITEMS} answers computed, 0 from the cache" in log
+    assert f"mipruner rank 0: 0 answers computed, {N_ITEMS} from the cache" in log
+    # ... and Random's answers (seed 0) are those of `python -m mipruner.eval` (its first seed)
+    _, answers = runs["random"]
+    items = shapes_items("shapes-pope", n=N_POPE, seed=SEED)
+    random_pope = reference["shapes-pope"][3]
+    for split in POPE_SPLITS:
+        idx = [i for i, it in enumerate(items) if it.split == split]
+        assert [answers[f"shapes_pope_{split}"][j] for j in range(len(idx))] == [random_pope[i] for i in idx]
+    assert [answers["shapes_open"][j] for j in range(N_OPEN)] == reference["shapes-open"][3]
+    assert answers != runs["mi"][1]
 
 
 def test_two_processes_equal_mipruner_eval(task_dir, tmp_path, reference, one_process):
