@@ -29,7 +29,10 @@ from . import MODEL_ID, TASKS_DIR, register
 
 
 def _with_tasks_dir(include_path) -> list[str]:
-    paths = [] if include_path in (None, "") else ([include_path] if isinstance(include_path, str) else list(include_path))
+    if include_path in (None, ""):
+        paths = []
+    else:
+        paths = [include_path] if isinstance(include_path, str) else list(include_path)
     return paths + [TASKS_DIR] if TASKS_DIR not in paths else paths
 
 

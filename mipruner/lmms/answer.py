@@ -70,10 +70,10 @@ class MethodConfig:
     method: str = NONE
     budget: int | float | None = None
     params: dict = field(default_factory=dict, hash=False)
-    text_mode: str = "nostop"
+    text_mode: str = "question"
 
     @classmethod
-    def parse(cls, method: str = NONE, budget=None, text_mode: str = "nostop", **params) -> "MethodConfig":
+    def parse(cls, method: str = NONE, budget=None, text_mode: str = "question", **params) -> "MethodConfig":
         if not isinstance(method, str) or method not in method_names():
             import difflib
 

@@ -46,7 +46,8 @@ def task_yaml(task: str, dataset: str, split: str, kind: str, post_prompt: str, 
 
 def group_yaml(group: str, tasks: list[str]) -> str:
     """A group whose accuracy, F1 and yes-rate are the unweighted means over its tasks (the paper's average)."""
-    agg = "".join(f"  - metric: {m}\n    aggregation: mean\n    weight_by_size: false\n" for m in ("acc", "f1", "yes_rate"))
+    agg = "".join(f"  - metric: {m}\n    aggregation: mean\n    weight_by_size: false\n"
+                  for m in ("acc", "f1", "yes_rate"))
     return f"group: {group}\ntask:\n" + "".join(f"  - {t}\n" for t in tasks) + f"aggregate_metric_list:\n{agg}" \
         "metadata:\n  version: 1.0\n"
 
@@ -106,7 +107,8 @@ def write_shapes_tasks(out: str, n: int = 60, seed: int = 1234, tasks=("pope", "
         names = []
         for split in POPE_SPLITS:
             name = f"shapes_pope_{split}"
-            _write_parquet(os.path.join(out, "data", f"{name}.parquet"), _rows([i for i in items if i.split == split], False), False)
+            rows = _rows([i for i in items if i.split == split], False)
+            _write_parquet(os.path.join(out, "data", f"{name}.parquet"), rows, False)
             with open(os.path.join(out, f"{name}.yaml"), "w") as f:
                 f.write(task_yaml(name, _local(name), "test", "pope", "", 8, extra=meta))
             names.append(name)

@@ -7,25 +7,30 @@ model_args (besides the method's own settings, e.g. lam, tau, aggregation, norma
   pretrained   hub id, local folder or alias ("shapes-llava"); every family of `mipruner.models`
   method       "none" (no pruning) or any method of `mipruner.list_pruners()`, "fastv", "dart"
   budget       tokens (64), a share of the visual tokens (0.25) or a percentage (25%)
-  text_mode    which prompt tokens the text-conditioned methods score (default "nostop", below)
+  text_mode    which prompt tokens the text-conditioned methods score (default "question", below)
   dtype        float16 | bfloat16 | float32 (default: the adapter's choice)
   device       default: the device accelerate gives this process (cuda:<local rank>, or cpu)
   cache_dir    per-sample answer cache: a killed or interrupted run resumes there (`cache.py`)
 
 Which prompt tokens MI scores. lmms-eval builds each prompt as the question plus the task's
 instruction, e.g. POPE's "Is there a dog in the image?\\nAnswer the question using a single word
-or phrase." The instruction is the same for every item and names nothing visible, so by default
-(`text_mode=nostop`) the text-conditioned methods score the prompt without stopwords and
-punctuation: every word of the usual instructions ("answer", "question", "using", "single",
-"word", "phrase", "please", "yes", "no", ...) is in `mipruner.models.text.STOPWORDS`, and what is
-scored is the question's content words ("dog"). The model itself always reads the whole prompt.
-`text_mode=question` scores every token of lmms-eval's prompt (question and instruction),
-`text_mode=prompt` every non-visual token of the chat template too.
+or phrase."; that whole text is the user's message the model answers. By default
+(`text_mode=question`, the library's default) the text-conditioned methods score all of it:
+the user's prompt, which is what MI-Pruner scores visual tokens against (the paper's "user
+prompts"), while the chat template's own tokens are left out. `text_mode=nostop` scores the
+prompt without stopwords and punctuation: every word of the usual instructions ("answer",
+"question", "using", "single", "word", "phrase", "please", "yes", "no", ...) is in
+`mipruner.models.text.STOPWORDS`, so only the question's content words remain ("dog"); stopwords
+are judged token by token, so a word a tokenizer splits into pieces may leave a piece.
+`text_mode=prompt` scores the chat template's tokens too. The model always reads the whole prompt.
 
 Answers are greedy, as in the paper; a task asking for sampling or beam search is refused.
-Rank, world size and device come from accelerate, so `accelerate launch` / `torchrun` runs one
-copy per process and lmms-eval splits the documents between them. Loaded adapters are kept per
-process: the runs of a `--config` sweep (one lmms-eval run per method x budget) load the model once.
+Rank and world size come from the process group when there is one (`accelerate launch` on a
+CPU-only machine sets one up while accelerate's own state says one process), else from
+accelerate; the device from accelerate. lmms-eval splits the documents between the ranks.
+Sweeps: loaded adapters are kept per process, so the runs of a sweep load the model once; with
+`cache_dir`, the first run also answers the sweep's other configurations on each encoding
+(`SWEEP_ENV`, set by `python -m mipruner.lmms`) and the later runs read them from the cache.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ _ADAPTERS: dict[tuple, object] = {}  # (pretrained, device, dtype) -> adapter, p
 # Fault injection for tests of resuming: the process kills itself (SIGKILL: no cleanup, like a crash
 # or a preempted job) right after caching its N-th newly computed answer.
 ABORT_ENV = "MIPRUNER_LMMS_ABORT_AFTER"
-# Set by `python -m mipruner.lmms --config FILE`: the model_args of every run of the file (JSON list).
+# Set by `python -m mipruner.lmms` for a sweep ("|" alternatives or --config): every run's model_args (JSON list).
 SWEEP_ENV = "MIPRUNER_LMMS_SWEEP"
 _NOT_METHOD = ("pretrained", "dtype", "device", "cache_dir", "batch_size", "max_batch_size")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -84,7 +89,7 @@ class MiPruner(lmms):
     is_simple = True
 
     def __init__(self, pretrained: str = "shapes-llava", method: str = "none", budget=None,
-                 text_mode: str = "nostop", dtype: str | None = None, device: str | None = None,
+                 text_mode: str = "question", dtype: str | None = None, device: str | None = None,
                  cache_dir: str | None = None, batch_size=1, max_batch_size=None, **method_params) -> None:
         super().__init__()
         from accelerate import Accelerator
@@ -109,8 +114,8 @@ class MiPruner(lmms):
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
 
     def _sweep(self, dtype, cache_dir) -> list[MethodConfig]:
-        """This run's configuration, then the other runs of the `--config` sweep answered on the same
-        encodings (same model, dtype, cache folder and text_mode). Without a cache folder: this run only."""
+        """This run's configuration, then the sweep's other runs answered on the same encodings (same
+        model, dtype, cache folder, text_mode and attention capture). Without a cache folder: this run only."""
         import json
 
         runs = json.loads(os.environ.get(SWEEP_ENV) or "[]")
@@ -125,7 +130,9 @@ class MiPruner(lmms):
                     (self.pretrained, dtype, cache_dir):
                 continue
             c = MethodConfig.parse(**{k: v for k, v in args.items() if k not in _NOT_METHOD})
-            if c.text_mode == self.config.text_mode:
+            # one encoding serves the configurations that would encode alike (text_mode, and whether
+            # the vision tower's attention is captured), so each answer is the one of a separate run
+            if (c.text_mode, c.needs_attention) == (self.config.text_mode, self.config.needs_attention):
                 out.setdefault(c.key(), c)
         return list(out.values())
 
@@ -168,7 +175,7 @@ class MiPruner(lmms):
                 todo = [(c, k) for i, (c, k) in enumerate(zip(self.sweep, keys))
                         if i == 0 or not self.cache.has(k)]
                 enc = self.adapter.encode(to_media(visuals), context, text_mode=self.config.text_mode,
-                                          need_attention=any(c.needs_attention for c, _ in todo))
+                                          need_attention=self.config.needs_attention)
                 shared: dict = {}
                 for c, k in todo:
                     t = answer_encoded(self.adapter, enc, c, max_new, shared).text

@@ -13,7 +13,7 @@ from mipruner.lmms.make_tasks import write_pope_yamls
 
 def test_settings_are_checked_with_plain_errors():
     c = MethodConfig.parse("mi", 64, lam=1, tau=0.1)
-    assert c.params == {"lam": 1.0, "tau": 0.1} and isinstance(c.params["lam"], float) and c.text_mode == "nostop"
+    assert c.params == {"lam": 1.0, "tau": 0.1} and isinstance(c.params["lam"], float) and c.text_mode == "question"
     assert MethodConfig.parse("fastv", "25%", layer=2).budget == 0.25
     assert parse_budget(0.5) == 0.5 and parse_budget("128") == 128 and parse_budget("0.25") == 0.25
     with pytest.raises(ValueError, match="Did you mean 'mi'"):
@@ -65,7 +65,7 @@ def test_one_item_answer_is_the_eval_runners(monkeypatch):
     params = {"lam": 1.0, "layer": 1}
     texts = _spy(monkeypatch, adapter)
     evaluate(adapter, items, ["none"] + methods, budgets, params, "mixed", text_mode="nostop")
-    expected, got = [], []
+    got = []
     for item in items:
         runs = [("none", None, None)] + [(m, b, s) for m in methods for b in budgets
                                          for s in (RANDOM_SEEDS if m == "random" else (None,))]

@@ -25,7 +25,7 @@ from mipruner.scenes import POPE_SPLITS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 N_POPE, N_OPEN, SEED, BUDGET = 6, 8, 1234, 16  # 18 POPE items (6 per split) + 8 open questions
-MODEL_ARGS = f"pretrained=shapes-llava,method=mi,budget={BUDGET},lam=1"  # text_mode: the default, nostop
+MODEL_ARGS = f"pretrained=shapes-llava,method=mi,budget={BUDGET},lam=1"  # text_mode: the default, question
 TASKS = "shapes_pope,shapes_open"
 N_ITEMS = 3 * N_POPE + N_OPEN
 KILLED_AFTER = 9  # the interrupted run kills itself after caching this many answers
@@ -45,6 +45,7 @@ def task_dir(tmp_path_factory):
 def _env(tmp, extra=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                OMP_NUM_THREADS="1", HF_DATASETS_CACHE=os.path.join(tmp, "hf_datasets"),
+               CUDA_VISIBLE_DEVICES="",  # CPU, like the reference, on any machine
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop(ABORT_ENV, None)
     env.pop(SWEEP_ENV, None)
@@ -126,8 +127,9 @@ def reference(tmp_path_factory, monkeypatch_module):
     ref = {}
     for task, n in (("shapes-pope", N_POPE), ("shapes-open", N_OPEN)):
         texts.clear()
-        eval_main(["--model", "shapes-llava", "--task", task, "--n", str(n), "--seed", str(SEED), "--methods", "mi,random",
-                   "--budgets", str(BUDGET), "--lam", "1", "--text-mode", "nostop", "--device", "cpu",
+        eval_main(["--model", "shapes-llava", "--task", task, "--n", str(n), "--seed", str(SEED),
+                   "--methods", "mi,random",
+                   "--budgets", str(BUDGET), "--lam", "1", "--text-mode", "question", "--device", "cpu",
                    "--json", str(tmp / f"{task}.json"), "--no-progress"])
         with open(tmp / f"{task}.json") as f:
             rows = json.load(f)
