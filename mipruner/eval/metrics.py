@@ -1,5 +1,9 @@
 """Scoring answers (POPE accuracy / F1 / yes-rate, open-answer match) and query recall.
 
+This is the one scoring module: `python -m mipruner.eval` and the lmms-eval tasks of
+`mipruner.lmms` (`mipruner.lmms.tasks`) both score with `pope_metrics` / `open_metrics`, and
+both average POPE's splits with `average_splits`.
+
 Query recall is the measure the synthetic scenes make possible: the share of the asked object's
 visual tokens that a pruner keeps. A token "shows" the object when at least `min_cover` of its
 pixel box is object pixels (in the original image / frame coordinates of `TokenGeometry`); the
@@ -8,6 +12,7 @@ report and the model test use too, so every recall figure means the same thing.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -56,6 +61,23 @@ def pope_metrics(predictions: list[str], labels: list[str]) -> dict[str, float]:
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"acc": float((pred == gold).mean()), "precision": precision, "recall": recall, "f1": f1,
             "yes_rate": float(pred.mean()), "n": len(labels)}
+
+
+def open_metrics(predictions: list[str], answers: list[str]) -> dict[str, float]:
+    """Accuracy of one-word open answers (`answer_matches`: first word, number words as digits)."""
+    if not answers:
+        return {"acc": float("nan"), "n": 0}
+    hits = sum(answer_matches(p, a) for p, a in zip(predictions, answers, strict=True))
+    return {"acc": hits / len(answers), "n": len(answers)}
+
+
+def average_splits(per_split: list[dict], keys=("acc", "f1", "yes_rate")) -> dict[str, float]:
+    """The paper's POPE "average": the unweighted mean of each metric over the splits (NaNs skipped)."""
+    out = {}
+    for k in keys:
+        vals = [float(r[k]) for r in per_split if k in r and not math.isnan(float(r[k]))]
+        out[k] = sum(vals) / len(vals) if vals else float("nan")
+    return out
 
 
 def token_object_cover(geometry, masks: list[np.ndarray]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Iterable
 import mipruner
 from mipruner.pruners import get_pruner
 
-from .metrics import answer_matches, pope_metrics, query_recall, token_object_cover
+from .metrics import average_splits, open_metrics, pope_metrics, query_recall, token_object_cover
 from .tasks import EvalItem
 
 RANDOM_SEEDS = (0, 1, 2)
@@ -78,7 +78,7 @@ def aggregate(records, task: str) -> list[dict]:
             per_split.append(row)
         rows += per_split
         if len(per_split) > 1:
-            avg = {k: _mean([r[k] for r in per_split]) for k in ("acc", "f1", "yes_rate", "query_recall")}
+            avg = average_splits(per_split, ("acc", "f1", "yes_rate", "query_recall"))
             avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split))
             rows.append(avg)
     return rows
@@ -91,7 +91,7 @@ def _score(recs) -> dict:
     if all(it.kind == "yesno" for it in items):
         m = pope_metrics(preds, [it.answer for it in items])
         return {"acc": m["acc"], "f1": m["f1"], "yes_rate": m["yes_rate"], "query_recall": recall, "n": m["n"]}
-    acc = sum(answer_matches(p, it.answer) for p, it in zip(preds, items)) / len(items)
+    acc = open_metrics(preds, [it.answer for it in items])["acc"]
     return {"acc": acc, "f1": math.nan, "yes_rate": math.nan, "query_recall": recall, "n": len(items)}
 
 
