@@ -135,6 +135,8 @@ def test_wheel_installs_the_library_without_the_app(tmp_path):
     requires = [ln for ln in meta.splitlines() if ln.startswith("Requires-Dist:")]
     assert all("extra ==" in ln for ln in requires if "gradio" in ln) and any("gradio" in ln for ln in requires)
     assert "mipruner-eval = mipruner.eval.__main__:main" in entry
+    assert "[lmms_eval.models]" in entry and "mipruner = mipruner.lmms:manifest" in entry
+    assert any(n.startswith("mipruner/lmms/tasks/") and n.endswith(".yaml") for n in names)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = str(venv / "bin" / "python")

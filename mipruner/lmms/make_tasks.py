@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from mipruner.scenes import POPE_SPLITS
+from mipruner.shapes.scenes import POPE_SPLITS
 
 FN = "!function mipruner.lmms.tasks"
 POPE_METRICS = ("acc", "f1", "yes_rate", "precision", "recall")

@@ -2,7 +2,7 @@
 import pytest
 
 import mipruner
-from mipruner import inllm
+from mipruner.inllm import _run as inllm_run
 from mipruner.eval.metrics import average_splits, open_metrics, pope_metrics
 from mipruner.eval.runner import RANDOM_SEEDS, evaluate
 from mipruner.eval.shapes import shapes_items
@@ -30,7 +30,7 @@ def test_settings_are_checked_with_plain_errors():
         MethodConfig.parse("mi", 0)
     with pytest.raises(ValueError, match="text_mode"):
         MethodConfig.parse("mi", 8, text_mode="all")
-    with pytest.raises(ValueError, match="aggregation must be a str"):
+    with pytest.raises(ValueError, match="aggregation must be one of"):
         MethodConfig.parse("mi", 8, aggregation=3)
     with pytest.raises(ValueError, match="attention"):  # filled from the encoding, never a setting
         MethodConfig.parse("visionzip", 8, attention=1)
@@ -39,7 +39,7 @@ def test_settings_are_checked_with_plain_errors():
 def _spy(monkeypatch, adapter):
     """Record every answer text the runner (or `answer`) produces, in call order."""
     texts = []
-    gen, igen = adapter.generate, inllm.generate
+    gen, igen = adapter.generate, inllm_run.generate
 
     def generate(*a, **k):
         out = gen(*a, **k)
@@ -52,7 +52,7 @@ def _spy(monkeypatch, adapter):
         return out
 
     monkeypatch.setattr(adapter, "generate", generate)
-    monkeypatch.setattr(inllm, "generate", igenerate)
+    monkeypatch.setattr(inllm_run, "generate", igenerate)  # in-LLM answers end there
     return texts
 
 
@@ -71,7 +71,7 @@ def test_one_item_answer_is_the_eval_runners(monkeypatch):
                                          for s in (RANDOM_SEEDS if m == "random" else (None,))]
         for m, b, s in runs:
             kw = {k: v for k, v in params.items() if m != "none" and k in
-                  (inllm.defaults(m) if inllm.is_in_llm(m) else mipruner.get_pruner(m).params)}
+                  mipruner.get_pruner(m).param_names}
             if s is not None:
                 kw["seed"] = s
             got.append((item.id, m, b, s, answer(adapter, item.media, item.question,
