@@ -6,6 +6,7 @@ model's choice (8 for Video-LLaVA, the processor's default for Qwen), made by th
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")
 MAX_DECODE_FRAMES = 10_000  # a guard against pathological streams
+MAX_IMAGE_PIXELS = 50_000_000  # larger pictures are refused from their header, before decoding
 
 
 class MediaError(ValueError):
@@ -52,10 +54,36 @@ def load_image(source) -> Image.Image:
         raise MediaError(f"image file not found: {path}")
     try:
         with Image.open(path) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise Image.DecompressionBombError(f"Image size ({im.width * im.height} pixels)")
             im.load()  # forces a full decode: truncated files fail here, not later
             return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
-        raise MediaError(f"cannot read image {os.path.basename(path)!r}: {e}") from None
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
+        raise MediaError(image_problem(os.path.basename(path), e)) from None
+
+
+def image_problem(name: str, err: BaseException) -> str:
+    """A plain reason why the image file `name` could not be read (no paths, no library jargon)."""
+    if isinstance(err, Image.DecompressionBombError):
+        m = re.search(r"\((\d+) pixels\)", str(err))
+        size = f" ({int(m.group(1)) / 1e6:,.0f} megapixels)" if m else ""
+        why = f"it is too large to open safely{size}; use one of at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
+    elif isinstance(err, UnidentifiedImageError):
+        why = "it is not a picture this app knows; use PNG, JPEG, WebP, GIF or BMP"
+    elif "truncated" in str(err).lower():
+        why = "the file is incomplete or damaged (it ends too early); upload it again"
+    else:
+        why = "the file is damaged or in an unsupported format"
+    return f"cannot read image {name!r}: {why}"
+
+
+def video_problem(name: str, err: BaseException, path: str = "", verb: str = "open") -> str:
+    """A plain reason why the video file `name` could not be opened (no paths, no error numbers)."""
+    if path and os.path.isfile(path) and os.path.getsize(path) == 0:
+        return f"cannot {verb} video {name!r}: the file is empty (0 bytes); upload it again"
+    why = str(getattr(err, "strerror", None) or "")
+    why = f" ({why[:1].lower()}{why[1:]})" if why and os.sep not in why else ""
+    return f"cannot {verb} video {name!r}: not a video this app can decode{why}; use MP4, WebM, MOV, MKV or AVI"
 
 
 def sample_indices(total: int, num: int) -> list[int]:
@@ -85,7 +113,7 @@ def load_video(path, num_frames: int = 8) -> Video:
     try:
         container = av.open(path)
     except (av.error.FFmpegError, OSError, ValueError) as e:
-        raise MediaError(f"cannot open video {name!r}: {e}") from None
+        raise MediaError(video_problem(name, e, path)) from None
     with container:
         if not container.streams.video:
             raise MediaError(f"{name!r} has no video stream")
@@ -99,8 +127,8 @@ def load_video(path, num_frames: int = 8) -> Video:
                     break
         except av.error.FFmpegError as e:
             if not decoded:
-                raise MediaError(f"cannot decode video {name!r} (codec "
-                                 f"{stream.codec_context.name!r}): {e}") from None
+                raise MediaError(f"cannot decode video {name!r} (codec {stream.codec_context.name!r}): the file "
+                                 "is damaged or the codec is not supported") from None
         if not decoded:
             raise MediaError(f"video {name!r} has no decodable frames")
         idx = sample_indices(len(decoded), num_frames)
