@@ -344,4 +344,5 @@ class Engine:
 
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "CacheBudget", "CachedEncoding", "Engine", "EncodingKey", "FileBudget",
-           "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash", "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]
+           "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash",
+           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]

@@ -131,15 +131,15 @@ class Session:
         return [ans["reference"]["text"], *[ans["methods"][m]["text"] for m in METHODS]]
 
 
-def reference(url: str, images, budgets, timeout_s: float) -> dict:
-    """{(path, kind, budget): result} from one lone session, one image after the other."""
+def reference(url: str, images, needs: dict, timeout_s: float) -> dict:
+    """{(path, kind, budget): result} from one lone session, one image after the other.
+    needs: path -> the (kind, budget) requests the sessions on that image will make."""
     ref = {}
     s = Session(url, timeout_s)
     for path, prompt in images:
         s.encode(path, prompt)
-        for kind in ("view", "generate"):
-            for b in budgets:
-                ref[(path, kind, b)] = s.request(kind, b)
+        for kind, b in sorted(needs[path]):
+            ref[(path, kind, b)] = s.request(kind, b)
     return ref
 
 
@@ -183,8 +183,10 @@ def run(sessions: int, requests: int, rounds: int, server_args: list[str], timeo
     try:
         for r in range(rounds):
             images = round_images(tmp, r)
-            budgets = sorted({b for j in range(sessions) for _, b in schedule(j, requests)})
-            ref = reference(url, images, budgets, timeout_s)
+            needs = {path: set() for path, _ in images}
+            for j in range(sessions):
+                needs[images[j % len(images)][0]].update(schedule(j, requests))
+            ref = reference(url, images, needs, timeout_s)
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(sessions) as pool:
                 futs = [pool.submit(run_session, url, j, images[j % len(images)], requests, ref, timeout_s)
@@ -192,7 +194,8 @@ def run(sessions: int, requests: int, rounds: int, server_args: list[str], timeo
                 done, late = cf.wait(futs, timeout=round_deadline_s)
             results = [f.result() for f in done]
             lat = [x for res in results for x in res["latency_ms"]]
-            errors = [e for res in results for e in res["errors"]] + [f"{len(late)} sessions past the deadline"] * bool(late)
+            errors = [e for res in results for e in res["errors"]]
+            errors += [f"{len(late)} sessions past the deadline"] if late else []
             time.sleep(1.0)
             row = {"round": r + 1, "requests": len(lat), "errors": len(errors),
                    "mismatches": sum(res["mismatches"] for res in results),

@@ -180,7 +180,8 @@ def test_bad_inputs_get_plain_messages_and_the_server_keeps_answering(app_url, c
         check(*encode(client, image=None if video else files[name], video=video), want, must)
     check(*encode(client, image=files["one_frame.mp4"]), "error", "not a picture")  # a video in the image box
     check(*encode(client, video=files["cmyk.jpg"]), "error", "not a video file")  # a picture in the video box
-    check(*encode(client, image=EXAMPLE["path"], prompt="is there a red circle? " * 500), "error", "at most 2,000")
+    long_prompt = "is there a red circle? " * 500
+    check(*encode(client, image=EXAMPLE["path"], prompt=long_prompt), "error", "at most 2,000")
     check(*encode(client, image=EXAMPLE["path"], prompt="is\x00 there a\x07 red\x1b circle?"), "ok",
           "3 control characters removed")
     check(*encode(client, image=EXAMPLE["path"], prompt="\x00\x01\x02"), "error", "prompt is empty")
