@@ -1,16 +1,25 @@
 """mipruner's web app: MI-Pruner and comparison pruners side by side on one model run.
 
     python app.py [--model ID|PATH] [--device cpu|cuda] [--dtype bf16|fp16|fp32] [--host H] [--port P] [--share]
+                  [--allow-models IDS] [--max-model-gb GB] [--model-dirs DIRS] [--cache-mb MB] [--files-mb MB]
 
 Without --model (or when it cannot be loaded) the embedded model `shapes-llava` (assets/) is used,
 so the app works offline. On a Hugging Face Space this file is the entry point (README front matter).
+Hosted (a Space, --share, or a non-loopback --host), visitors may load only the dropdown's models
+unless --allow-models says otherwise; anywhere, checkpoints above --max-model-gb (read from the
+hub's metadata before downloading) and local folders outside --model-dirs are refused.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.replace(os.pathsep, ",").split(",") if p.strip())
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -25,21 +34,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
     p.add_argument("--max-file-size", default="50mb", help="largest upload accepted (default 50mb)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
+    p.add_argument("--allow-models", default=os.environ.get("MIPRUNER_ALLOW_MODELS"),
+                   help="model ids or glob patterns visitors may load, comma-separated ('*' = any id; default: "
+                        "the dropdown's models when hosted, any id when local; env MIPRUNER_ALLOW_MODELS)")
+    p.add_argument("--max-model-gb", type=float, default=float(os.environ.get("MIPRUNER_MAX_MODEL_GB", 30)),
+                   help="refuse checkpoints larger than this, read from the hub before downloading (0: no cap; "
+                        "default 30)")
+    p.add_argument("--model-dirs", default=os.environ.get("MIPRUNER_MODEL_DIRS", ""),
+                   help="folders visitors may load local models from, comma-separated (default: none)")
+    p.add_argument("--cache-mb", type=int, default=1024,
+                   help="cached encodings of all sessions together, least recently used dropped first (default 1024)")
+    p.add_argument("--files-mb", type=int, default=1024,
+                   help="rendered panels and exports kept on disk, oldest removed first (default 1024)")
+    p.add_argument("--max-sessions", type=int, default=1000,
+                   help="browser sessions whose state the server keeps, least recently used dropped (default 1000)")
     return p.parse_args(argv)
+
+
+def model_policy(args: argparse.Namespace):
+    """The ModelPolicy the flags describe (defaults depend on whether the app is hosted)."""
+    from components.hub import SUGGESTED
+    from components.policy import ModelPolicy, is_hosted
+
+    if args.allow_models is None:
+        allow = tuple(dict.fromkeys((*SUGGESTED, args.model))) if is_hosted(args.host, args.share) else None
+    else:
+        allow = _list(args.allow_models)
+        allow = None if "*" in allow else allow
+    return ModelPolicy(allow=allow, max_bytes=int(args.max_model_gb * 1e9) if args.max_model_gb > 0 else None,
+                       model_dirs=_list(args.model_dirs), trusted=(args.model,))
 
 
 def build(args: argparse.Namespace):
     import torch
 
+    from gradio.utils import get_upload_folder
+
     from components.hub import ModelHub
     from components.logic import AppLogic
     from components.spaces_gpu import gpu
     from components.ui import build_demo
+    from mipruner.engine import FileBudget
 
+    # Gradio's files (uploads, rendered panels, exports) in a folder of this app's own, kept under --files-mb
+    os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "gradio-mipruner"))
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
-    hub = ModelHub(args.model, device=args.device, dtype=dtype)
+    hub = ModelHub(args.model, device=args.device, dtype=dtype, policy=model_policy(args),
+                   cache_bytes=args.cache_mb << 20)
     print(hub.load_default(), flush=True)
-    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu)
+    exports = os.path.join(get_upload_folder(), "mipruner-exports")
+    files = FileBudget([get_upload_folder()], args.files_mb << 20)
+    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports)
     return build_demo(logic, auto_answers=hub.default == hub.fallback)
 
 
@@ -49,6 +94,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     demo = build(args)
     demo.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, share=args.share,
+                                                   state_session_capacity=args.max_sessions,
                                                    **launch_kwargs(args.max_file_size))
 
 

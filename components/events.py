@@ -6,12 +6,12 @@ the API's parameter names. Gradio injects gr.Progress positionally, as the last 
 from __future__ import annotations
 
 import inspect
-import tempfile
 
 import gradio as gr
 
 from . import controls as C
 from . import panels as P
+from .guards import guard_inputs, plain_errors
 from .logic import MAX_PANELS, AppLogic, UIState, UserError
 from .settings import Settings
 
@@ -49,6 +49,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
     layer_names = [n for n in ctl.params if n == "layer"]
     layer_ctls = [ctl.params[n] for n in layer_names]
+    guard_inputs({**dict(zip(["model", "model_path", "use", "image", "video", "prompt"], inp.encode_inputs())),
+                  **dict(zip(names, inputs)), "auto": act.auto, "max_new_tokens": act.max_new,
+                  "settings": act.settings, "x": res.px, "y": res.py})
 
     def settings_of(st: UIState, vals) -> Settings:
         return C.settings_from(*vals, n_visual=st.n_visual if isinstance(st, UIState) else 0)
@@ -59,6 +62,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return [gr.update(maximum=st.n_layers, value=min(int(vals[names.index(n)] or 1), st.n_layers))
                 for n in layer_names]
 
+    @plain_errors("encoding")
     @named("state", "model", "model_path", "use", "image", "video", "prompt", *names, extra=progress_param)
     def on_encode(st, model_name, path, kind, img, vid, text, *rest):
         vals, progress = rest[:n_ctl], rest[n_ctl]
@@ -74,6 +78,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return (st, msg, token_chips(st.tokens, -1), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
                 gr.update(value=heat), *layer_updates(st, vals))
 
+    @plain_errors("drawing the panels")
     @named("state", *names)
     def on_view(st, *vals):
         try:
@@ -93,16 +98,19 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
             _error(e)
         return (*P.answer_updates(list(s.methods), ans, hint), P.reference_md(ans["reference"]), ans)
 
+    @plain_errors("answering")
     @named("state", *names, "max_new_tokens", extra=progress_param)
     def on_generate(st, *rest):
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
+    @plain_errors("answering")
     @named("state", "auto", *names, "max_new_tokens", extra=progress_param)
     def on_auto(st, flag, *rest):
         if not flag or not isinstance(st, UIState) or st.key is None:
             return (*[gr.update()] * MAX_PANELS, gr.update(), gr.update())
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
+    @plain_errors("inspecting the patch")
     @named("state", *names, "x", "y")
     def on_inspect(st, *rest):
         vals, (x, y) = rest[:n_ctl], rest[n_ctl:]
@@ -126,13 +134,15 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         idx = evt.index if isinstance(evt.index, int) else evt.index[0]
         return idx if isinstance(st, UIState) and 0 <= idx < len(st.tokens) else -1
 
+    @plain_errors("exporting")
     @named("state", *names)
     def on_export(st, *vals):
         try:
-            return logic.export(st, settings_of(st, vals), tempfile.mkdtemp(prefix="mipruner-"))
+            return logic.export(st, settings_of(st, vals), logic.new_export_dir())
         except UserError as e:
             _error(e)
 
+    @plain_errors("reading the settings string")
     def on_apply(st, settings):
         try:
             s = Settings.parse(settings or "")

@@ -4,7 +4,11 @@ The embedded model (`shapes-llava`, shipped under assets/) is loaded at start-up
 unloaded: it is the fallback when another model cannot be loaded (offline, missing weights, out of
 memory, unsupported type). At most `max_loaded` models are held at once; loading another drops the
 least recently used one that is not the fallback. Engines hold no per-user state (see
-`mipruner.engine`), so one engine per model serves every browser session.
+`mipruner.engine`), so one engine per model serves every browser session; they share one byte cap
+on cached encodings (`CacheBudget`).
+
+What may be loaded is a `ModelPolicy` (components.policy): an allow-list of ids, a size cap read
+from the hub's metadata before any download, and the local folders models may come from.
 """
 from __future__ import annotations
 
@@ -13,7 +17,10 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from mipruner.engine import Engine, load_adapter
+from mipruner.engine import DEFAULT_CACHE_BYTES, CacheBudget, Engine, load_adapter
+
+from .messages import plain
+from .policy import ModelPolicy
 
 EMBEDDED = "shapes-llava"
 
@@ -42,18 +49,20 @@ def describe_load_error(name: str, err: BaseException) -> str:
             "offline", "not a local folder", "cannot load a model config", "Connection", "resolve")):
         why = "its files are not on this machine and the model hub cannot be reached"
     else:
-        why = f"{type(err).__name__}: {text}"
+        why = plain(text)[:300]
     return f"Could not load {name!r} ({why})."
 
 
 class ModelHub:
     """Engines by model name, loaded on demand; `get` falls back to the embedded model.
 
-    loader(name, device, dtype) -> Adapter; defaults to `mipruner.load`.
+    loader(name, device, dtype) -> Adapter; defaults to `mipruner.load` (never with trust_remote_code).
+    policy: what may be loaded (default: anything); cache_bytes: the cap on all sessions' encodings.
     """
 
     def __init__(self, default: str = EMBEDDED, *, device=None, dtype=None, max_loaded: int = 2,
-                 loader: Callable | None = None, fallback: str = EMBEDDED):
+                 loader: Callable | None = None, fallback: str = EMBEDDED, policy: ModelPolicy | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         if max_loaded < 1:
             raise ValueError(f"max_loaded must be >= 1, got {max_loaded}")
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
@@ -63,6 +72,9 @@ class ModelHub:
         self._lock = threading.Lock()
         self.default = default
         self.startup_message = ""
+        self.policy = policy or ModelPolicy()
+        self.policy.trusted = tuple(dict.fromkeys((*self.policy.trusted, default, fallback)))
+        self.cache = CacheBudget(cache_bytes)
 
     def load_default(self) -> str:
         """Load the start-up model (or the fallback when it fails); returns a status message."""
@@ -94,12 +106,15 @@ class ModelHub:
             if name in self._engines:
                 self._engines.move_to_end(name)
                 return self._engines[name]
+            refused = self.policy.refusal(name)
+            if refused:
+                raise ModelLoadError(f"Could not load {name!r} ({refused}).")
             try:
                 adapter = self._adapter(name)
             except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up
                 gc.collect()
                 raise ModelLoadError(describe_load_error(name, e)) from e
-            self._engines[name] = Engine(adapter, name=name)
+            self._engines[name] = Engine(adapter, name=name, cache=self.cache)
             while len(self._engines) > self.max_loaded:
                 victim = next((k for k in self._engines if k not in (self.fallback, name)), None)
                 if victim is None:

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mipruner.engine import EncodingKey, MethodView, Session, StaleKeyError, method_spec, method_specs, \
+from mipruner.engine import EncodingKey, FileBudget, MethodView, Session, StaleKeyError, method_spec, method_specs, \
     selection_to_json
 from mipruner.media import is_video_path
 
 from .hub import ModelHub
+from .messages import clean_prompt, plain, unknown_words_warning
 from .settings import Settings
 
 MAX_PANELS = 6
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
+MAX_PROMPT_CHARS = 2000  # a question about a picture; longer prompts are refused before tokenizing
 
 
 class UserError(ValueError):
@@ -72,6 +76,12 @@ def budget_of(value, unit: str, n_visual: int):
     """The pruners' budget from the UI: tokens (int, at most N_V) or a percentage (share)."""
     if value is None:
         raise UserError("set a budget")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"the budget must be a number, got {str(value)[:40]!r}") from None
+    if not math.isfinite(value):
+        raise UserError(f"the budget must be a finite number, got {value}")
     if unit == "%":
         share = float(value) / 100.0
         if not 0.0 < share <= 1.0:
@@ -91,8 +101,8 @@ def user_errors(doing: str, advice: str):
         yield
     except StaleKeyError:
         raise UserError("this result expired from the cache: press Run again") from None
-    except ValueError as e:  # bad media, empty or too long prompt, unsupported media, bad parameter
-        raise UserError(str(e)) from None
+    except (ValueError, OSError) as e:  # bad media, empty or too long prompt, unsupported media, bad parameter
+        raise UserError(plain(e)) from None
     except MemoryError:
         raise UserError(f"out of memory while {doing}: {advice}") from None
     except RuntimeError as e:
@@ -115,9 +125,12 @@ def _answer_dict(ans) -> dict:
 class AppLogic:
     """The handlers; one instance per app, shared by all sessions (it holds no user state)."""
 
-    def __init__(self, hub: ModelHub, *, max_new_tokens: int = 32, gpu=None):
+    def __init__(self, hub: ModelHub, *, max_new_tokens: int = 32, gpu=None, files: FileBudget | None = None,
+                 export_root: str | None = None):
         self.hub = hub
         self.max_new_tokens = max_new_tokens
+        self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
+        self.export_root = export_root
         if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: only the model-running handlers
             self.encode = gpu(self.encode)
             self.generate = gpu(self.generate)
@@ -150,6 +163,12 @@ class AppLogic:
             state.session = self.hub.get(None)[0].new_session()
         if not isinstance(prompt, str) or not prompt.strip():
             raise UserError("the prompt is empty: ask a question about the image or video")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt is {len(prompt):,} characters long; this app takes at most "
+                            f"{MAX_PROMPT_CHARS:,} (ask one short question)")
+        prompt, removed = clean_prompt(prompt)
+        if not prompt.strip():
+            raise UserError("the prompt is empty once its control characters are removed: type a question")
         media = video if kind == "video" else image
         if media is None or media == "":
             raise UserError(f"no {kind} given: upload one, or pick an example")
@@ -166,11 +185,14 @@ class AppLogic:
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
         state.n_layers = engine.adapter.n_layers
         frames = len(enc.geometry.sizes)
-        what = f"{frames} frames" if enc.is_video else "1 image"
+        what = f"{frames} frame{'s' * (frames != 1)}" if enc.is_video else "1 image"
         status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "
                   f"{len(enc.scoring_tokens)} prompt tokens scored; encoded in "
                   f"{(time.perf_counter() - t0) * 1e3:.0f} ms (cached for this session).")
-        return state, (note + " " + status).strip()
+        if removed:
+            status += f" {removed} control character{'s' * (removed != 1)} removed from the prompt."
+        warning = unknown_words_warning(engine.model_name, engine.prompt_words(prompt.strip()))
+        return state, " ".join(p for p in (note, status, warning) if p)
 
     # -- view ------------------------------------------------------------------------------
 
@@ -182,6 +204,8 @@ class AppLogic:
         with user_errors("pruning", "lower the budget"):
             views = engine.view(state.session, state.key, methods, _budget(settings, enc.n_visual),
                                 settings.params, heat_token=heat)
+        if self.files is not None:
+            self.files.maybe_prune()
         for v in views:
             v.label = label(v.method)
         summary = {"model": state.model, "n_visual": enc.n_visual, "settings": settings.to_string(),
@@ -206,7 +230,10 @@ class AppLogic:
                  progress=None) -> dict:
         """{"reference": answer | None, "methods": {name: answer}}; run=False only reads the cache."""
         engine, enc = self._current(state)
-        n = int(max_new_tokens or self.max_new_tokens)
+        n = max_new_tokens or self.max_new_tokens
+        if not math.isfinite(float(n)):
+            raise UserError(f"max new tokens must be a finite number, got {n}")
+        n = int(n)
         if n < 1:
             raise UserError(f"max new tokens must be >= 1, got {n}")
         budget = _budget(settings, enc.n_visual)
@@ -235,6 +262,8 @@ class AppLogic:
         keep it, and its PMI with every prompt token (MI's PMI at the current tau/normalization)."""
         from mipruner import viz
 
+        if not (math.isfinite(float(x)) and math.isfinite(float(y))):
+            raise UserError(f"x and y must be finite numbers (pixels of the picture), got ({x}, {y})")
         engine, enc = self._current(state)
         lay = engine.layout(state.session, state.key)
         idx = viz.token_at(enc, None, float(x), float(y), layout=lay)
@@ -255,6 +284,12 @@ class AppLogic:
                 "pivot": enc.scoring_tokens[int(mi.pivot[idx])], "pmi": [[t, round(v, 5)] for t, v in row]}
 
     # -- export ----------------------------------------------------------------------------
+
+    def new_export_dir(self) -> str:
+        """A fresh folder for one export, under `export_root` (kept under the file cap) if given."""
+        if self.export_root:
+            os.makedirs(self.export_root, exist_ok=True)
+        return tempfile.mkdtemp(prefix="mipruner-", dir=self.export_root or None)
 
     def export(self, state: UIState, settings: Settings, out_dir: str) -> list[str]:
         """PNG of every panel image and JSON of every selection, written under out_dir."""
@@ -291,5 +326,5 @@ def check_methods(methods) -> tuple[str, ...]:
     return methods
 
 
-__all__ = ["AppLogic", "MAX_PANELS", "UIState", "UserError", "budget_of", "check_methods", "label",
-           "method_choices", "probe_video"]
+__all__ = ["AppLogic", "MAX_PANELS", "MAX_PROMPT_CHARS", "UIState", "UserError", "budget_of", "check_methods",
+           "label", "method_choices", "probe_video"]

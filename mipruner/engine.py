@@ -6,6 +6,8 @@ which holds its own small LRU cache of encodings, keyed by (model, media content
 text_mode, need_attention) and expiring by count and by idle age. Per encoding it also keeps the
 MI cache (`cache=` of `mipruner.prune`, which makes a slider move cheap), the render `Layout`, and
 the answers generated so far. Sessions share no mutable state; the engine holds no per-user state.
+One `CacheBudget` (shared by every engine of an app) caps the bytes of all sessions' encodings
+together, least recently used first: memory stays bounded however many sessions come and go.
 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
 of each method, `generate(key, method, ...)` for answers, and `method_specs()` / `parameters()` /
@@ -14,6 +16,7 @@ or in-LLM module.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,7 +30,9 @@ from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_prune
 
 from . import viz
 from .export import selection_to_json
-from .session import CachedEncoding, EncodingKey, Session, StaleKeyError, media_hash
+from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
+
+DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
 
 
 def load_adapter(name_or_path: str, device=None, dtype=None):
@@ -84,6 +89,39 @@ class MethodView:
     legend: list[tuple[str, str]] | None = None
 
 
+SMALL_VOCABULARY = 2000  # a model whose tokenizer has at most this many entries has its words listed
+
+
+@dataclass
+class PromptWords:
+    """What the model's tokenizer makes of a prompt: the pieces it cannot read (mapped to its
+    unknown token `unk_token`), and, for a small word-level vocabulary (the embedded model), the
+    words it knows (None for a large vocabulary)."""
+
+    unknown: list[str]
+    unk_token: str | None = None
+    known: list[str] | None = None
+
+
+def prompt_words(tokenizer, prompt: str) -> PromptWords:
+    """The prompt's pieces that `tokenizer` maps to its unknown token (byte-level tokenizers have
+    none), found through the tokenizer's character offsets."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if tokenizer is None or unk is None:
+        return PromptWords([])
+    try:
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        unknown = [prompt[a:b] or tokenizer.unk_token for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
+                   if i == unk]
+    except NotImplementedError:  # slow tokenizers give no offsets: count the unknown tokens
+        unknown = [tokenizer.unk_token] * tokenizer(prompt, add_special_tokens=False)["input_ids"].count(unk)
+    known = None
+    if len(tokenizer) <= SMALL_VOCABULARY:
+        special = set(tokenizer.all_special_tokens)
+        known = sorted(w for w in tokenizer.get_vocab() if w not in special and any(c.isalnum() for c in w))
+    return PromptWords(unknown, tokenizer.unk_token, known)
+
+
 # ---------------------------------------------------------------------------------- the engine
 
 def _freeze(params: dict) -> tuple:
@@ -96,11 +134,13 @@ class Engine:
     adapter_or_loader: a `mipruner.models.Adapter`, or a zero-argument callable returning one
     (e.g. `lambda: mipruner.load(path)`), so the app can start before the model is loaded.
     clock: seconds, monotonic (tests pass a fake one to check expiry).
+    cache: the byte cap over every session's encodings (share one between the engines of an app);
+    default: a cap of DEFAULT_CACHE_BYTES for this engine's sessions.
     """
 
     def __init__(self, adapter_or_loader, *, name: str | None = None,
                  clock: Callable[[], float] = time.monotonic, session_entries: int = 3,
-                 session_max_age_s: float = 1800.0):
+                 session_max_age_s: float = 1800.0, cache: CacheBudget | None = None):
         from mipruner.models.base import Adapter
 
         if isinstance(adapter_or_loader, Adapter):
@@ -115,6 +155,8 @@ class Engine:
         self._load_lock = threading.Lock()
         self.clock = clock
         self.session_entries, self.session_max_age_s = session_entries, session_max_age_s
+        self.cache = cache if cache is not None else CacheBudget(DEFAULT_CACHE_BYTES)
+        self._weights: frozenset | None = None
 
     @property
     def adapter(self):
@@ -132,7 +174,25 @@ class Engine:
         return str(getattr(a, "name", "") or getattr(a, "family", "") or type(a).__name__)
 
     def new_session(self) -> Session:
-        return Session(max_entries=self.session_entries, max_age_s=self.session_max_age_s)
+        return Session(max_entries=self.session_entries, max_age_s=self.session_max_age_s, budget=self.cache)
+
+    def prompt_words(self, prompt: str) -> PromptWords:
+        """Which pieces of `prompt` this model cannot read (see `prompt_words`)."""
+        return prompt_words(getattr(self.adapter, "tokenizer", None), prompt)
+
+    def _account(self, session: Session, key: EncodingKey) -> None:
+        """Report the entry's current size to the byte cap (which may drop other entries)."""
+        if self._weights is None:  # the model's own tensors are shared, never charged to a session
+            import torch
+
+            mods = [m for m in vars(self.adapter).values() if isinstance(m, torch.nn.Module)]
+            self._weights = frozenset(t.untyped_storage().data_ptr() for m in mods
+                                      for t in itertools.chain(m.parameters(), m.buffers()))
+        with session.lock:
+            e = session.entries.get(key)
+            size = nbytes(e, self._weights) if e is not None else 0
+        if e is not None:
+            (session.budget or self.cache).charge(session, key, size)
 
     # -- encode
 
@@ -154,6 +214,7 @@ class Engine:
                 if k in session.entries:
                     session.entries.move_to_end(k)
                     session.entries[k].last_used = now
+                    (session.budget or self.cache).touch(session, k)
                     return k
         with self._model_lock:
             enc = self.adapter.encode(media, prompt, text_mode=text_mode, need_attention=bool(need_attention))
@@ -162,6 +223,7 @@ class Engine:
             session.entries[key] = CachedEncoding(encoded=enc, created=now, last_used=now)
             session.entries.move_to_end(key)
             session.expire(now)
+        self._account(session, key)
         return key
 
     def entry(self, session: Session, key: EncodingKey) -> CachedEncoding:
@@ -174,7 +236,8 @@ class Engine:
             e = session.entries[key]
             e.last_used = now
             session.entries.move_to_end(key)
-            return e
+        (session.budget or self.cache).touch(session, key)
+        return e
 
     def encoded(self, session: Session, key: EncodingKey):
         return self.entry(session, key).encoded
@@ -201,7 +264,9 @@ class Engine:
         Parameters a method does not accept are ignored (one params dict serves every method)."""
         e = self.entry(session, key)
         with session.lock:
-            return self._prune(e, method, budget, params)
+            sel = self._prune(e, method, budget, params)
+        self._account(session, key)
+        return sel
 
     def view(self, session: Session, key: EncodingKey, methods: list, budget, params: dict | None = None,
              heat_token: int | None = None) -> list[MethodView]:
@@ -234,6 +299,7 @@ class Engine:
                                       share=sel.budget / enc.n_visual, prune_ms=(t1 - t0) * 1e3,
                                       render_ms=(t2 - t1) * 1e3, mask=mask, heatmap=heat, heat_title=title,
                                       pivot=pivot, legend=legend))
+        self._account(session, key)
         return out
 
     # -- generate
@@ -269,6 +335,7 @@ class Engine:
             ans = mipruner.answer(self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache)
         with session.lock:
             e.answers[akey] = ans
+        self._account(session, key)
         return ans
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
@@ -276,5 +343,6 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["TEXT_MODES", "CachedEncoding", "Engine", "EncodingKey", "MethodSpec", "MethodView", "Session", "StaleKeyError",
-           "load_adapter", "media_hash", "method_spec", "method_specs", "parameters", "selection_to_json"]
+__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "CacheBudget", "CachedEncoding", "Engine", "EncodingKey", "FileBudget",
+           "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash",
+           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]

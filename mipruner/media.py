@@ -19,6 +19,7 @@ base name only.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")
 MAX_DECODE_FRAMES = 10_000  # a guard against pathological streams
+MAX_IMAGE_PIXELS = 50_000_000  # larger pictures are refused from their header, before decoding
 
 
 class MediaError(ValueError):
@@ -102,10 +104,36 @@ def load_image(source) -> Image.Image:
         raise MediaError(f"image file not found: {name!r}")
     try:
         with Image.open(path) as im:
+            if im.width * im.height > MAX_IMAGE_PIXELS:
+                raise Image.DecompressionBombError(f"Image size ({im.width * im.height} pixels)")
             im.load()  # forces a full decode: truncated files fail here, not later
             return ImageOps.exif_transpose(im).convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise MediaError(f"cannot read image {name!r}: {_reason(e, path)}") from None
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError, ValueError) as e:
+        raise MediaError(image_problem(os.path.basename(path), e)) from None
+
+
+def image_problem(name: str, err: BaseException) -> str:
+    """A plain reason why the image file `name` could not be read (no paths, no library jargon)."""
+    if isinstance(err, Image.DecompressionBombError):
+        m = re.search(r"\((\d+) pixels\)", str(err))
+        size = f" ({int(m.group(1)) / 1e6:,.0f} megapixels)" if m else ""
+        why = f"it is too large to open safely{size}; use one of at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
+    elif isinstance(err, UnidentifiedImageError):
+        why = "it is not a picture this app knows; use PNG, JPEG, WebP, GIF or BMP"
+    elif "truncated" in str(err).lower():
+        why = "the file is incomplete or damaged (it ends too early); upload it again"
+    else:
+        why = "the file is damaged or in an unsupported format"
+    return f"cannot read image {name!r}: {why}"
+
+
+def video_problem(name: str, err: BaseException, path: str = "", verb: str = "open") -> str:
+    """A plain reason why the video file `name` could not be opened (no paths, no error numbers)."""
+    if path and os.path.isfile(path) and os.path.getsize(path) == 0:
+        return f"cannot {verb} video {name!r}: the file is empty (0 bytes); upload it again"
+    why = str(getattr(err, "strerror", None) or "")
+    why = f" ({why[:1].lower()}{why[1:]})" if why and os.sep not in why else ""
+    return f"cannot {verb} video {name!r}: not a video this app can decode{why}; use MP4, WebM, MOV, MKV or AVI"
 
 
 # ------------------------------------------------------------------------------------- videos
@@ -145,7 +173,7 @@ def probe_video(path) -> VideoInfo:
     except MediaError:
         raise
     except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
-        raise MediaError(f"cannot read video {name!r}: {_reason(e, path)}") from None
+        raise MediaError(video_problem(name, e, path, verb="read")) from None
 
 
 def sample_indices(total: int, num: int) -> list[int]:

@@ -1,13 +1,21 @@
 """Per-browser-session state: an LRU of encodings, keyed by what they are of (media content hash,
 prompt, text mode, model). Sessions share no mutable state; the engine holds none per user.
+
+Memory stays bounded however many sessions come and go: each session keeps a few encodings
+(count and idle age), and one `CacheBudget` caps the bytes of every session's cached encodings
+together, dropping the least recently used first, whichever session holds it. `FileBudget` does
+the same for files the app writes (rendered panels, exports) on disk.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass, field
+import time
+import weakref
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -74,18 +82,24 @@ class CachedEncoding:
     last_used: float = 0.0
 
 
-@dataclass
+_uids = itertools.count(1)
+
+
+@dataclass(eq=False)
 class Session:
     """Per-browser-session state: an LRU of encodings. Never shared between sessions.
 
     max_entries: encodings kept (each holds N_V x d floats and their PMI caches);
-    max_age_s: an encoding unused for this long is dropped.
+    max_age_s: an encoding unused for this long is dropped;
+    budget: the byte cap shared with other sessions (it may drop this session's entries).
     """
 
     max_entries: int = 3  # a handful of images per user; each is ~10 MB at 576 x 4096 fp32
     max_age_s: float = 1800.0  # 30 min idle: a user who walked away frees their memory
     entries: OrderedDict = field(default_factory=OrderedDict, repr=False)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
+    budget: "CacheBudget | None" = field(default=None, repr=False, compare=False)
+    uid: int = field(default_factory=lambda: next(_uids), compare=False)
 
     def __post_init__(self):
         if not (isinstance(self.max_entries, int) and self.max_entries >= 1):
@@ -97,10 +111,185 @@ class Session:
         return list(self.entries)
 
     def expire(self, now: float) -> None:
-        for k in [k for k, e in self.entries.items() if now - e.last_used > self.max_age_s]:
-            del self.entries[k]
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)  # least recently used first
+        with self.lock:
+            for k in [k for k, e in self.entries.items() if now - e.last_used > self.max_age_s]:
+                self.drop(k)
+            while len(self.entries) > self.max_entries:
+                self.drop(next(iter(self.entries)))  # least recently used first
+
+    def drop(self, key: EncodingKey) -> None:
+        with self.lock:
+            self.entries.pop(key, None)
+        if self.budget is not None:
+            self.budget.forget(self, key)
 
 
-__all__ = ["CachedEncoding", "EncodingKey", "Session", "StaleKeyError", "media_hash"]
+def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
+    """Bytes of the tensors, arrays and images reachable from `obj` through containers, dataclasses
+    and plain objects; each tensor storage counted once; storages whose data_ptr is in `skip`
+    (the model's weights) and `torch.nn.Module`s are not counted."""
+    import torch
+
+    seen, storages, total = set(), set(), 0
+    stack = [(obj, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if x is None or isinstance(x, (str, bytes, int, float, bool)) or id(x) in seen or depth > 12:
+            continue
+        seen.add(id(x))
+        if isinstance(x, torch.Tensor):
+            st = x.untyped_storage()
+            ptr = (str(x.device), st.data_ptr())
+            if st.data_ptr() not in skip and ptr not in storages:
+                storages.add(ptr)
+                total += st.nbytes()
+        elif isinstance(x, np.ndarray):
+            total += x.nbytes
+        elif isinstance(x, Image.Image):
+            total += x.width * x.height * len(x.getbands())
+        elif isinstance(x, torch.nn.Module):
+            continue
+        elif isinstance(x, dict):
+            stack += [(v, depth + 1) for v in x.values()]
+        elif isinstance(x, (list, tuple, set, frozenset, deque)):
+            stack += [(v, depth + 1) for v in x]
+        elif hasattr(x, "__dict__") or is_dataclass(x):
+            d = getattr(x, "__dict__", None) or {f.name: getattr(x, f.name, None) for f in fields(x)}
+            stack += [(v, depth + 1) for v in d.values()]
+    return total
+
+
+class CacheBudget:
+    """One byte cap over the cached encodings of ALL sessions: least recently used first.
+
+    The engine reports each entry's size (`charge`) when it is made or grows, and each use
+    (`touch`); past `max_bytes` the least recently used entries of any session are dropped (a
+    session busy in another thread is skipped, the entry being charged is never dropped). Sessions
+    are held weakly: a session the app forgets takes its entries out of the count.
+    """
+
+    def __init__(self, max_bytes: int):
+        if not max_bytes > 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
+        self.max_bytes = int(max_bytes)
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, EncodingKey], int] = OrderedDict()
+        self._sessions: dict[int, weakref.ref] = {}
+        self._dead: deque[int] = deque()
+        self.total_bytes = 0
+        self.evicted = 0  # entries dropped to stay under the cap, since start
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._purge()
+            return len(self._items)
+
+    def _purge(self) -> None:
+        while self._dead:
+            uid = self._dead.popleft()
+            self._sessions.pop(uid, None)
+            for item in [i for i in self._items if i[0] == uid]:
+                self.total_bytes -= self._items.pop(item)
+
+    def touch(self, session: Session, key: EncodingKey) -> None:
+        with self._lock:
+            if (session.uid, key) in self._items:
+                self._items.move_to_end((session.uid, key))
+
+    def forget(self, session: Session, key: EncodingKey) -> None:
+        with self._lock:
+            self.total_bytes -= self._items.pop((session.uid, key), 0)
+
+    def charge(self, session: Session, key: EncodingKey, size: int) -> int:
+        """Record the entry's size (most recently used now) and drop others past the cap; returns
+        how many entries were dropped."""
+        item = (session.uid, key)
+        with self._lock:
+            self._purge()
+            if session.uid not in self._sessions:
+                self._sessions[session.uid] = weakref.ref(session, lambda _, uid=session.uid: self._dead.append(uid))
+            self.total_bytes += int(size) - self._items.pop(item, 0)
+            self._items[item] = int(size)
+            dropped = 0
+            for victim in list(self._items):
+                if self.total_bytes <= self.max_bytes:
+                    break
+                if victim == item:
+                    continue
+                owner = self._sessions.get(victim[0])
+                owner = owner() if owner is not None else None
+                if owner is not None:
+                    if not owner.lock.acquire(blocking=False):
+                        continue  # in use right now: not the least recently used in effect
+                    try:
+                        owner.entries.pop(victim[1], None)
+                    finally:
+                        owner.lock.release()
+                self.total_bytes -= self._items.pop(victim)
+                dropped += 1
+            self.evicted += dropped
+            return dropped
+
+
+class FileBudget:
+    """Keeps folders the app writes files into (rendered panels, exports) under `max_bytes`:
+    past it, the files modified longest ago go first (never one younger than `min_age_s`, which a
+    page may still be fetching). `maybe_prune` scans at most every `interval_s` seconds."""
+
+    def __init__(self, roots, max_bytes: int, *, interval_s: float = 10.0, min_age_s: float = 30.0,
+                 clock=time.time):
+        if not max_bytes > 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
+        self.roots = [os.fspath(r) for r in roots]
+        self.max_bytes, self.interval_s, self.min_age_s, self.clock = int(max_bytes), interval_s, min_age_s, clock
+        self._next = 0.0
+        self._lock = threading.Lock()
+        self.removed = 0  # files removed since start
+
+    def usage(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every file under the roots."""
+        out = []
+        for root in self.roots:
+            for dirpath, _, files in os.walk(root):
+                for f in files:
+                    p = os.path.join(dirpath, f)
+                    try:
+                        st = os.stat(p, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    out.append((st.st_mtime, st.st_size, p))
+        return out
+
+    def prune(self) -> int:
+        """Remove the oldest files until the total is under the cap; returns how many went."""
+        with self._lock:
+            files = sorted(self.usage())
+            total, now, gone = sum(f[1] for f in files), self.clock(), 0
+            for mtime, size, path in files:
+                if total <= self.max_bytes or now - mtime < self.min_age_s:
+                    break
+                try:
+                    os.remove(path)
+                except OSError:
+                    continue
+                total -= size
+                gone += 1
+                parent = os.path.dirname(path)
+                if parent not in self.roots:
+                    try:
+                        os.rmdir(parent)  # Gradio keeps one folder per file; empty ones go too
+                    except OSError:
+                        pass
+            self.removed += gone
+            return gone
+
+    def maybe_prune(self) -> int:
+        now = self.clock()
+        if now < self._next:
+            return 0
+        self._next = now + self.interval_s
+        return self.prune()
+
+
+__all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Session", "StaleKeyError", "media_hash",
+           "nbytes"]
