@@ -71,37 +71,57 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         progress(1.0, desc="encoded")
         unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
         heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
-        return (st, msg, token_chips(st.tokens, -1), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
+        return (st, msg, token_chips(st.tokens, heat), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
                 gr.update(value=heat), *layer_updates(st, vals))
 
-    @named("state", *names)
-    def on_view(st, *vals):
+    def view_fields(st, vals):
         try:
             s = settings_of(st, vals)
             views, summary = logic.view(st, s)
-            cached = logic.cached_answers(st, s)
+            cached = logic.cached_answers(st, s)  # answers already made for these settings; never runs the LLM
         except UserError as e:
             _error(e)
-        return (*P.panel_updates(views, st.n_visual, cached, hint), P.reference_md(cached["reference"]),
-                s.to_string(), summary, token_chips(st.tokens, s.heat))
+        rest = (P.reference_md(cached["reference"]), s.to_string(), summary, token_chips(st.tokens, s.heat))
+        return P.panel_fields(views, st.n_visual, cached, hint), rest
 
-    def generate_answers(st, vals, n_new, progress):
+    @named("state", *names)
+    def on_view(st, *vals):  # the /view API: every panel in full (visibility, labels, values)
+        fields, rest = view_fields(st, vals)
+        return (*P.panel_updates(fields), *rest)
+
+    def on_live(st, shown, *vals):  # the page: only what changed since this page's last view
+        fields, (reference, settings, summary, _) = view_fields(st, vals)
+        updates, props = P.live_updates(fields, (shown or {}).get("props"))
+        return (*updates, reference, settings, {"props": props, "summary": summary})
+
+    def generate_answers(st, vals, n_new, progress, bare=False):
         try:
             s = settings_of(st, vals)
             ans = logic.generate(st, s, int(n_new or logic.max_new_tokens), progress=progress)
         except UserError as e:
             _error(e)
-        return (*P.answer_updates(list(s.methods), ans, hint), P.reference_md(ans["reference"]), ans)
+        return (*P.answer_updates(list(s.methods), ans, hint, bare=bare), P.reference_md(ans["reference"]), ans)
 
     @named("state", *names, "max_new_tokens", extra=progress_param)
     def on_generate(st, *rest):
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
-    @named("state", "auto", *names, "max_new_tokens", extra=progress_param)
-    def on_auto(st, flag, *rest):
-        if not flag or not isinstance(st, UIState) or st.key is None:
-            return (*[gr.update()] * MAX_PANELS, gr.update(), gr.update())
-        return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
+    @named("state", "shown", "auto", *names, "max_new_tokens", extra=progress_param)
+    def on_auto(st, shown, flag, *rest):
+        """After on_live (whose panels are shown, so bare values: no prop updates): the answers (made
+        when `flag`, else what is cached) and the view's raw data for the Downloads accordion."""
+        summary = (shown or {}).get("summary")
+        if not isinstance(st, UIState) or st.key is None:
+            return (*[None] * MAX_PANELS, P.reference_md(None), None, summary)
+        if flag:
+            return (*generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1], bare=True), summary)
+        try:
+            s = settings_of(st, rest[:n_ctl])
+            ans = logic.cached_answers(st, s, int(rest[n_ctl] or logic.max_new_tokens))
+        except UserError as e:
+            _error(e)
+        return (*P.answer_updates(list(s.methods), ans, hint, bare=True), P.reference_md(ans["reference"]), ans,
+                summary)
 
     @named("state", *names, "x", "y")
     def on_inspect(st, *rest):
@@ -143,26 +163,39 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         unit, budget = vals[1], vals[2]
         return (*vals[:2], C.budget_slider(unit, n_v, budget), *vals[3:])
 
+    def on_chips(st, heat):
+        return token_chips(st.tokens if isinstance(st, UIState) else [], int(-1 if heat is None else heat))
+
     def on_unit(st, unit):
         return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
 
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
+    # the page's view event writes only the panels (each output costs the page's script time)
+    live_ins, live_outs = [state, res.shown, *inputs], [*res.view_outputs(), res.reference, act.settings, res.shown]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
+    auto_ins, auto_outs = [state, res.shown, act.auto, *inputs, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
-    live = dict(trigger_mode="always_last", show_progress="hidden")
     private = dict(api_visibility="private")
+    # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
+    # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session);
+    # the answers follow in a queued event of their own, at most one per session pending (always_last).
+    # Progress goes on one component: the page's script updates the status of every progress target
+    # at each step of every event (tens of ms a move with all the panel fields as targets).
+    views = dict(trigger_mode="always_last", show_progress="hidden", queue=False, show_progress_on=[act.settings],
+                 **private)
+    answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",
+                   show_progress_on=[res.reference], **private)
 
     enc = inp.run.click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode",
                         concurrency_limit=1)
     sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1, **private)
     for ev in (enc, sub):
-        ev.then(on_view, [state, *inputs], view_outs, **private).then(
-            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private)
+        ev.then(on_live, live_ins, live_outs, **views).then(on_auto, auto_ins, auto_outs, **answers)
     gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
     act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
     for c in ctl.live():
-        c.change(on_view, [state, *inputs], view_outs, **private, **live).then(
-            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private, **live)
+        c.change(on_live, live_ins, live_outs, **views).then(on_auto, auto_ins, auto_outs, **answers)
+    ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
     ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], **private)
     res.tokens.select(on_token, [state], ctl.heat, **private)
     for p in res.panels:

@@ -173,7 +173,7 @@ class AppLogic:
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
         state.n_layers = engine.adapter.n_layers
         frames = len(enc.geometry.sizes)
-        what = f"{frames} frames" if enc.is_video else "1 image"
+        what = f"{frames} frame{'' if frames == 1 else 's'}" if enc.is_video else "1 image"
         status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "
                   f"{len(enc.scoring_tokens)} prompt tokens scored; encoded in "
                   f"{(time.perf_counter() - t0) * 1e3:.0f} ms (cached for this session).")

@@ -24,6 +24,7 @@ class Results:
     files: gr.File
     view_json: gr.JSON
     answers_json: gr.JSON
+    shown: gr.State  # the panels' props as this page shows them (components.panels.live_updates)
 
     def view_outputs(self) -> list:
         """What a view update writes: every panel field, reference, settings box is added by the caller."""
@@ -53,7 +54,7 @@ def build_results() -> Results:
         view_json = gr.JSON(label="view (kept indices, timings)", elem_id="view-json")
         answers_json = gr.JSON(label="answers", elem_id="answers-json")
     return Results(status, tokens, reference, panels, px, py, inspect, patch_tokens, patch_info, export, files,
-                   view_json, answers_json)
+                   view_json, answers_json, gr.State(None))
 
 
 __all__ = ["Results", "build_results"]

@@ -39,7 +39,8 @@ def dominant_count(budget: int, ratio: float) -> int:
     return min(d, budget - 1) if budget >= 2 else min(d, budget)
 
 
-@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip", params=(
+@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip",
+                 score_label="attention share", params=(
     Param.real("dominant_ratio", 54 / 64, 0.0, 1.0, "share of the budget kept as dominant tokens (original: 54 of 64)",
                code="dom", step=0.01),))
 def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,

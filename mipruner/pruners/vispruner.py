@@ -86,7 +86,8 @@ def drop_duplicates(features: torch.Tensor, n_keep: int, drop_per_round: int
     return alive, drop_round
 
 
-@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner", params=(
+@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner",
+                 score_label="attention share", params=(
     Param.real("ratio", 0.5, 0.0, 1.0, "share of the budget kept as important tokens (original: 0.5)", code="vr",
                step=0.05),
     Param.integer("drop_per_round", 8, 1, None, "duplicates removed per round of the diverse stage (original: 8)",
