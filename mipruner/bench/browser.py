@@ -1,8 +1,9 @@
 """`python -m mipruner.bench browser`: how live a slider move feels in a real browser.
 
-Starts the app on the embedded model (`shapes-llava`) on 127.0.0.1 (or drives `--url`), opens it in
-headless Chromium through Playwright, runs the first example image with the default methods (4),
-then moves the budget slider `--moves` times and reports, per setting of "Answer automatically":
+Starts the app (`app.py`, its own process) on the embedded model (`shapes-llava`) on 127.0.0.1, or
+drives `--url`; opens it in headless Chromium through Playwright, runs the first example image with
+the default methods (4), then moves the budget slider `--moves` times and reports, per setting of
+"Answer automatically":
 
   panels   input event -> every method panel shows the new kept count AND every image in it
            (mask, heatmap, pivot map) is loaded, the mask being a new one; timed in the page
@@ -19,15 +20,22 @@ figures depend on the machine and its load (`--threads 1` keeps torch off the se
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import shutil
 import socket
 import statistics
+import subprocess
+import sys
 import time
+import urllib.request
 
 from .timing import table
 
 GOAL_P50_MS, GOAL_P95_MS = 120.0, 250.0
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "assets", "examples")
 
 # Resolves to the ms from the slider's input event until `done()` holds (checked every frame).
 MOVE_JS = """async ([value, n, k, before, waitAnswers]) => {
@@ -78,19 +86,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(max_new_tokens: int = 4):
-    """The app (embedded model, answers on by default) on a free loopback port: (url, demo)."""
-    from components.hub import ModelHub
-    from components.logic import AppLogic
-    from components.ui import build_demo, launch_kwargs
-
-    hub = ModelHub("shapes-llava", device="cpu")
-    hub.load_default()
-    demo = build_demo(AppLogic(hub, max_new_tokens=max_new_tokens), auto_answers=True)
+def start_server(threads: int = 1, max_new_tokens: int = 4, timeout_s: float = 300.0):
+    """`python app.py` on the embedded model on a free loopback port: (url, process)."""
     port = _free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    return f"http://127.0.0.1:{port}/", demo
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "app.py"), "--model", "shapes-llava", "--device", "cpu",
+                             "--host", "127.0.0.1", "--port", str(port), "--max-new-tokens", str(max_new_tokens)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app.py exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return url, proc
+        except OSError:
+            time.sleep(1.0)
+    proc.kill()
+    raise RuntimeError(f"app.py did not answer on {url} within {timeout_s:.0f} s")
+
+
+def first_example_image() -> tuple[str, str]:
+    """(path, prompt) of the first shipped example image (assets/examples/index.json)."""
+    with open(os.path.join(EXAMPLES, "index.json")) as f:
+        row = next(r for r in json.load(f)["examples"] if r["kind"] == "image")
+    return os.path.join(EXAMPLES, row["file"]), row["prompt"]
 
 
 def _kept(percent: int, n_visual: int) -> int:
@@ -134,22 +155,18 @@ def main(argv=None) -> None:
     ap.add_argument("--auto", choices=("off", "on", "both"), default="both", help="'Answer automatically' setting(s)")
     ap.add_argument("--url", default=None, help="a running app to drive instead of starting one (embedded model)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the started server (default 1)")
+    ap.add_argument("--threads", type=int, default=1, help="OMP threads of the started server (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    import torch
     from playwright.sync_api import sync_playwright
 
-    from components.examples import load_examples
-
-    demo = None
+    proc = None
     url = args.url
     if url is None:
-        torch.set_num_threads(args.threads)
-        url, demo = start_server()
-    example = next(e for e in load_examples() if e["kind"] == "image")
-    rows = []
+        url, proc = start_server(args.threads)
+    image, prompt = first_example_image()
+    rows, n = [], 0
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=args.chromium, headless=True,
@@ -159,8 +176,8 @@ def main(argv=None) -> None:
             page.set_default_timeout(120_000)
             page.goto(url)
             page.wait_for_selector("#run")
-            page.set_input_files("#image input[type=file]", example["path"])
-            page.fill("#prompt textarea", example["prompt"])
+            page.set_input_files("#image input[type=file]", image)
+            page.fill("#prompt textarea", prompt)
             page.click("#run")
             page.wait_for_function("/tokens kept/.test((document.querySelector('#panel-0-title') || {}).innerText)")
             page.wait_for_timeout(1000)
@@ -177,9 +194,10 @@ def main(argv=None) -> None:
                 print(f"auto {'on' if auto else 'off'}: {args.moves} moves in {wall:.1f} s", flush=True)
             browser.close()
     finally:
-        if demo is not None:
-            demo.close()
-    print(f"\nslider -> all {n} panels updated (ms, in the page), {example['file']}, embedded model; "
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+    print(f"\nslider -> all {n} panels updated (ms, in the page), {os.path.basename(image)}, embedded model; "
           f"goal p50 <= {GOAL_P50_MS:.0f}, p95 <= {GOAL_P95_MS:.0f}")
     print(table(rows, ["", "moves", "p50", "p95", "min", "max"]))
 
