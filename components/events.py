@@ -89,10 +89,15 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         fields, rest = view_fields(st, vals)
         return (*P.panel_updates(fields), *rest)
 
-    def on_live(st, shown, *vals):  # the page: only what changed since this page's last view
+    def on_live(st, shown, ask, raw, raw_open, auto, *vals):
+        """The page's view: only what changed since its last one. Answers and the raw-data JSON are
+        events of their own, started by a change of `ask` (when answering automatically) and `raw`
+        (while its accordion is open): a move that needs neither costs the page one event only."""
         fields, (reference, settings, summary, _) = view_fields(st, vals)
         updates, props = P.live_updates(fields, (shown or {}).get("props"))
-        return (*updates, reference, settings, {"props": props, "summary": summary})
+        bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
+        return (*updates, reference, settings, {"props": props, "summary": summary}, bump(ask, auto),
+                bump(raw, raw_open))
 
     def generate_answers(st, vals, n_new, progress, bare=False):
         try:
@@ -106,22 +111,14 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     def on_generate(st, *rest):
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
-    @named("state", "shown", "auto", *names, "max_new_tokens", extra=progress_param)
-    def on_auto(st, shown, flag, *rest):
-        """After on_live (whose panels are shown, so bare values: no prop updates): the answers (made
-        when `flag`, else what is cached) and the view's raw data for the Downloads accordion."""
-        summary = (shown or {}).get("summary")
+    @named("state", "shown", *names, "max_new_tokens", extra=progress_param)
+    def on_auto(st, shown, *rest):
+        """Answers after a view that asked for them (its panels are shown: bare values, no prop
+        updates), and the view's raw data."""
         if not isinstance(st, UIState) or st.key is None:
-            return (*[None] * MAX_PANELS, P.reference_md(None), None, summary)
-        if flag:
-            return (*generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1], bare=True), summary)
-        try:
-            s = settings_of(st, rest[:n_ctl])
-            ans = logic.cached_answers(st, s, int(rest[n_ctl] or logic.max_new_tokens))
-        except UserError as e:
-            _error(e)
-        return (*P.answer_updates(list(s.methods), ans, hint, bare=True), P.reference_md(ans["reference"]), ans,
-                summary)
+            return (*[None] * MAX_PANELS, P.reference_md(None), None, None)
+        return (*generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1], bare=True),
+                (shown or {}).get("summary"))
 
     @named("state", *names, "x", "y")
     def on_inspect(st, *rest):
@@ -171,9 +168,10 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
 
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
     # the page's view event writes only the panels (each output costs the page's script time)
-    live_ins, live_outs = [state, res.shown, *inputs], [*res.view_outputs(), res.reference, act.settings, res.shown]
+    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, *inputs]
+    live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
-    auto_ins, auto_outs = [state, res.shown, act.auto, *inputs, act.max_new], [*gen_outs, res.view_json]
+    auto_ins, auto_outs = [state, res.shown, *inputs, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
     private = dict(api_visibility="private")
     # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
@@ -190,11 +188,16 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
                         concurrency_limit=1)
     sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1, **private)
     for ev in (enc, sub):
-        ev.then(on_live, live_ins, live_outs, **views).then(on_auto, auto_ins, auto_outs, **answers)
+        ev.then(on_live, live_ins, live_outs, **views)
     gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
     act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
     for c in ctl.live():
-        c.change(on_live, live_ins, live_outs, **views).then(on_auto, auto_ins, auto_outs, **answers)
+        c.change(on_live, live_ins, live_outs, **views)
+    res.ask.change(on_auto, auto_ins, auto_outs, **answers)
+    res.raw.change(lambda shown: (shown or {}).get("summary"), res.shown, res.view_json, **views)
+    res.raw_box.expand(lambda shown: (True, (shown or {}).get("summary")), res.shown, [res.raw_open, res.view_json],
+                       **views)
+    res.raw_box.collapse(lambda: False, None, res.raw_open, **views)
     ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
     ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], **private)
     res.tokens.select(on_token, [state], ctl.heat, **private)

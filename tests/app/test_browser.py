@@ -131,6 +131,18 @@ def test_heatmaps_have_a_colour_bar_with_quantity_and_unit(page):
     assert seen_no_score  # the default methods include one without a score
 
 
+def test_raw_data_follows_the_view_while_open(page):
+    """The view's JSON is its own event, run only while its accordion is open: it follows a move."""
+    page.get_by_text("Downloads and raw data").click()
+    page.wait_for_function("/0\\.5/.test(document.querySelector('#view-json').innerText)")  # share of 98
+    box = page.locator("#budget input[type=number]")
+    box.fill("30")
+    box.press("Enter")
+    page.wait_for_function("/59 \\/ 196 tokens kept/.test(document.querySelector('#panel-0-title').innerText)")
+    page.wait_for_function("/0\\.301/.test(document.querySelector('#view-json').innerText)")  # 59 / 196
+    page.get_by_text("Downloads and raw data").click()
+
+
 def test_clicking_a_prompt_word_shows_its_pmi(page):
     title = page.locator("#panel-0-heat").inner_text()
     page.locator("#tokens").get_by_text(re.compile(r"^\s*\?\s*$")).first.click()
