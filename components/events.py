@@ -175,10 +175,11 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
     private = dict(api_visibility="private")
     # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
-    # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session);
-    # the answers follow in a queued event of their own, at most one per session pending (always_last).
-    # Progress goes on one component: the page's script updates the status of every progress target
-    # at each step of every event (tens of ms a move with all the panel fields as targets).
+    # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session).
+    # Answers follow in a queued event of their own (at most one pending per session: always_last),
+    # started by the view's `ask` counter only when answering automatically. Progress goes on one
+    # component: the page's script updates the status of every progress target at each step of
+    # every event (tens of ms a move with all the panel fields as targets).
     views = dict(trigger_mode="always_last", show_progress="hidden", queue=False, show_progress_on=[act.settings],
                  **private)
     answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",

@@ -82,13 +82,12 @@ def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
     quantity and unit (the method's registered `score_label`, or PMI with the clicked word); a
     method whose scores mean nothing (score_label None) gets no map and a note saying so."""
     spec = method_spec(v.method)
-    label = v.heatmap.info.get("label") if v.heatmap is not None else None  # PMI maps name their word
-    if label is None and spec.score_label is None:
+    pmi = v.heatmap.info.get("label") if v.heatmap is not None else None  # a PMI map names its word
+    if pmi is None and spec.score_label is None:
         return {"visible": False}, None, (f"<i>{html.escape(spec.label)} has no score map: "
                                           "its picks follow no per-patch score.</i>")
-    label = label or spec.score_label
-    img = viz.with_colorbar(v.heatmap, label)
-    return {"visible": True, "label": label if v.heatmap.info.get("label") else f"scores: {label}"}, img, None
+    bar = pmi or spec.score_label
+    return {"visible": True, "label": pmi or f"scores: {bar}"}, viz.with_colorbar(v.heatmap, bar), None
 
 
 def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[tuple[dict, object]]:
