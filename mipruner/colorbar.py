@@ -25,7 +25,7 @@ def font_px(width: int, height: int) -> int:
     return max(9, round(0.028 * width if width > WIDE * height else 0.045 * max(width, height)))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=32)  # <= 32 bars: a strip's bar is ~1 MB (1820 px wide), a picture's ~0.1 MB
 def colorbar(vmin: float, vmax: float, label: str, length: int, font: int, cmap: str = "viridis",
              orientation: str = "vertical") -> Image.Image:
     """An RGB image of a colour bar from vmin to vmax with `label`, `length` px along the bar.
