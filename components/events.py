@@ -75,28 +75,43 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         progress(1.0, desc="encoded")
         unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
         heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
-        return (st, msg, token_chips(st.tokens, -1), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
+        return (st, msg, token_chips(st.tokens, heat), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
                 gr.update(value=heat), *layer_updates(st, vals))
 
-    @plain_errors("drawing the panels")
-    @named("state", *names)
-    def on_view(st, *vals):
+    def view_fields(st, vals):
         try:
             s = settings_of(st, vals)
             views, summary = logic.view(st, s)
-            cached = logic.cached_answers(st, s)
+            cached = logic.cached_answers(st, s)  # answers already made for these settings; never runs the LLM
         except UserError as e:
             _error(e)
-        return (*P.panel_updates(views, st.n_visual, cached, hint), P.reference_md(cached["reference"]),
-                s.to_string(), summary, token_chips(st.tokens, s.heat))
+        rest = (P.reference_md(cached["reference"]), s.to_string(), summary, token_chips(st.tokens, s.heat))
+        return P.panel_fields(views, st.n_visual, cached, hint), rest
 
-    def generate_answers(st, vals, n_new, progress):
+    @plain_errors("drawing the panels")
+    @named("state", *names)
+    def on_view(st, *vals):  # the /view API: every panel in full (visibility, labels, values)
+        fields, rest = view_fields(st, vals)
+        return (*P.panel_updates(fields), *rest)
+
+    @plain_errors("drawing the panels")
+    def on_live(st, shown, ask, raw, raw_open, auto, *vals):
+        """The page's view: only what changed since its last one. Answers and the raw-data JSON are
+        events of their own, started by a change of `ask` (when answering automatically) and `raw`
+        (while its accordion is open): a move that needs neither costs the page one event only."""
+        fields, (reference, settings, summary, _) = view_fields(st, vals)
+        updates, props = P.live_updates(fields, (shown or {}).get("props"))
+        bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
+        return (*updates, reference, settings, {"props": props, "summary": summary}, bump(ask, auto),
+                bump(raw, raw_open))
+
+    def generate_answers(st, vals, n_new, progress, bare=False):
         try:
             s = settings_of(st, vals)
             ans = logic.generate(st, s, int(n_new or logic.max_new_tokens), progress=progress)
         except UserError as e:
             _error(e)
-        return (*P.answer_updates(list(s.methods), ans, hint), P.reference_md(ans["reference"]), ans)
+        return (*P.answer_updates(list(s.methods), ans, hint, bare=bare), P.reference_md(ans["reference"]), ans)
 
     @plain_errors("answering")
     @named("state", *names, "max_new_tokens", extra=progress_param)
@@ -104,11 +119,14 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
     @plain_errors("answering")
-    @named("state", "auto", *names, "max_new_tokens", extra=progress_param)
-    def on_auto(st, flag, *rest):
-        if not flag or not isinstance(st, UIState) or st.key is None:
-            return (*[gr.update()] * MAX_PANELS, gr.update(), gr.update())
-        return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
+    @named("state", "shown", *names, "max_new_tokens", extra=progress_param)
+    def on_auto(st, shown, *rest):
+        """Answers after a view that asked for them (its panels are shown: bare values, no prop
+        updates), and the view's raw data."""
+        if not isinstance(st, UIState) or st.key is None:
+            return (*[None] * MAX_PANELS, P.reference_md(None), None, None)
+        return (*generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1], bare=True),
+                (shown or {}).get("summary"))
 
     @plain_errors("inspecting the patch")
     @named("state", *names, "x", "y")
@@ -153,26 +171,46 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         unit, budget = vals[1], vals[2]
         return (*vals[:2], C.budget_slider(unit, n_v, budget), *vals[3:])
 
+    def on_chips(st, heat):
+        return token_chips(st.tokens if isinstance(st, UIState) else [], int(-1 if heat is None else heat))
+
     def on_unit(st, unit):
         return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
 
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
+    # the page's view event writes only the panels (each output costs the page's script time)
+    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, *inputs]
+    live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
+    auto_ins, auto_outs = [state, res.shown, *inputs, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
-    live = dict(trigger_mode="always_last", show_progress="hidden")
     private = dict(api_visibility="private")
+    # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
+    # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session).
+    # Answers follow in a queued event of their own (at most one pending per session: always_last),
+    # started by the view's `ask` counter only when answering automatically. Progress goes on one
+    # component: the page's script updates the status of every progress target at each step of
+    # every event (tens of ms a move with all the panel fields as targets).
+    views = dict(trigger_mode="always_last", show_progress="hidden", queue=False, show_progress_on=[act.settings],
+                 **private)
+    answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",
+                   show_progress_on=[res.reference], **private)
 
     enc = inp.run.click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode",
                         concurrency_limit=1)
     sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1, **private)
     for ev in (enc, sub):
-        ev.then(on_view, [state, *inputs], view_outs, **private).then(
-            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private)
+        ev.then(on_live, live_ins, live_outs, **views)
     gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
     act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
     for c in ctl.live():
-        c.change(on_view, [state, *inputs], view_outs, **private, **live).then(
-            on_auto, [state, act.auto, *inputs, act.max_new], gen_outs, **private, **live)
+        c.change(on_live, live_ins, live_outs, **views)
+    res.ask.change(on_auto, auto_ins, auto_outs, **answers)
+    res.raw.change(lambda shown: (shown or {}).get("summary"), res.shown, res.view_json, **views)
+    res.raw_box.expand(lambda shown: (True, (shown or {}).get("summary")), res.shown, [res.raw_open, res.view_json],
+                       **views)
+    res.raw_box.collapse(lambda: False, None, res.raw_open, **views)
+    ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
     ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], **private)
     res.tokens.select(on_token, [state], ctl.heat, **private)
     for p in res.panels:

@@ -5,6 +5,8 @@
 Scenes come from `mipruner.shapes.scenes` with a seed the embedded model never trained on; each example's
 prompt asks about an object that is really in the picture (checked when writing). Images are
 upscaled 3x with nearest-neighbour so they show crisply; the processor resizes them back.
+The clip is H.264 in MP4 (browsers play it; MPEG-4 Part 2 they do not), with a poster image (four
+of its frames) that the examples table shows as its thumbnail.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
 SEED = 424_242  # never used by mipruner.shapes.train (training draws from seed 0)
 SCALE = 3
+VIDEO_CODEC = "libx264"  # H.264: what every browser decodes in MP4 (PyAV's wheels include libx264)
 
 
 FAMILY_ORDER = ("color", "count", "presence", "color")  # one question family per example, in turn
@@ -37,7 +40,8 @@ def _question(scene, family: str) -> str:
 
 
 def write_examples(out_dir: str = EXAMPLES_DIR, n_images: int = 4) -> list[dict]:
-    """Write n_images scenes (PNG) and one 8-frame clip (MP4) with prompts; returns the index."""
+    """Write n_images scenes (PNG), one 8-frame clip (H.264 MP4) and its poster (PNG) with prompts;
+    returns the index."""
     from mipruner.media import write_video
     from mipruner.shapes import scenes as sc
 
@@ -56,23 +60,40 @@ def write_examples(out_dir: str = EXAMPLES_DIR, n_images: int = 4) -> list[dict]
                      "objects": [o.category for o in scene.objects]})
     clip = sc.make_clip(SEED, 0, n_objects=2)
     frames = [f.resize((f.width * 2, f.height * 2), Image.NEAREST) for f in clip.pil()]
-    write_video(frames, os.path.join(out_dir, "clip_0.mp4"), fps=4)
+    write_video(frames, os.path.join(out_dir, "clip_0.mp4"), fps=4, codec=VIDEO_CODEC)
+    poster(frames).save(os.path.join(out_dir, "clip_0.png"))
     rows.append({"file": "clip_0.mp4", "kind": "video", "prompt": _question(clip, "color"),
-                 "objects": [o.category for o in clip.objects]})
+                 "objects": [o.category for o in clip.objects], "thumb": "clip_0.png"})
     with open(os.path.join(out_dir, "index.json"), "w") as f:
         json.dump({"seed": SEED, "examples": rows}, f, indent=1)
     return rows
 
 
+def poster(frames: list[Image.Image], n: int = 4) -> Image.Image:
+    """`n` evenly spaced frames side by side, 2 px apart: a clip's thumbnail."""
+    pick = [frames[round(i * (len(frames) - 1) / max(1, n - 1))] for i in range(min(n, len(frames)))]
+    w, h = pick[0].size
+    out = Image.new("RGB", (len(pick) * (w + 2) - 2, h), "white")
+    for i, f in enumerate(pick):
+        out.paste(f.convert("RGB"), (i * (w + 2), 0))
+    return out
+
+
 def load_examples(out_dir: str = EXAMPLES_DIR) -> list[dict]:
-    """The shipped examples with absolute paths ([] when the folder is missing)."""
+    """The shipped examples with absolute paths ("path", and "thumb": the picture the examples table
+    shows, a video's poster); [] when the folder is missing."""
     path = os.path.join(out_dir, "index.json")
     if not os.path.exists(path):
         return []
     with open(path) as f:
         rows = json.load(f)["examples"]
-    return [{**r, "path": os.path.join(out_dir, r["file"])} for r in rows
-            if os.path.exists(os.path.join(out_dir, r["file"]))]
+    out = []
+    for r in rows:
+        path = os.path.join(out_dir, r["file"])
+        thumb = os.path.join(out_dir, r["thumb"]) if r.get("thumb") else path if r["kind"] == "image" else None
+        if os.path.exists(path):
+            out.append({**r, "path": path, "thumb": thumb if thumb and os.path.exists(thumb) else None})
+    return out
 
 
 if __name__ == "__main__":

@@ -29,23 +29,35 @@ def build_inputs(hub) -> Inputs:
     model_path = gr.Textbox(label="...or a model id / local path (used instead of the list when given)",
                             placeholder="e.g. llava-hf/llava-1.5-7b-hf or /models/my-llava", elem_id="model-path")
     gr.Markdown(hub.startup_message or "", elem_id="model-status")
-    with gr.Tabs():
-        with gr.Tab("Image"):
+    with gr.Tabs(selected="image", elem_id="media-tabs") as tabs:
+        with gr.Tab("Image", id="image", elem_id="tab-image"):
             image = gr.Image(type="filepath", sources=["upload", "clipboard", "webcam"], label="Image",
                              elem_id="image", height=300)
-        with gr.Tab("Video"):
+        with gr.Tab("Video", id="video", elem_id="tab-video"):
             video = gr.Video(sources=["upload"], label="Video (a few frames are sampled)", elem_id="video", height=300)
     use = gr.Radio(["image", "video"], value="image", label="Use", elem_id="use")
     prompt = gr.Textbox(label="Prompt", placeholder="Ask a question about the image or video", elem_id="prompt",
                         lines=2)
     run = gr.Button("Run", variant="primary", elem_id="run")
+    quiet = dict(api_visibility="private", queue=False, show_progress="hidden")
     examples = load_examples()
     if examples:
-        gr.Examples([[e["path"] if e["kind"] == "image" else None, e["path"] if e["kind"] == "video" else None,
-                      e["prompt"], e["kind"]] for e in examples], inputs=[image, video, prompt, use],
-                    label="Examples (generated scenes and a clip; the embedded model knows these shapes)")
-    image.upload(lambda: "image", None, use, api_visibility="private")
-    video.upload(lambda: "video", None, use, api_visibility="private")
+        # two columns (a thumbnail, the prompt) fit a phone: a video shows its poster, and a click
+        # loads the file into its own input and sets "use" (which shows its tab)
+        table = gr.Dataset(components=["image", "textbox"], headers=["", "prompt"], type="index", elem_id="examples",
+                           samples=[[e["thumb"], e["prompt"] + (" (video)" if e["kind"] == "video" else "")]
+                                    for e in examples],
+                           label="Examples (generated scenes and a clip; the embedded model knows these shapes)")
+
+        def load(i):
+            e = examples[i]
+            return (e["path"] if e["kind"] == "image" else None, e["path"] if e["kind"] == "video" else None,
+                    e["prompt"], e["kind"])
+
+        table.click(load, table, [image, video, prompt, use], **quiet)
+    image.upload(lambda: "image", None, use, **quiet)
+    video.upload(lambda: "video", None, use, **quiet)
+    use.change(lambda kind: gr.Tabs(selected=kind), use, tabs, **quiet)  # an example or a click shows its media
     return Inputs(model, model_path, image, video, use, prompt, run)
 
 

@@ -9,10 +9,14 @@ import html
 from dataclasses import dataclass
 
 import gradio as gr
+from PIL import Image
+
+from mipruner import viz
+from mipruner.engine import method_spec
 
 from .logic import MAX_PANELS, label
 
-PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, legend, answer
+PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
 # 8-frame strip 66-76 ms, JPEG 0.3-3.6 ms (`python -m mipruner.bench slider` counts it); the
 # downloads (Downloads accordion) are PNG.
@@ -73,35 +77,76 @@ def answer_md(ans: dict | None, generated_hint: str) -> str:
             f"prefill {ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms ({ans['new_tokens']} tokens)")
 
 
-def panel_updates(views, n_visual: int, answers: dict | None, hint: str) -> list:
-    """Updates for all MAX_PANELS x PANEL_FIELDS components from the views of one slider move."""
-    out = []
+def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
+    """(props, image, note) of a panel's heatmap: the map with its colour bar, labelled with the
+    quantity and unit (the method's registered `score_label`, or PMI with the clicked word); a
+    method whose scores mean nothing (score_label None) gets no map and a note saying so."""
+    spec = method_spec(v.method)
+    pmi = v.heatmap.info.get("label") if v.heatmap is not None else None  # a PMI map names its word
+    if pmi is None and spec.score_label is None:
+        return {"visible": False}, None, (f"<i>{html.escape(spec.label)} has no score map: "
+                                          "its picks follow no per-patch score.</i>")
+    bar = pmi or spec.score_label
+    return {"visible": True, "label": pmi or f"scores: {bar}"}, viz.with_colorbar(v.heatmap, bar), None
+
+
+def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[tuple[dict, object]]:
+    """(props, value) of all MAX_PANELS x PANEL_FIELDS components for the views of one slider move;
+    props are what a value alone cannot change (visibility, label)."""
+    out: list[tuple[dict, object]] = []
     answers = answers or {"methods": {}}
+    hidden = ({"visible": False}, None)
     for i in range(MAX_PANELS):
         if i >= len(views):
-            out += [gr.update(visible=False)] * PANEL_FIELDS
+            out += [hidden] * PANEL_FIELDS
             continue
         v = views[i]
         title = (f"### {label(v.method)}\n{v.kept} / {n_visual} tokens kept "
                  f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms")
+        heat_props, heat, note = heat_field(v)
         is_mi = v.pivot is not None
-        out += [gr.update(value=title, visible=True),
-                gr.update(value=v.mask, visible=True),
-                gr.update(value=v.heatmap, visible=True, label=v.heat_title),
-                gr.update(value=v.pivot, visible=is_mi),
-                gr.update(value=legend_html(v.legend), visible=is_mi),
-                gr.update(value=answer_md(answers["methods"].get(v.method), hint), visible=True)]
+        notes = legend_html(v.legend) if is_mi else ""
+        if note:
+            notes = f'<div style="font-size:0.85em">{note}</div>' + notes
+        out += [({"visible": True}, title),
+                ({"visible": True}, v.mask),
+                (heat_props, heat),
+                ({"visible": is_mi}, v.pivot if is_mi else None),
+                ({"visible": bool(notes)}, notes),
+                ({"visible": True}, answer_md(answers["methods"].get(v.method), hint))]
     return out
 
 
-def answer_updates(methods: list[str], answers: dict, hint: str) -> list:
-    """Updates for the answer field of every panel slot (others unchanged)."""
+def panel_updates(fields: list[tuple[dict, object]]) -> list:
+    """Full updates (props and value) of `panel_fields` (the /view API)."""
+    return [gr.update(value=value, **props) if props.get("visible") else gr.update(**props) for props, value in fields]
+
+
+def live_updates(fields: list[tuple[dict, object]], shown: list | None) -> tuple[list, list]:
+    """The page's updates for `fields` given what it `shown` (the last call's props), and the new
+    record. Gradio rebuilds a component's whole config for any prop update, even an empty one
+    (gr.skip()): a few ms each, tens for a page of panels. So props go out only where they changed,
+    elsewhere the bare value (None for a hidden component)."""
+    out = []
+    for i, (props, value) in enumerate(fields):
+        same = shown is not None and i < len(shown) and shown[i] == props
+        if not same:
+            out.append(gr.update(value=value, **props) if props.get("visible") else gr.update(**props))
+        else:
+            out.append(value if props.get("visible") else None)
+    return out, [props for props, _ in fields]
+
+
+def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool = False) -> list:
+    """Updates for the answer field of every panel slot (others unchanged). bare: values only (None
+    in unused, hidden slots), for a page whose view already shows these panels: no prop update."""
     out = []
     for i in range(MAX_PANELS):
         if i < len(methods):
-            out.append(gr.update(value=answer_md(answers["methods"].get(methods[i]), hint), visible=True))
+            md = answer_md(answers["methods"].get(methods[i]), hint)
+            out.append(md if bare else gr.update(value=md, visible=True))
         else:
-            out.append(gr.update())
+            out.append(None if bare else gr.update())
     return out
 
 
@@ -113,5 +158,5 @@ def reference_md(ans: dict | None) -> str:
               f"{ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms")
 
 
-__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "legend_html",
-           "panel_updates", "reference_md"]
+__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",
+           "live_updates", "panel_fields", "panel_updates", "reference_md"]

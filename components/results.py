@@ -24,6 +24,14 @@ class Results:
     files: gr.File
     view_json: gr.JSON
     answers_json: gr.JSON
+    shown: gr.State  # the panels' props as this page shows them (components.panels.live_updates), the view's data
+    # counters a view bumps to start a follow-up event by their change (a value the page compares: a
+    # State's change is not reported to the page by a view outside the queue): answers (when answering
+    # automatically) and the raw-data JSON (while its accordion is open); unchanged, no event at all
+    ask: gr.Number
+    raw: gr.Number
+    raw_open: gr.State
+    raw_box: gr.Accordion
 
     def view_outputs(self) -> list:
         """What a view update writes: every panel field, reference, settings box is added by the caller."""
@@ -47,13 +55,14 @@ def build_results() -> Results:
             inspect = gr.Button("Inspect", elem_id="inspect")
         patch_tokens = gr.HighlightedText(label="PMI of the patch with every prompt token", elem_id="patch-pmi")
         patch_info = gr.JSON(label="patch", elem_id="patch-info")
-    with gr.Accordion("Downloads and raw data", open=False):
+    with gr.Accordion("Downloads and raw data", open=False) as raw_box:
         export = gr.Button("Make PNG + JSON files", elem_id="export")
         files = gr.File(file_count="multiple", label="files", elem_id="files")
         view_json = gr.JSON(label="view (kept indices, timings)", elem_id="view-json")
         answers_json = gr.JSON(label="answers", elem_id="answers-json")
     return Results(status, tokens, reference, panels, px, py, inspect, patch_tokens, patch_info, export, files,
-                   view_json, answers_json)
+                   view_json, answers_json, gr.State(None), gr.Number(0, visible="hidden", elem_id="ask"),
+                   gr.Number(0, visible="hidden", elem_id="raw"), gr.State(False), raw_box)
 
 
 __all__ = ["Results", "build_results"]

@@ -37,21 +37,36 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
     with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200)) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
         gr.Markdown(INTRO)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1):
+        with gr.Row(equal_height=False, elem_id="layout"):  # placed by LAYOUT_CSS
+            with gr.Column(scale=1, elem_id="inputs-col"):
                 inp = build_inputs(logic.hub)
-            with gr.Column(scale=1):
+            with gr.Column(scale=1, elem_id="controls-col"):
                 ctl = C.build_controls()
                 act = C.build_actions(logic.max_new_tokens, auto_answers)
-        res = build_results()
+            with gr.Column(elem_id="results-col"):
+                res = build_results()
         wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
     return demo
 
 
+# Wide screens: inputs | controls side by side, the results under both. Phones (one column): inputs,
+# then the results, then the controls, so the panels come right after Run and its examples instead
+# of below every control (a grid: the areas are placed, the page order stays inputs, controls, results).
+LAYOUT_CSS = """
+#layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
+          grid-template-areas: "inputs controls" "results results"; align-items: start; }
+#inputs-col { grid-area: inputs; } #controls-col { grid-area: controls; } #results-col { grid-area: results; }
+#layout > div { min-width: 0 !important; }
+@media (max-width: 768px) {
+  #layout { grid-template-columns: minmax(0, 1fr); grid-template-areas: "inputs" "results" "controls"; }
+}
+"""
+
+
 def launch_kwargs(max_file_size: str = "50mb") -> dict:
-    """What `launch` needs for uploads and file serving: size limit, only assets/ besides uploads."""
+    """What `launch` needs: upload size limit, only assets/ served besides uploads, the layout's CSS."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")]}
+    return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")], "css": LAYOUT_CSS}
 
 
-__all__ = ["build_demo", "launch_kwargs"]
+__all__ = ["LAYOUT_CSS", "build_demo", "launch_kwargs"]

@@ -1,7 +1,7 @@
 """Rendering a Selection over the original media: kept-patch masks, PMI / score heatmaps, pivot maps.
 
-Pure functions of (Encoded, Selection) -> PIL images, in numpy + PIL; matplotlib is used only for
-its colormap tables (`matplotlib.colormaps`, imported lazily; never pyplot). Geometry is read from
+Pure functions of (Encoded, Selection) -> PIL images, in numpy + PIL; matplotlib only for colormap
+tables and colour bars (`mipruner.colorbar`), imported lazily, never pyplot. Geometry is read from
 `Encoded.geometry` alone: token boxes are in each frame's ORIGINAL pixel coordinates.
 
 How it stays fast (a slider drives these): everything that depends only on the encoding is built
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from PIL import Image
+
+from .colorbar import colorbar, with_colorbar  # noqa: F401 (the app reaches them through viz)
 
 NO_BOX_KINDS = ("newline",)
 BACKGROUND = (255, 255, 255)  # between frames of the strip
@@ -200,17 +202,25 @@ def colormap_lut(name: str = "viridis") -> np.ndarray:
     return lut
 
 
-def color_index(values, has_box: np.ndarray | None = None, vmin: float | None = None,
-                vmax: float | None = None) -> np.ndarray:
-    """Per-token colour index in [0, 255], linear in the value between vmin and vmax.
-
-    The range defaults to the finite values of boxed tokens; a constant vector maps to 128;
-    non-finite values map to 0. Monotone: a larger value never gets a smaller index.
-    """
+def value_range(values, has_box: np.ndarray | None = None, vmin: float | None = None,
+                vmax: float | None = None) -> tuple[float, float]:
+    """(lo, hi) a heatmap's colours span: vmin/vmax, else over finite boxed values (else 0, 1)."""
     v = _numpy(values).astype(np.float64).reshape(-1)
     ok = np.isfinite(v) if has_box is None else (np.isfinite(v) & has_box)
     lo = float(np.min(v[ok])) if vmin is None and ok.any() else (vmin if vmin is not None else 0.0)
     hi = float(np.max(v[ok])) if vmax is None and ok.any() else (vmax if vmax is not None else 1.0)
+    return float(lo), float(hi)
+
+
+def color_index(values, has_box: np.ndarray | None = None, vmin: float | None = None,
+                vmax: float | None = None) -> np.ndarray:
+    """Per-token colour index in [0, 255], linear in the value between vmin and vmax.
+
+    The range defaults to the finite values of boxed tokens (`value_range`); a constant vector maps
+    to 128; non-finite values map to 0. Monotone: a larger value never gets a smaller index.
+    """
+    v = _numpy(values).astype(np.float64).reshape(-1)
+    lo, hi = value_range(v, has_box, vmin, vmax)
     if not hi > lo:
         return np.where(np.isfinite(v), 128, 0).astype(np.uint8)
     t = np.clip((np.nan_to_num(v, nan=lo, neginf=lo, posinf=hi) - lo) / (hi - lo), 0.0, 1.0)
@@ -229,14 +239,18 @@ def _blend(lay: Layout, colors: np.ndarray, alpha: float) -> np.ndarray:
 def scores_heatmap(encoded, values, frame: int | None = None, *, layout: Layout | None = None,
                    cmap: str = "viridis", alpha: float = 0.6, vmin: float | None = None,
                    vmax: float | None = None) -> Image.Image:
-    """Any per-token vector (N_V,) painted over the token boxes with a colormap, alpha-blended."""
+    """Any per-token vector (N_V,) painted over the token boxes with a colormap, alpha-blended.
+    Its `info` keeps "vmin", "vmax" (`value_range`) and "cmap": `with_colorbar` draws from them."""
     lay = _layout(encoded, layout)
     v = _numpy(values).reshape(-1)
     if v.shape[0] != len(encoded.geometry):
         raise ValueError(f"values must have one entry per visual token ({len(encoded.geometry)}), "
                          f"got {v.shape[0]}")
-    colors = colormap_lut(cmap)[color_index(v, lay.has_box, vmin, vmax)]  # (N_V, 3)
-    return Image.fromarray(lay.crop(_blend(lay, colors, alpha), frame))
+    lo, hi = value_range(v, lay.has_box, vmin, vmax)
+    colors = colormap_lut(cmap)[color_index(v, lay.has_box, lo, hi)]  # (N_V, 3)
+    img = Image.fromarray(lay.crop(_blend(lay, colors, alpha), frame))
+    img.info.update(vmin=lo, vmax=hi, cmap=cmap)
+    return img
 
 
 def _check_mi(selection, what: str) -> None:
@@ -246,13 +260,18 @@ def _check_mi(selection, what: str) -> None:
 
 def pmi_heatmap(encoded, selection, token_index: int, frame: int | None = None, *,
                 layout: Layout | None = None, cmap: str = "viridis", alpha: float = 0.6) -> Image.Image:
-    """PMI of every visual token with scoring-text token `token_index` (a column of Selection.pmi)."""
+    """PMI of every visual token with scoring-text token `token_index` (a column of Selection.pmi).
+
+    Like `scores_heatmap`, plus info["label"]: "PMI with '<token>' (nats)" for its colour bar."""
     _check_mi(selection, "pmi_heatmap")
     n_t = selection.pmi.shape[1]
     if not (isinstance(token_index, (int, np.integer)) and 0 <= token_index < n_t):
         raise ValueError(f"token_index must be in [0, {n_t - 1}] (scoring-text tokens), got {token_index!r}")
-    return scores_heatmap(encoded, selection.pmi[:, int(token_index)], frame, layout=layout, cmap=cmap,
-                          alpha=alpha)
+    img = scores_heatmap(encoded, selection.pmi[:, int(token_index)], frame, layout=layout, cmap=cmap,
+                         alpha=alpha)
+    word = encoded.scoring_tokens[int(token_index)].replace("\u2581", "").replace("\u0120", "")
+    img.info["label"] = f"PMI with {word!r} (nats)"  # natural log: PMI_cross = log p(t|v) - log p(t)
+    return img
 
 
 def pivot_palette(n: int) -> np.ndarray:
@@ -354,5 +373,6 @@ def pmi_row(encoded, selection, index: int) -> list[tuple[str, float]]:
     return [(t, float(p)) for t, p in zip(encoded.scoring_tokens, selection.pmi[index].tolist())]
 
 
-__all__ = ["Layout", "TokenCell", "build_layout", "color_index", "colormap_lut", "kept_mask", "pivot_map",
-           "pivot_palette", "pmi_heatmap", "pmi_row", "scores_heatmap", "token_at", "token_cells"]
+__all__ = ["Layout", "TokenCell", "build_layout", "color_index", "colorbar", "colormap_lut", "kept_mask", "pivot_map",
+           "pivot_palette", "pmi_heatmap", "pmi_row", "scores_heatmap", "token_at", "token_cells", "value_range",
+           "with_colorbar"]

@@ -174,3 +174,93 @@ def test_viz_does_not_import_pyplot_or_gradio():
             "mipruner.viz.scores_heatmap(e, [0., 1., 2., 3.]);"
             "assert 'matplotlib.pyplot' not in sys.modules and 'gradio' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _bar_indices(strip: np.ndarray, lut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest colormap index and RGB distance to it of every pixel of `strip` (..., 3)."""
+    px = strip.reshape(-1, 3).astype(int)
+    d = ((px[:, None, :] - lut[None, :, :].astype(int)) ** 2).sum(-1)  # (P, 256)
+    return d.argmin(1).reshape(strip.shape[:-1]), np.sqrt(d.min(1)).reshape(strip.shape[:-1])
+
+
+def _gradient_lines(region: np.ndarray, lut: np.ndarray, along: int) -> list[np.ndarray]:
+    """The lines of `region` (columns: along=0, rows: along=1) that are colormap gradients: >= 80% of
+    their pixels on the colormap; returns their index profiles (pixels on the colormap only)."""
+    idx, dist = _bar_indices(region, lut)
+    lines = []
+    for k in range(region.shape[1 - along]):
+        i, d = (idx[:, k], dist[:, k]) if along == 0 else (idx[k], dist[k])
+        if (d < 12).mean() >= 0.8:
+            lines.append(i[d < 12])
+    return lines
+
+
+def test_scores_heatmap_records_its_range_and_pmi_its_word(image_enc):
+    lay = viz.build_layout(image_enc)
+    vals = torch.linspace(-2.0, 3.0, image_enc.n_visual)
+    img = viz.scores_heatmap(image_enc, vals, layout=lay)
+    assert (img.info["vmin"], img.info["vmax"]) == pytest.approx((-2.0, 3.0)) and img.info["cmap"] == "viridis"
+    fixed = viz.scores_heatmap(image_enc, vals, layout=lay, vmin=0.0, vmax=1.0)
+    assert (fixed.info["vmin"], fixed.info["vmax"]) == (0.0, 1.0)
+    sel = _mi(image_enc)
+    pmi = viz.pmi_heatmap(image_enc, sel, 1, layout=lay)
+    col = sel.pmi[:, 1]
+    assert (pmi.info["vmin"], pmi.info["vmax"]) == pytest.approx((float(col.min()), float(col.max())))
+    assert pmi.info["label"] == f"PMI with {image_enc.scoring_tokens[1]!r} (nats)"
+
+
+def test_colour_bar_reads_the_heatmap_values(image_enc, video_enc):
+    lut = viz.colormap_lut("viridis")
+    # a square picture: the bar goes on its right, vmax at the top, vmin at the bottom
+    pic = viz.scores_heatmap(image_enc, torch.arange(image_enc.n_visual, dtype=torch.float32),
+                             layout=viz.build_layout(image_enc))
+    big = pic.resize((240, 240))  # as the app shows it: text sized from the picture
+    big.info.update(pic.info)
+    out = viz.with_colorbar(big, "score (units)")
+    assert out.height == 240 and out.width > 240 and out.info["label"] == "score (units)"
+    assert np.array_equal(np.asarray(out)[:, :240], np.asarray(big.convert("RGB")))  # the picture is untouched
+    cols = _gradient_lines(np.asarray(out)[:, 240:], lut, along=0)
+    assert len(cols) >= 3  # the bar is several pixels wide
+    for c in cols:
+        assert c[0] > 240 and c[-1] < 15  # the whole colormap, top (vmax) to bottom (vmin)
+        assert (np.diff(c.astype(int)) <= 2).all()  # decreasing downwards (JPEG-free: exact up to rounding)
+    # a strip of frames: the bar goes underneath, vmin on the left
+    strip = viz.scores_heatmap(video_enc, torch.arange(video_enc.n_visual, dtype=torch.float32),
+                               layout=viz.build_layout(video_enc))
+    wide = viz.with_colorbar(strip, "score")
+    assert wide.width == strip.width and wide.height > strip.height
+    rows = _gradient_lines(np.asarray(wide)[strip.height:], lut, along=1)
+    assert rows and all(r[0] < 15 and r[-1] > 240 and (np.diff(r.astype(int)) >= -2).all() for r in rows)
+
+
+def test_colour_bar_needs_a_range_and_is_memoised(image_enc):
+    from PIL import Image
+
+    with pytest.raises(ValueError, match="value range"):
+        viz.with_colorbar(Image.new("RGB", (40, 40)), "score")
+    const = viz.scores_heatmap(image_enc, torch.ones(image_enc.n_visual), layout=viz.build_layout(image_enc))
+    assert const.info["vmin"] == const.info["vmax"] == 1.0
+    assert viz.with_colorbar(const, "score").width > const.width  # a constant map still gets a (+-0.5) bar
+    a = viz.colorbar(0.0, 1.0, "score", 100, 10)
+    assert viz.colorbar(0.0, 1.0, "score", 100, 10) is a  # a slider move that keeps the range re-renders nothing
+
+
+def test_every_method_says_what_its_scores_are():
+    from mipruner.engine import method_specs
+
+    labels = {s.name: s.score_label for s in method_specs()}
+    assert labels["random"] is None  # random draws: nothing to colour
+    assert all(isinstance(v, str) and v.strip() for k, v in labels.items() if k != "random")
+    assert "nats" in labels["mi"]
+
+
+def test_colour_bars_do_not_import_pyplot():
+    import subprocess
+    import sys
+
+    code = ("import sys, mipruner.viz as v;"
+            "from mipruner.bench.slider import synthetic_encoded as s;"
+            "e = s(1, 2, 8, dim=4, n_text=2);"
+            "v.with_colorbar(v.scores_heatmap(e, [0., 1., 2., 3.]), 'score');"
+            "assert 'matplotlib.pyplot' not in sys.modules and 'gradio' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,6 +10,7 @@ COMMANDS = {
     "efficiency": ("mipruner.bench.efficiency", "end-to-end latency + peak memory per method x budget (incl. fastv, dart)"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
+    "browser": ("mipruner.bench.browser", "slider move -> every panel updated in Chromium (p50/p95), embedded model"),
 }
 
 

@@ -195,7 +195,8 @@ def _dart_hidden(prompt, prefix, cache: dict | None) -> dict:
     return out
 
 
-@register_pruner("dart", stage="llm", needs=("adapter",), label="DART", answer=answer, params=(
+@register_pruner("dart", stage="llm", needs=("adapter",), label="DART", answer=answer,
+                 score_label="-cosine to its pivot", params=(
     LAYER,
     Param.integer("image_pivots", 4, 0, None, "image pivot tokens, by L1 norm of layer K-1 keys (DART: 4)"),
     Param.integer("text_pivots", 4, 0, None, "text pivot tokens, from the tokens after the last image token "

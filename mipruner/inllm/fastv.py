@@ -74,7 +74,8 @@ def fastv_rank(attention: torch.Tensor, budget: int) -> Selection:
     return Selection.from_order(order, scores)
 
 
-@register_pruner("fastv", stage="llm", needs=("adapter",), params=(LAYER,), label="FastV", answer=answer)
+@register_pruner("fastv", stage="llm", needs=("adapter",), params=(LAYER,), label="FastV", answer=answer,
+                 score_label="attention share (layer K)")
 @torch.no_grad()
 def fastv(adapter, encoded, budget, *, cache: dict | None = None, layer: int = 2) -> Selection:
     """FastV: the image tokens the last prompt token attends to most at layer K-1."""

@@ -9,6 +9,8 @@ A method is one decorated function in one file. Its `PrunerSpec` says
 - `params`: its parameters, each a `Param` with default, range or choices and a one-line doc. The
   app's controls, the settings string, the eval and lmms-eval model arguments are generated from
   them, so a new method with a parameter is one file plus its tests.
+- `score_label`: what its `Selection.scores` are, "quantity (unit)", for a heatmap's colour bar;
+  None when they carry no meaning (Random's are random draws), so nothing should colour by them.
 
 `prune(name, visual=..., text=..., budget=...)` is the front door for pre-LLM methods on plain
 tensors: it resolves the name (with a "did you mean" on typos), validates parameters against their
@@ -121,6 +123,7 @@ class PrunerSpec:
     summary: str
     is_mi: bool = False  # returns PMI matrices and pivot words
     answer: Callable | None = field(default=None, compare=False)  # stage "llm": answers on its selection
+    score_label: str | None = "score"  # Selection.scores as "quantity (unit)"; None: meaningless
 
     @property
     def needs_text(self) -> bool:
@@ -156,7 +159,7 @@ class PrunerSpec:
 
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
-                    answer: Callable | None = None):
+                    answer: Callable | None = None, score_label: str | None = "score"):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
@@ -197,7 +200,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
                                          "one name, one definition")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         _REGISTRY[name] = PrunerSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
-                                     doc[0] if doc else "", is_mi, answer)
+                                     doc[0] if doc else "", is_mi, answer, score_label=score_label)
         return fn
 
     return deco

@@ -80,7 +80,8 @@ def image_keys(keys: torch.Tensor | None, attention: torch.Tensor, n_v: int, *, 
     return keys[keys.shape[0] - n_v:].to(torch.float32)  # (N_V, d_k), [CLS] row dropped
 
 
-@register_pruner("attention", stage="vision", needs=("attention",), label="Attention", params=(
+@register_pruner("attention", stage="vision", needs=("attention",), label="Attention",
+                 score_label="attention share", params=(
     Param.choice("use_cls", None, (None, True, False), "rank by the [CLS] row (True), by the column sum (False), "
                  "or whichever the attention's shape offers (None)"),))
 def attention_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,

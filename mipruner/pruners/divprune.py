@@ -97,7 +97,7 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
     return out
 
 
-@register_pruner("divprune", label="DivPrune")
+@register_pruner("divprune", label="DivPrune", score_label="distance to the kept set (1 - cosine)")
 def divprune(visual: torch.Tensor, text: torch.Tensor | None, budget: int) -> Selection:
     """DivPrune: greedy max-min diversity over cosine distance, without looking at the prompt."""
     cos = CosineColumns(visual)

@@ -325,7 +325,8 @@ def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
     return lam, tau
 
 
-@register_pruner("mi", needs=("text",), params=MI_PARAMS, label="MI-Pruner", is_mi=True)
+@register_pruner("mi", needs=("text",), params=MI_PARAMS, label="MI-Pruner", is_mi=True,
+                 score_label="greedy MI gain (nats)")
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}

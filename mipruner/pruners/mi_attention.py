@@ -27,6 +27,7 @@ from .selection import Selection, check_range
 
 
 @register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
+                 score_label="greedy MI gain (nats)",
                  is_mi=True, params=(Param.real("split", 0.5, 0.0, 1.0, "share of the budget kept by vision-encoder "
                                                 "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS))
 def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,

@@ -31,7 +31,7 @@ def check_seed(seed: int) -> int:
     return int(seed)
 
 
-@register_pruner("random", label="Random", params=(
+@register_pruner("random", label="Random", score_label=None, params=(
     Param.integer("seed", 0, 0, _SEED_MAX, "random seed (the paper averages seeds 0, 1, 2)"),))
 def random_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                   seed: int = 0,  # the paper averages seeds; 0 makes the default call reproducible

@@ -23,7 +23,8 @@ from .selection import Selection, check_choice, cosine_to
 
 
 
-@register_pruner("similarity", needs=("text",), params=(AGGREGATION,), label="Similarity")
+@register_pruner("similarity", needs=("text",), params=(AGGREGATION,), label="Similarity",
+                 score_label="cosine with the prompt")
 def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                       aggregation: str = "max",  # same default as MI-Pruner, so the two compare 1:1
                       ) -> Selection:

@@ -68,7 +68,8 @@ def _complement(n: int, chosen: torch.Tensor, device) -> torch.Tensor:
     return torch.argsort(mark, stable=True)[: n - chosen.numel()]  # the unmarked come first, in index order
 
 
-@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip", params=(
+@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip",
+                 score_label="attention share", params=(
     Param.real("dominant_ratio", 54 / 64, 0.0, 1.0, "share of the budget kept as dominant tokens, [CLS] included "
                "(original: 54 of 64)", code="dom", step=0.01),))
 def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,

@@ -134,7 +134,8 @@ def _sparse_redundancy(u: torch.Tensor, cos: torch.Tensor | None):
     return red_of
 
 
-@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner", params=(
+@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner",
+                 score_label="attention share", params=(
     Param.real("ratio", 0.5, 0.0, 1.0, "share of the budget kept as important tokens, floored (original: 0.5)",
                code="vr", step=0.05),
     Param.integer("drop_per_round", 8, 1, None, "duplicates removed per round of the diverse stage (original: 8)",
