@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ._registry import Param, register_pruner
+from .lam_rule import LAM_RULE
 from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
@@ -237,12 +238,13 @@ def mi_params(lam: float, tau: float, aggregation: str, normalization: str) -> t
     return lam, tau
 
 
-@register_pruner("mi", needs=("text",), params=MI_PARAMS, label="MI-Pruner", is_mi=True)
+@register_pruner("mi", needs=("text",), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner", is_mi=True)
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}
               aggregation: str = "max",  # paper Fig. 5a: max beats the global (mean) aggregation
               normalization: str = "softmax",  # paper App. B.2: softmax beats MinMax
+              lam_rule: str = "auto",  # applied by mipruner.select from the prompt (lam_rule.py)
               cache: dict | None = None) -> Selection:
     """MI-Pruner: maximise PMI with the prompt, minus PMI with what is already kept (paper Alg. 1)."""
     lam, tau = mi_params(lam, tau, aggregation, normalization)

@@ -1,0 +1,354 @@
+"""Sweeps: one parameter over a question set, for several methods, each item encoded once.
+
+    sw = Sweep(methods=("mi", "random", "similarity"), param="budget", values=(8, 16, 32))
+    res = run_sweep(adapter, generated_set("pope", n=60), sw)
+    res.to_csv("budget.csv"); res.to_json("budget.json"); res.plot("budget.png")
+
+The parameter is the budget, the prompt tokens scored (`text_mode`) or any registered method
+parameter by name (`lam`, `tau`, `aggregation`, `normalization`, `layer`, ...); its values are
+validated by its `Param`. Everything else stays fixed: `budget` (when another parameter is swept),
+`params` (other method parameters), `text_mode`. Per item, the media and prompt are encoded ONCE
+(once per text mode when `text_mode` is swept) and every method x value re-uses that encoding and
+one `cache` (`mipruner.select` / `mipruner.answer`), so MI's PMI and the in-LLM prefix are computed
+once per item. A method that does not take the swept parameter is run once per item and drawn
+flat (`varies` False). Random runs the seeds 0, 1, 2 and averages them, as the eval table does.
+
+Each (method, value) point holds accuracy, F1 and yes-rate (yes/no questions), query recall (the
+share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time
+(`prune_ms`: the first select of an item also fills its cache) and mean LLM prefill time. Sweeping
+`lam` sets `lam_rule` to "fixed" unless given (else the paper's rule would override the values).
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import mipruner
+from mipruner.models.text import TEXT_MODES
+from mipruner.pruners import all_params, did_you_mean, get_pruner
+
+from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
+from .runner import RANDOM_SEEDS, aggregate
+from .sweep_sets import GENERATED, describe, generated_set, user_set
+
+SPECIAL = ("budget", "text_mode")  # sweepable besides the registered parameters
+METRICS = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
+COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "lam", "n")
+
+
+def sweepable() -> list[str]:
+    """Names a sweep can vary: budget, text_mode and every registered method parameter."""
+    return [*SPECIAL, *all_params()]
+
+
+def parse_value(param: str, value):
+    """One value of `param`, from text or a number, validated (ValueError names the parameter)."""
+    if param == "budget":
+        if isinstance(value, str):
+            t = value.strip()
+            value = float(t) if any(c in t for c in ".eE") else int(t)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"budget must be tokens (int >= 1) or a share (float in (0, 1]), got {value!r}")
+        if isinstance(value, float) and not 0.0 < value <= 1.0 or isinstance(value, int) and value < 1:
+            raise ValueError(f"budget must be tokens (int >= 1) or a share in (0, 1], got {value!r}")
+        return value
+    if param == "text_mode":
+        if str(value).strip() not in TEXT_MODES:
+            raise ValueError(f"text_mode must be one of {TEXT_MODES}, got {value!r}")
+        return str(value).strip()
+    params = all_params()
+    if param not in params:
+        raise did_you_mean("parameter to sweep", param, sweepable())
+    p = params[param]
+    if isinstance(value, str):
+        t = value.strip()
+        if p.kind == "choice":
+            value = next((c for c in p.choices if str(c) == t), t)
+        else:
+            try:
+                value = int(t) if p.kind == "int" and t.lstrip("+-").isdigit() else float(t)
+            except ValueError:
+                raise ValueError(f"{param} must be a number, got {t!r}") from None
+    return p.validate(value)
+
+
+def parse_values(param: str, values) -> tuple:
+    """The values of a sweep from "a,b,c" or a list; at least one, no duplicates."""
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    out = tuple(parse_value(param, v) for v in values)
+    if not out:
+        raise ValueError(f"give at least one value of {param}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"duplicate values of {param}: {list(out)}")
+    return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What to sweep (see the module docstring). Validated on construction."""
+
+    methods: tuple
+    param: str
+    values: tuple
+    budget: int | float = 16
+    params: dict = field(default_factory=dict, hash=False)
+    text_mode: str = "question"
+    max_new_tokens: int = 8
+
+    def __post_init__(self):
+        methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
+        if not methods or len(set(methods)) != len(methods):
+            raise ValueError(f"give one or more distinct methods, got {list(methods)}")
+        for m in methods:
+            get_pruner(m)
+        if self.param not in SPECIAL and self.param not in all_params():
+            raise did_you_mean("parameter to sweep", self.param, sweepable())
+        values = parse_values(self.param, self.values)
+        known = all_params()
+        params = {}
+        for k, v in dict(self.params).items():
+            if k not in known:
+                raise did_you_mean("method parameter", k, list(known))
+            params[k] = parse_value(k, v)
+        if self.param == "lam":
+            params.setdefault("lam_rule", "fixed")
+        if self.param in params:
+            raise ValueError(f"{self.param} is swept: do not also fix it")
+        if not any(self.varies(m) for m in methods):
+            raise ValueError(f"none of {list(methods)} takes {self.param!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for k, v in (("methods", methods), ("values", values), ("params", params),
+                     ("budget", parse_value("budget", self.budget)), ("text_mode", parse_value("text_mode", self.text_mode))):
+            object.__setattr__(self, k, v)
+
+    def varies(self, method: str) -> bool:
+        """Whether `method`'s result depends on the swept parameter."""
+        spec = get_pruner(method)
+        if self.param == "budget":
+            return True
+        if self.param == "text_mode":
+            return spec.needs_text
+        return self.param in spec.param_names
+
+    def setting(self, method: str, value) -> tuple:
+        """(budget, text_mode, params) for `method` at `value` of the swept parameter."""
+        budget, mode, params = self.budget, self.text_mode, dict(self.params)
+        if self.param == "budget":
+            budget = value
+        elif self.param == "text_mode":
+            mode = value if self.varies(method) else self.values[0]
+        else:
+            params[self.param] = value
+        return budget, mode, params
+
+    def seeds(self, method: str) -> tuple:
+        """The seeds a method runs with (Random: 0, 1, 2 unless `seed` is fixed or swept)."""
+        if "seed" not in get_pruner(method).param_names or self.param == "seed" or "seed" in self.params:
+            return (None,)
+        return RANDOM_SEEDS
+
+    def to_dict(self) -> dict:
+        return {"methods": list(self.methods), "param": self.param, "values": list(self.values),
+                "budget": self.budget, "params": dict(self.params), "text_mode": self.text_mode,
+                "max_new_tokens": self.max_new_tokens}
+
+    def key(self) -> str:
+        """A canonical string of the sweep (for caches)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _finite(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+class SweepRun:
+    """A sweep in progress: `add(item)` evaluates one item for every method x value; `result()`."""
+
+    def __init__(self, adapter, sweep: Sweep):
+        self.adapter, self.sweep = adapter, sweep
+        self.records: list[dict] = []
+        self.n_items = self.n_encodes = 0
+        self.need_attention = mipruner.needs_attention(sweep.methods)
+        self.modes = sweep.values if sweep.param == "text_mode" else (sweep.text_mode,)
+        self.t0 = time.perf_counter()
+
+    def add(self, item, should_stop=None) -> bool:
+        """Evaluate `item`; False (and nothing kept of it) when `should_stop()` turned true meanwhile."""
+        sw, ad = self.sweep, self.adapter
+        encs = {}
+        for mode in self.modes:
+            encs[mode] = ad.encode(item.media, item.question, text_mode=mode, need_attention=self.need_attention)
+            self.n_encodes += 1
+        first = encs[self.modes[0]]
+        cover = token_object_cover(first.geometry, item.masks) if item.masks is not None else None
+        caches = {mode: {} for mode in self.modes}
+        gold = {"item": item.id, "split": item.split, "kind": item.kind, "answer": item.answer}
+        ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
+        recs = [self._record(gold, "none", None, None, ref.text, None if cover is None else 1.0, first.n_visual, 0.0,
+                             ref.prefill_s)]
+        for m in sw.methods:
+            for v in (sw.values if sw.varies(m) else sw.values[:1]):
+                budget, mode, params = sw.setting(m, v)
+                for seed in sw.seeds(m):
+                    if should_stop is not None and should_stop():
+                        return False
+                    kw = params if seed is None else {**params, "seed": seed}
+                    t = time.perf_counter()
+                    sel = mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
+                    prune_s = time.perf_counter() - t
+                    ans = mipruner.answer(ad, encs[mode], sel, max_new_tokens=sw.max_new_tokens, cache=caches[mode])
+                    rec = query_recall(sel.keep, cover) if cover is not None else None
+                    recs.append(self._record(gold, m, v, seed, ans.text, rec, sel.budget, prune_s, ans.prefill_s,
+                                             sel.extras.get("lam")))
+        self.records += recs
+        self.n_items += 1
+        return True
+
+    @staticmethod
+    def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None) -> dict:
+        if gold["kind"] == "yesno":
+            correct = parse_yes_no(text) == parse_yes_no(gold["answer"])
+        else:
+            correct = answer_matches(text, gold["answer"])
+        r = {**gold, "method": method, "value": value, "seed": seed, "prediction": text, "correct": bool(correct),
+             "query_recall": recall, "kept": kept, "prune_ms": prune_s * 1e3, "prefill_ms": prefill_s * 1e3,
+             "lam": lam}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt)
+        return r
+
+    def result(self, *, cancelled: bool = False, set_name: str = "", set_info: dict | None = None,
+               model: str = "") -> "SweepResult":
+        return SweepResult(self.sweep, summarise(self.sweep, self.records), self.records, self.n_items, self.n_encodes,
+                           time.perf_counter() - self.t0, cancelled, set_name, set_info or {}, model)
+
+
+def summarise(sweep: Sweep, records: list[dict]) -> list[dict]:
+    """Rows per (method, value, split), plus "average" over splits when there are several."""
+    if not records:
+        return []
+    tuples = [(r["method"], "all" if r["value"] is None else r["value"], r["seed"],
+               SimpleNamespace(split=r["split"], kind=r["kind"], answer=r["answer"]), r["prediction"],
+               math.nan if r["query_recall"] is None else r["query_recall"]) for r in records]
+    rows = []
+    for row in aggregate(tuples, "sweep"):
+        m, v, split = row["method"], row["budget"], row["split"]
+        value = None if m == "none" else v
+        mine = [r for r in records if r["method"] == m and r["value"] == value and split in ("average", r["split"])]
+        out = {"method": m, "label": "unpruned" if m == "none" else get_pruner(m).label, "param": sweep.param,
+               "value": value, "split": split, "varies": m != "none" and sweep.varies(m),
+               **{k: row[k] for k in ("acc", "f1", "yes_rate", "query_recall")},
+               **{k: _mean([r[k] for r in mine]) for k in ("kept", "prune_ms", "prefill_ms", "lam")}, "n": row["n"]}
+        rows.append(out)
+        if m != "none" and not out["varies"]:
+            rows += [{**out, "value": other} for other in sweep.values[1:]]
+    return rows
+
+
+@dataclass
+class SweepResult:
+    """A finished (or cancelled) sweep: `rows` per (method, value, split) and per-item `records`."""
+
+    sweep: Sweep
+    rows: list
+    records: list
+    n_items: int
+    n_encodes: int
+    wall_s: float
+    cancelled: bool = False
+    set_name: str = ""
+    set_info: dict = field(default_factory=dict)
+    model: str = ""
+
+    @property
+    def overall(self) -> str:
+        """The split the curves show: "average" over several splits, else the only one."""
+        splits = {r["split"] for r in self.rows}
+        return "average" if "average" in splits else next(iter(splits), "all")
+
+    def points(self, method: str) -> list[dict]:
+        """The overall rows of `method`, in the order of the swept values."""
+        rows = [r for r in self.rows if r["method"] == method and r["split"] == self.overall]
+        order = {v: i for i, v in enumerate(self.sweep.values)}
+        return sorted(rows, key=lambda r: order.get(r["value"], -1))
+
+    def reference(self) -> dict | None:
+        """The unpruned model's overall row."""
+        return next(iter(self.points("none")), None)
+
+    def to_dict(self) -> dict:
+        clean = lambda rows: [{k: _finite(v) for k, v in r.items()} for r in rows]  # noqa: E731
+        return {"model": self.model, "set": self.set_name, "set_info": self.set_info, "sweep": self.sweep.to_dict(),
+                "n_items": self.n_items, "n_encodes": self.n_encodes, "wall_s": round(self.wall_s, 3),
+                "cancelled": self.cancelled, "rows": clean(self.rows), "records": clean(self.records)}
+
+    def to_json(self, path: str) -> str:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        return path
+
+    def to_csv(self, path: str) -> str:
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: ("" if _finite(r.get(k)) is None else r.get(k)) for k in COLUMNS})
+        return path
+
+    def plot(self, path: str | None = None, *, x: str = "value", metrics=None):
+        """The curves (see `sweep_plot.plot_sweep`); saved as PNG when `path` is given."""
+        from .sweep_plot import plot_sweep
+
+        return plot_sweep(self, path, x=x, metrics=metrics)
+
+    def table(self) -> str:
+        """The overall rows as a text table."""
+        from mipruner.bench.timing import table
+
+        fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
+            f"{v:.3f}" if isinstance(v, float) else str(v))
+        keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
+        body = [[r["method"], fmt(r["value"]), *[fmt(r[k]) for k in keys], str(r["n"])]
+                for m in ("none", *self.sweep.methods) for r in self.points(m)]
+        return table(body, ["method", self.sweep.param, *keys, "n"])
+
+
+def run_sweep(adapter, items, sweep: Sweep, *, progress=None, should_stop=None, lock=None, set_name: str = "",
+              model: str = "") -> SweepResult:
+    """Run `sweep` over `items` (see the module docstring).
+
+    progress(done, total) after every item; should_stop() -> True cancels (between selections; the
+    unfinished item is dropped); Ctrl-C does the same. lock: a context manager held per item (the
+    app's model lock). The result says `cancelled` and how many items it holds.
+    """
+    items = list(items)
+    run = SweepRun(adapter, sweep)
+    cancelled = False
+    try:
+        for i, item in enumerate(items):
+            if should_stop is not None and should_stop():
+                cancelled = True
+                break
+            with lock if lock is not None else contextlib.nullcontext():
+                if not run.add(item, should_stop):
+                    cancelled = True
+                    break
+            if progress is not None:
+                progress(i + 1, len(items))
+    except KeyboardInterrupt:
+        cancelled = True
+    return run.result(cancelled=cancelled, set_name=set_name, set_info=describe(items), model=model)
+
+
+__all__ = ["COLUMNS", "GENERATED", "METRICS", "SPECIAL", "Sweep", "SweepResult", "SweepRun", "describe", "generated_set",
+           "parse_value", "parse_values", "run_sweep", "summarise", "sweepable", "user_set"]
