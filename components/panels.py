@@ -73,6 +73,14 @@ def answer_md(ans: dict | None, generated_hint: str) -> str:
             f"prefill {ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms ({ans['new_tokens']} tokens)")
 
 
+def method_notes(sel) -> str:
+    """What a method chose for this input: the lambda applied (MI's lam_rule) and an adaptive K."""
+    notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
+    if sel.extras.get("k_rule", "fixed") != "fixed":
+        notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
+    return "".join(f" · {n}" for n in notes)
+
+
 def panel_updates(views, n_visual: int, answers: dict | None, hint: str) -> list:
     """Updates for all MAX_PANELS x PANEL_FIELDS components from the views of one slider move."""
     out = []
@@ -83,7 +91,8 @@ def panel_updates(views, n_visual: int, answers: dict | None, hint: str) -> list
             continue
         v = views[i]
         title = (f"### {label(v.method)}\n{v.kept} / {n_visual} tokens kept "
-                 f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms")
+                 f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms"
+                 + method_notes(v.selection))
         is_mi = v.pivot is not None
         out += [gr.update(value=title, visible=True),
                 gr.update(value=v.mask, visible=True),

@@ -174,15 +174,35 @@ def _mean(xs) -> float:
 
 
 class SweepRun:
-    """A sweep in progress: `add(item)` evaluates one item for every method x value; `result()`."""
+    """A sweep in progress: `iterate(items)` (or `add(item)`) evaluates items; `result()` at any time.
 
-    def __init__(self, adapter, sweep: Sweep):
-        self.adapter, self.sweep = adapter, sweep
+    lock: a context manager held while one item runs (the app's model lock, shared with other users).
+    """
+
+    def __init__(self, adapter, sweep: Sweep, *, lock=None):
+        self.adapter, self.sweep, self.lock = adapter, sweep, lock
         self.records: list[dict] = []
-        self.n_items = self.n_encodes = 0
+        self.n_items = self.n_encodes = self.total = 0
+        self.cancelled = False
+        self.set_info: dict = {}
         self.need_attention = mipruner.needs_attention(sweep.methods)
         self.modes = sweep.values if sweep.param == "text_mode" else (sweep.text_mode,)
         self.t0 = time.perf_counter()
+
+    def iterate(self, items, should_stop=None):
+        """Evaluate `items` one by one, yielding (done, total) after each. should_stop() -> True stops
+        between selections (the unfinished item is dropped) and sets `cancelled`."""
+        items = list(items)
+        self.total, self.set_info = len(items), describe(items)
+        for i, item in enumerate(items):
+            if should_stop is not None and should_stop():
+                self.cancelled = True
+                return
+            with self.lock if self.lock is not None else contextlib.nullcontext():
+                if not self.add(item, should_stop):
+                    self.cancelled = True
+                    return
+            yield i + 1, len(items)
 
     def add(self, item, should_stop=None) -> bool:
         """Evaluate `item`; False (and nothing kept of it) when `should_stop()` turned true meanwhile."""
@@ -227,10 +247,9 @@ class SweepRun:
              "lam": lam}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt)
         return r
 
-    def result(self, *, cancelled: bool = False, set_name: str = "", set_info: dict | None = None,
-               model: str = "") -> "SweepResult":
+    def result(self, *, set_name: str = "", set_info: dict | None = None, model: str = "") -> "SweepResult":
         return SweepResult(self.sweep, summarise(self.sweep, self.records), self.records, self.n_items, self.n_encodes,
-                           time.perf_counter() - self.t0, cancelled, set_name, set_info or {}, model)
+                           time.perf_counter() - self.t0, self.cancelled, set_name, set_info or self.set_info, model)
 
 
 def summarise(sweep: Sweep, records: list[dict]) -> list[dict]:
@@ -325,29 +344,19 @@ class SweepResult:
 
 def run_sweep(adapter, items, sweep: Sweep, *, progress=None, should_stop=None, lock=None, set_name: str = "",
               model: str = "") -> SweepResult:
-    """Run `sweep` over `items` (see the module docstring).
+    """Run `sweep` over `items` (see the module docstring and `SweepRun.iterate`).
 
-    progress(done, total) after every item; should_stop() -> True cancels (between selections; the
-    unfinished item is dropped); Ctrl-C does the same. lock: a context manager held per item (the
-    app's model lock). The result says `cancelled` and how many items it holds.
+    progress(done, total) after every item; should_stop() -> True cancels; Ctrl-C does the same.
+    The result says `cancelled` and how many items it holds.
     """
-    items = list(items)
-    run = SweepRun(adapter, sweep)
-    cancelled = False
+    run = SweepRun(adapter, sweep, lock=lock)
     try:
-        for i, item in enumerate(items):
-            if should_stop is not None and should_stop():
-                cancelled = True
-                break
-            with lock if lock is not None else contextlib.nullcontext():
-                if not run.add(item, should_stop):
-                    cancelled = True
-                    break
+        for done, total in run.iterate(items, should_stop):
             if progress is not None:
-                progress(i + 1, len(items))
+                progress(done, total)
     except KeyboardInterrupt:
-        cancelled = True
-    return run.result(cancelled=cancelled, set_name=set_name, set_info=describe(items), model=model)
+        run.cancelled = True
+    return run.result(set_name=set_name, model=model)
 
 
 __all__ = ["COLUMNS", "GENERATED", "METRICS", "SPECIAL", "Sweep", "SweepResult", "SweepRun", "describe", "generated_set",

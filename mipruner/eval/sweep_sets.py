@@ -56,8 +56,17 @@ def generated_set(name: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
     items = shapes_items("shapes-pope", n=max(sizes), seed=seed)
     out = []
     for split, size in zip(splits, sizes):
-        out += [it for it in items if it.split == split][:size]
+        out += _alternate([it for it in items if it.split == split])[:size]
     return out
+
+
+def _alternate(items: list[EvalItem]) -> list[EvalItem]:
+    """yes, no, yes, no, ... (each in its original order), so any prefix stays balanced: the
+    scenes list a scene's positives before its negatives."""
+    yes = [it for it in items if it.answer == "yes"]
+    no = [it for it in items if it.answer != "yes"]
+    out = [it for pair in zip(yes, no) for it in pair]
+    return out + yes[len(no):] + no[len(yes):]
 
 
 def _safe_members(zf: zipfile.ZipFile) -> list[zipfile.ZipInfo]:

@@ -160,6 +160,7 @@ def test_generated_sets_have_the_asked_size_and_masks():
     pope = generated_set("pope", n=10, seed=5)
     assert len(pope) == 10 and [sum(it.split == s for it in pope) for s in ("random", "popular", "adversarial")] == [4, 3, 3]
     assert all(it.masks is not None and it.kind == "yesno" for it in pope)
+    assert [it.answer for it in pope[:4]] == ["yes", "no", "yes", "no"]  # balanced at any size
     assert {it.split for it in generated_set("pope-adversarial", n=6, seed=5)} == {"adversarial"}
     opened = generated_set("open", n=7, seed=5)
     assert len(opened) == 7 and all(it.kind == "open" for it in opened)
