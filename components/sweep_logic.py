@@ -161,7 +161,8 @@ def status(result, cached: bool = False) -> str:
     ref = result.reference()
     acc = f"; unpruned accuracy {ref['acc']:.3f}" if ref and not math.isnan(ref["acc"]) else ""
     return (f"**Sweep {what}.** {result.n_items} items of {result.set_name}, {len(sw.methods)} methods x "
-            f"{len(sw.values)} values of `{sw.param}`: {len(result.records)} answers, {result.n_encodes} encodings, "
+            f"{len(sw.values)} values of `{sw.param}`: {len(result.records)} answers ({result.n_llm_calls} LLM calls), "
+            f"{result.n_encodes} encodings, "
             f"{result.wall_s:.1f} s{acc}.")
 
 

@@ -11,34 +11,34 @@ validated by its `Param`. Everything else stays fixed: `budget` (when another pa
 (once per text mode when `text_mode` is swept) and every method x value re-uses that encoding and
 one `cache` (`mipruner.select` / `mipruner.answer`), so MI's PMI and the in-LLM prefix are computed
 once per item. A method that does not take the swept parameter is run once per item and drawn
-flat (`varies` False). Random runs the seeds 0, 1, 2 and averages them, as the eval table does.
+flat (`varies` False). Random runs `seeds` (0, 1, 2 as the eval table) and averages them. When two
+selections of one encoding keep exactly the same tokens, the LLM's (greedy) answer is reused: it is
+a function of the kept tokens (in-LLM and merging methods are always answered).
 
 Each (method, value) point holds accuracy, F1 and yes-rate (yes/no questions), query recall (the
-share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time
-(`prune_ms`: the first select of an item also fills its cache) and mean LLM prefill time. Sweeping
+share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time and
+mean LLM prefill time. `prune_ms` is the select time with the item's cache filled (each method's
+first select on an item runs once untimed: MI's PMI, the in-LLM prefix), so the values compare
+what changing the swept parameter costs, as a slider move does in the app. Sweeping
 `lam` sets `lam_rule` to "fixed" unless given (else the paper's rule would override the values).
 """
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
-import math
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
 from mipruner.pruners import all_params, did_you_mean, get_pruner
 
 from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
-from .runner import RANDOM_SEEDS, aggregate
+from .runner import RANDOM_SEEDS
+from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
 from .sweep_sets import GENERATED, describe, generated_set, user_set
 
 SPECIAL = ("budget", "text_mode")  # sweepable besides the registered parameters
-METRICS = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
-COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "lam", "n")
 
 
 def sweepable() -> list[str]:
@@ -100,6 +100,7 @@ class Sweep:
     params: dict = field(default_factory=dict, hash=False)
     text_mode: str = "question"
     max_new_tokens: int = 8
+    seeds: tuple = RANDOM_SEEDS  # of methods with a `seed` parameter (Random), averaged
 
     def __post_init__(self):
         methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
@@ -124,7 +125,8 @@ class Sweep:
             raise ValueError(f"none of {list(methods)} takes {self.param!r}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        for k, v in (("methods", methods), ("values", values), ("params", params),
+        seeds = tuple(parse_values("seed", self.seeds)) if "seed" in known else ()
+        for k, v in (("methods", methods), ("values", values), ("params", params), ("seeds", seeds),
                      ("budget", parse_value("budget", self.budget)), ("text_mode", parse_value("text_mode", self.text_mode))):
             object.__setattr__(self, k, v)
 
@@ -148,29 +150,20 @@ class Sweep:
             params[self.param] = value
         return budget, mode, params
 
-    def seeds(self, method: str) -> tuple:
-        """The seeds a method runs with (Random: 0, 1, 2 unless `seed` is fixed or swept)."""
+    def seeds_of(self, method: str) -> tuple:
+        """The seeds a method runs with (Random: `seeds` unless `seed` is fixed or swept)."""
         if "seed" not in get_pruner(method).param_names or self.param == "seed" or "seed" in self.params:
             return (None,)
-        return RANDOM_SEEDS
+        return self.seeds
 
     def to_dict(self) -> dict:
         return {"methods": list(self.methods), "param": self.param, "values": list(self.values),
                 "budget": self.budget, "params": dict(self.params), "text_mode": self.text_mode,
-                "max_new_tokens": self.max_new_tokens}
+                "max_new_tokens": self.max_new_tokens, "seeds": list(self.seeds)}
 
     def key(self) -> str:
         """A canonical string of the sweep (for caches)."""
         return json.dumps(self.to_dict(), sort_keys=True)
-
-
-def _finite(x):
-    return None if isinstance(x, float) and not math.isfinite(x) else x
-
-
-def _mean(xs) -> float:
-    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return sum(xs) / len(xs) if xs else math.nan
 
 
 class SweepRun:
@@ -182,7 +175,7 @@ class SweepRun:
     def __init__(self, adapter, sweep: Sweep, *, lock=None):
         self.adapter, self.sweep, self.lock = adapter, sweep, lock
         self.records: list[dict] = []
-        self.n_items = self.n_encodes = self.total = 0
+        self.n_items = self.n_encodes = self.n_answers = self.total = 0
         self.cancelled = False
         self.set_info: dict = {}
         self.need_attention = mipruner.needs_attention(sweep.methods)
@@ -214,21 +207,34 @@ class SweepRun:
         first = encs[self.modes[0]]
         cover = token_object_cover(first.geometry, item.masks) if item.masks is not None else None
         caches = {mode: {} for mode in self.modes}
+        answers = {mode: {} for mode in self.modes}  # kept token indices -> Answer, per encoding
+        warm: set = set()
         gold = {"item": item.id, "split": item.split, "kind": item.kind, "answer": item.answer}
         ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
+        self.n_answers += 1
         recs = [self._record(gold, "none", None, None, ref.text, None if cover is None else 1.0, first.n_visual, 0.0,
                              ref.prefill_s)]
         for m in sw.methods:
             for v in (sw.values if sw.varies(m) else sw.values[:1]):
                 budget, mode, params = sw.setting(m, v)
-                for seed in sw.seeds(m):
+                for seed in sw.seeds_of(m):
                     if should_stop is not None and should_stop():
                         return False
                     kw = params if seed is None else {**params, "seed": seed}
+                    if (m, mode) not in warm:  # fills the method's cache (MI's PMI, the in-LLM prefix) untimed
+                        mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
+                        warm.add((m, mode))
                     t = time.perf_counter()
                     sel = mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
                     prune_s = time.perf_counter() - t
-                    ans = mipruner.answer(ad, encs[mode], sel, max_new_tokens=sw.max_new_tokens, cache=caches[mode])
+                    key = tuple(sel.keep.tolist()) if reusable(m, sel) else None
+                    ans = answers[mode].get(key) if key is not None else None
+                    if ans is None:
+                        ans = mipruner.answer(ad, encs[mode], sel, max_new_tokens=sw.max_new_tokens,
+                                              cache=caches[mode])
+                        self.n_answers += 1
+                        if key is not None:
+                            answers[mode][key] = ans
                     rec = query_recall(sel.keep, cover) if cover is not None else None
                     recs.append(self._record(gold, m, v, seed, ans.text, rec, sel.budget, prune_s, ans.prefill_s,
                                              sel.extras.get("lam")))
@@ -249,97 +255,13 @@ class SweepRun:
 
     def result(self, *, set_name: str = "", set_info: dict | None = None, model: str = "") -> "SweepResult":
         return SweepResult(self.sweep, summarise(self.sweep, self.records), self.records, self.n_items, self.n_encodes,
-                           time.perf_counter() - self.t0, self.cancelled, set_name, set_info or self.set_info, model)
+                           time.perf_counter() - self.t0, self.cancelled, set_name, set_info or self.set_info, model,
+                           self.n_answers)
 
 
-def summarise(sweep: Sweep, records: list[dict]) -> list[dict]:
-    """Rows per (method, value, split), plus "average" over splits when there are several."""
-    if not records:
-        return []
-    tuples = [(r["method"], "all" if r["value"] is None else r["value"], r["seed"],
-               SimpleNamespace(split=r["split"], kind=r["kind"], answer=r["answer"]), r["prediction"],
-               math.nan if r["query_recall"] is None else r["query_recall"]) for r in records]
-    rows = []
-    for row in aggregate(tuples, "sweep"):
-        m, v, split = row["method"], row["budget"], row["split"]
-        value = None if m == "none" else v
-        mine = [r for r in records if r["method"] == m and r["value"] == value and split in ("average", r["split"])]
-        out = {"method": m, "label": "unpruned" if m == "none" else get_pruner(m).label, "param": sweep.param,
-               "value": value, "split": split, "varies": m != "none" and sweep.varies(m),
-               **{k: row[k] for k in ("acc", "f1", "yes_rate", "query_recall")},
-               **{k: _mean([r[k] for r in mine]) for k in ("kept", "prune_ms", "prefill_ms", "lam")}, "n": row["n"]}
-        rows.append(out)
-        if m != "none" and not out["varies"]:
-            rows += [{**out, "value": other} for other in sweep.values[1:]]
-    return rows
-
-
-@dataclass
-class SweepResult:
-    """A finished (or cancelled) sweep: `rows` per (method, value, split) and per-item `records`."""
-
-    sweep: Sweep
-    rows: list
-    records: list
-    n_items: int
-    n_encodes: int
-    wall_s: float
-    cancelled: bool = False
-    set_name: str = ""
-    set_info: dict = field(default_factory=dict)
-    model: str = ""
-
-    @property
-    def overall(self) -> str:
-        """The split the curves show: "average" over several splits, else the only one."""
-        splits = {r["split"] for r in self.rows}
-        return "average" if "average" in splits else next(iter(splits), "all")
-
-    def points(self, method: str) -> list[dict]:
-        """The overall rows of `method`, in the order of the swept values."""
-        rows = [r for r in self.rows if r["method"] == method and r["split"] == self.overall]
-        order = {v: i for i, v in enumerate(self.sweep.values)}
-        return sorted(rows, key=lambda r: order.get(r["value"], -1))
-
-    def reference(self) -> dict | None:
-        """The unpruned model's overall row."""
-        return next(iter(self.points("none")), None)
-
-    def to_dict(self) -> dict:
-        clean = lambda rows: [{k: _finite(v) for k, v in r.items()} for r in rows]  # noqa: E731
-        return {"model": self.model, "set": self.set_name, "set_info": self.set_info, "sweep": self.sweep.to_dict(),
-                "n_items": self.n_items, "n_encodes": self.n_encodes, "wall_s": round(self.wall_s, 3),
-                "cancelled": self.cancelled, "rows": clean(self.rows), "records": clean(self.records)}
-
-    def to_json(self, path: str) -> str:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        return path
-
-    def to_csv(self, path: str) -> str:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            w.writeheader()
-            for r in self.rows:
-                w.writerow({k: ("" if _finite(r.get(k)) is None else r.get(k)) for k in COLUMNS})
-        return path
-
-    def plot(self, path: str | None = None, *, x: str = "value", metrics=None):
-        """The curves (see `sweep_plot.plot_sweep`); saved as PNG when `path` is given."""
-        from .sweep_plot import plot_sweep
-
-        return plot_sweep(self, path, x=x, metrics=metrics)
-
-    def table(self) -> str:
-        """The overall rows as a text table."""
-        from mipruner.bench.timing import table
-
-        fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
-            f"{v:.3f}" if isinstance(v, float) else str(v))
-        keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
-        body = [[r["method"], fmt(r["value"]), *[fmt(r[k]) for k in keys], str(r["n"])]
-                for m in ("none", *self.sweep.methods) for r in self.points(m)]
-        return table(body, ["method", self.sweep.param, *keys, "n"])
+def reusable(method: str, sel) -> bool:
+    """Whether `sel`'s answer is a function of its kept indices alone (pre-LLM, nothing merged)."""
+    return get_pruner(method).stage != "llm" and sel.tokens is None
 
 
 def run_sweep(adapter, items, sweep: Sweep, *, progress=None, should_stop=None, lock=None, set_name: str = "",

@@ -21,7 +21,7 @@ import time
 
 import mipruner
 
-from .sweep import Sweep, generated_set, run_sweep, sweepable, user_set
+from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable, user_set
 from .sweep_plot import X_AXES
 from .sweep_sets import GENERATED
 
@@ -44,8 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_param_options(p)
     p.add_argument("--text-mode", default="question", help="prompt tokens scored (when not swept)")
     p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--seeds", default="0,1,2", help="seeds of Random (averaged), unless --param seed")
     p.add_argument("--x", choices=X_AXES, default="value", help="x axis: the swept value, or mean tokens kept")
     p.add_argument("--out", help="output prefix: writes PREFIX.csv, .json, .png (default: sweep-<param>)")
+    p.add_argument("--from-json", help="re-plot a sweep's JSON (no model run): writes PREFIX.png and prints the table")
     p.add_argument("--device", default=None)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -55,10 +57,17 @@ def main(argv=None) -> int:
     from .__main__ import param_values
 
     a = build_parser().parse_args(argv)
+    if a.from_json:
+        res = SweepResult.from_json(a.from_json)
+        prefix = a.out or a.from_json.rsplit(".", 1)[0]
+        res.plot(prefix + ".png", x=a.x)
+        print(res.table())
+        print(f"wrote {prefix}.png")
+        return 0
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     try:
         sweep = Sweep(methods=methods, param=a.param.replace("-", "_"), values=a.values, budget=a.budget,
-                      params=param_values(a), text_mode=a.text_mode, max_new_tokens=a.max_new_tokens)
+                      params=param_values(a), text_mode=a.text_mode, max_new_tokens=a.max_new_tokens, seeds=a.seeds)
         if a.zip:
             items, set_name = user_set(a.zip, a.questions, n=a.n), os.path.basename(a.zip)
         else:
@@ -87,8 +96,8 @@ def main(argv=None) -> int:
     res.to_json(prefix + ".json")
     res.plot(prefix + ".png", x=a.x)
     print(res.table())
-    print(f"{res.n_items} items ({res.n_encodes} encodings), {len(res.records)} answers in {res.wall_s:.1f} s "
-          f"(model load {load_s:.1f} s); wrote {prefix}.csv, .json, .png")
+    print(f"{res.n_items} items ({res.n_encodes} encodings), {len(res.records)} answers ({res.n_llm_calls} LLM calls, "
+          f"the rest reused) in {res.wall_s:.1f} s (model load {load_s:.1f} s); wrote {prefix}.csv, .json, .png")
     if res.cancelled:
         print(f"sweep: interrupted after {res.n_items} of {len(items)} items; the files hold those", file=sys.stderr)
         return 130

@@ -23,7 +23,10 @@ def _finite(v) -> bool:
 def available(result, x: str = "value") -> list[str]:
     """The metrics with at least one finite value (kept is the x axis when x == "kept")."""
     rows = [r for m in result.sweep.methods for r in result.points(m)]
-    return [k for k in PLOTTED if not (k == "kept" and x == "kept") and any(_finite(r.get(k)) for r in rows)]
+    out = [k for k in PLOTTED if not (k == "kept" and x == "kept") and any(_finite(r.get(k)) for r in rows)]
+    if result.sweep.param == "budget" and all(isinstance(r["value"], int) and r["kept"] == r["value"] for r in rows):
+        out = [k for k in out if k != "kept"]  # fixed budgets in tokens: kept is the x axis itself
+    return out
 
 
 def _title(result) -> str:
@@ -40,6 +43,7 @@ def _title(result) -> str:
 def plot_sweep(result, path: str | None = None, *, x: str = "value", metrics=None, dpi: int = 80):
     """A matplotlib Figure of the sweep's curves; also written as PNG to `path` when given."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     if x not in X_AXES:
         raise ValueError(f"x must be one of {X_AXES}, got {x!r}")
@@ -85,8 +89,11 @@ def plot_sweep(result, path: str | None = None, *, x: str = "value", metrics=Non
         ax.set_xlabel(xlabel, fontsize=9)
         if log:
             ax.set_xscale("log", base=2)
-        if not numeric and x == "value":
-            ax.set_xticks(range(len(sw.values)), [str(v) for v in sw.values])
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        if x == "value":  # a tick at each swept value
+            ticks = [position[v] for v in sw.values]
+            ax.set_xticks(ticks, [f"{v:g}" if numeric else str(v) for v in sw.values])
     seen: dict = {}
     for ax in axes[:len(metrics)]:
         for h, lab in zip(*ax.get_legend_handles_labels()):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mipruner.eval.sweep import Sweep, parse_values, run_sweep, sweepable
+from mipruner.eval.sweep import Sweep, SweepResult, parse_values, run_sweep, sweepable
 from mipruner.eval.sweep_sets import generated_set, user_set
 from mipruner.eval.tasks import EvalItem
 from mipruner.models.dummy import DummyAdapter
@@ -22,7 +22,7 @@ class CountingAdapter(DummyAdapter):
 
     def __init__(self, interrupt_at: int | None = None):
         super().__init__(patch=8)
-        self.encodes, self.generates, self.interrupt_at = [], 0, interrupt_at
+        self.encodes, self.generates, self.answered, self.interrupt_at = [], 0, [], interrupt_at
 
     def encode(self, media, prompt, *, text_mode="question", need_attention=False):
         if self.interrupt_at is not None and len(self.encodes) + 1 == self.interrupt_at:
@@ -30,9 +30,10 @@ class CountingAdapter(DummyAdapter):
         self.encodes.append((id(media), text_mode))
         return super().encode(media, prompt, text_mode=text_mode, need_attention=need_attention)
 
-    def generate(self, *a, **kw):
+    def generate(self, encoded, keep=None, **kw):
         self.generates += 1
-        return super().generate(*a, **kw)
+        self.answered.append((id(encoded), None if keep is None else tuple(keep.keep.tolist())))
+        return super().generate(encoded, keep=keep, **kw)
 
 
 def scene(bright: bool):
@@ -65,8 +66,12 @@ def test_each_item_is_encoded_once_for_every_method_and_value():
     res = run_sweep(ad, items(4), sw)
     assert len(ad.encodes) == 4 == res.n_encodes == res.n_items
     assert len({m for m, _ in ad.encodes}) == 4  # one per item, never twice
-    # answers: 1 unpruned + (mi + similarity + random x 3 seeds) x 4 budgets per item
-    assert ad.generates == 4 * (1 + (1 + 1 + 3) * 4) == len(res.records)
+    # answers: 1 unpruned + (mi + similarity + random x 3 seeds) x 4 budgets per item ...
+    assert len(res.records) == 4 * (1 + (1 + 1 + 3) * 4)
+    # ... of which the LLM computed each distinct kept set of an encoding once (budget 16 keeps all 16
+    # tokens for every method and seed: one call per item, the unpruned answer's keep=None aside)
+    assert ad.generates == res.n_llm_calls == len(set(ad.answered)) < len(res.records)
+    assert sum(k is not None and len(k) == 16 for _, k in ad.answered) == 4
     mi = rows_of(res, "mi")
     assert list(mi) == [1, 2, 4, 16] and all(r["varies"] for r in mi.values())
     assert [mi[b]["kept"] for b in (1, 2, 4, 16)] == [1, 2, 4, 16]
@@ -117,6 +122,9 @@ def test_param_sweep_validates_and_fixes_lam_rule():
         parse_values("budget", "0")
     with pytest.raises(ValueError, match="takes"):
         Sweep(methods=("random",), param="lam", values="0.5")
+    assert Sweep(methods=("random",), param="budget", values="2", seeds="5").seeds == (5,)
+    res1 = run_sweep(CountingAdapter(), items(2), Sweep(methods=("random",), param="budget", values="2", seeds=(7,)))
+    assert [r["seed"] for r in res1.records if r["method"] == "random"] == [7, 7]
     with pytest.raises(ValueError, match="swept"):
         Sweep(methods=("mi",), param="tau", values="0.1", params={"tau": 0.2})
     assert {"budget", "text_mode", "lam", "tau", "aggregation", "normalization", "layer"} <= set(sweepable())
@@ -150,8 +158,11 @@ def test_files_csv_json_png(tmp_path):
     assert len(rows) == len(res.rows) and rows[0].keys() >= {"method", "value", "acc", "f1", "kept", "prefill_ms"}
     doc = json.loads((tmp_path / "s.json").read_text())  # strict JSON: NaN written as null
     assert doc["sweep"]["values"] == [1, 4] and doc["n_encodes"] == 2 and len(doc["records"]) == len(res.records)
+    assert doc["sweep"]["seeds"] == [0, 1, 2] and doc["n_llm_calls"] == res.n_llm_calls
     img = Image.open(tmp_path / "s.png")
     assert img.size[0] > 600 and img.size[1] > 300
+    back = SweepResult.from_json(str(tmp_path / "s.json"))  # re-plot / re-tabulate without the model
+    assert back.table() == res.table() and back.sweep == res.sweep and back.n_llm_calls == res.n_llm_calls
     fig = res.plot(x="kept", metrics=["acc", "kept"])  # kept is the x axis here, not a panel
     assert [a.get_title() for a in fig.axes if a.get_visible()] == ["accuracy"]
 
@@ -229,5 +240,7 @@ def test_headless_command_writes_the_three_files(tmp_path, monkeypatch, capsys):
     doc = json.loads((tmp_path / "o" / "tau.json").read_text())
     assert doc["sweep"]["param"] == "tau" and doc["sweep"]["params"] == {"lam": 1.0} and doc["n_items"] == 2
     assert "2 items (2 encodings)" in capsys.readouterr().out
+    assert main(["sweep", "--from-json", str(out) + ".json", "--x", "kept", "--out", str(tmp_path / "re")]) == 0
+    assert (tmp_path / "re.png").stat().st_size > 0 and "tau" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="tau must be in"):
         main(["sweep", "--zip", make_zip(tmp_path, rows, name="g.zip"), "--param", "tau", "--values", "0"])
