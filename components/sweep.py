@@ -120,11 +120,12 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
     extra = (inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request),
              inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()))
 
-    def prepare(fields, model, vals):
-        methods, param, values, budget, qset, n, seed, zip_path, questions = fields
-        s = C.settings_from(*vals)
-        sw = SL.make_sweep(methods, param, values, budget, s.params, s.text_mode, logic.max_new_tokens)
-        return sw, s
+    def make(fields, vals):
+        """The sweep from the area's fields; the fixed parameters and text mode from the page's controls
+        (whose own method choice does not matter here)."""
+        methods, param, values, budget = fields[:4]
+        s = C.settings_from(list(vals[0] or ["mi"]), *vals[1:])
+        return SL.make_sweep(methods, param, values, budget, s.params, s.text_mode, logic.max_new_tokens)
 
     @named("sweep_state", *FIELDS, "x", "metrics", "model", "model_path", *names, extra=extra)
     def on_run(st, *rest):
@@ -132,7 +133,7 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         request, progress = rest[13 + n_ctl:]
         st = st if isinstance(st, SL.SweepState) else SL.SweepState()
         try:
-            sw, _ = prepare(fields, model, vals)
+            sw = make(fields, vals)
             items, set_name = SL.question_set(fields[4], fields[5], fields[6], fields[7], fields[8])
             engine, note = logic.hub.get((path or "").strip() or model)
             for ev in SL.run(st, engine, sw, items, set_name, request.session_hash if request else ""):
@@ -166,7 +167,7 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
     def on_strip(ui, *rest):
         fields, vals = rest[:9], rest[9:9 + n_ctl]
         try:
-            sw, _ = prepare(fields, None, vals)
+            sw = make(fields, vals)
             return SL.mask_strip(logic, ui, sw)
         except UserError as e:
             _error(e)

@@ -22,7 +22,7 @@ import time
 import mipruner
 
 from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable, user_set
-from .sweep_plot import X_AXES
+from .sweep_plot import PLOTTED, X_AXES
 from .sweep_sets import GENERATED
 
 
@@ -46,8 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--seeds", default="0,1,2", help="seeds of Random (averaged), unless --param seed")
     p.add_argument("--x", choices=X_AXES, default="value", help="x axis: the swept value, or mean tokens kept")
+    p.add_argument("--metrics", help=f"curves to draw, comma-separated (default: every one with data): "
+                   f"{', '.join(PLOTTED)}")
     p.add_argument("--out", help="output prefix: writes PREFIX.csv, .json, .png (default: sweep-<param>)")
-    p.add_argument("--from-json", help="re-plot a sweep's JSON (no model run): writes PREFIX.png and prints the table")
+    p.add_argument("--from-json", help="re-plot a sweep's JSON (no model run): writes PREFIX.png and prints the table; "
+                   "several, comma-separated, are overlaid (with --x kept)")
     p.add_argument("--device", default=None)
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -57,11 +60,19 @@ def main(argv=None) -> int:
     from .__main__ import param_values
 
     a = build_parser().parse_args(argv)
+    metrics = [m.strip() for m in a.metrics.split(",")] if a.metrics else None
+    bad = sorted(set(metrics or ()) - set(PLOTTED))
+    if bad:
+        raise SystemExit(f"sweep: unknown --metrics {bad}; choose from {', '.join(PLOTTED)}")
     if a.from_json:
-        res = SweepResult.from_json(a.from_json)
-        prefix = a.out or a.from_json.rsplit(".", 1)[0]
-        res.plot(prefix + ".png", x=a.x)
-        print(res.table())
+        res, *others = [SweepResult.from_json(f) for f in a.from_json.split(",")]
+        prefix = a.out or a.from_json.split(",")[0].rsplit(".", 1)[0]
+        try:
+            res.plot(prefix + ".png", x=a.x, others=others, metrics=metrics)
+        except ValueError as e:
+            raise SystemExit(f"sweep: {e}") from None
+        for r in (res, *others):
+            print(r.table())
         print(f"wrote {prefix}.png")
         return 0
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
@@ -94,7 +105,7 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
     res.to_csv(prefix + ".csv")
     res.to_json(prefix + ".json")
-    res.plot(prefix + ".png", x=a.x)
+    res.plot(prefix + ".png", x=a.x, metrics=metrics)
     print(res.table())
     print(f"{res.n_items} items ({res.n_encodes} encodings), {len(res.records)} answers ({res.n_llm_calls} LLM calls, "
           f"the rest reused) in {res.wall_s:.1f} s (model load {load_s:.1f} s); wrote {prefix}.csv, .json, .png")

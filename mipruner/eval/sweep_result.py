@@ -119,11 +119,12 @@ class SweepResult:
                 w.writerow({k: ("" if _finite(r.get(k)) is None else r.get(k)) for k in COLUMNS})
         return path
 
-    def plot(self, path: str | None = None, *, x: str = "value", metrics=None):
-        """The curves (see `sweep_plot.plot_sweep`); saved as PNG when `path` is given."""
+    def plot(self, path: str | None = None, *, x: str = "value", metrics=None, others=()):
+        """The curves (see `sweep_plot.plot_sweep`); saved as PNG when `path` is given. others: more
+        results of the same set drawn on the same axes (x = "kept")."""
         from .sweep_plot import plot_sweep
 
-        return plot_sweep(self, path, x=x, metrics=metrics)
+        return plot_sweep([self, *others] if others else self, path, x=x, metrics=metrics)
 
     def table(self) -> str:
         """The overall rows as a text table."""
