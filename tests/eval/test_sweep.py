@@ -165,6 +165,15 @@ def test_files_csv_json_png(tmp_path):
     assert back.table() == res.table() and back.sweep == res.sweep and back.n_llm_calls == res.n_llm_calls
     fig = res.plot(x="kept", metrics=["acc", "kept"])  # kept is the x axis here, not a panel
     assert [a.get_title() for a in fig.axes if a.get_visible()] == ["accuracy"]
+    # overlays share the tokens-kept axis: MI at fixed budgets beside mi_adaptive sweeping its ratio
+    ad = run_sweep(CountingAdapter(), items(2), Sweep(methods=("mi_adaptive",), param="gain_ratio", values=(0.2, 0.9),
+                                                       budget=16, params={"k_rule": "gain"}))
+    fig = res.plot(x="kept", metrics=["acc"], others=[ad])
+    labels = fig.legends[0].get_texts()
+    assert [t.get_text() for t in labels] == ["MI-Pruner", "Similarity",
+                                              "MI-Pruner (adaptive K) [k_rule gain]: gain_ratio 0.2..0.9", "unpruned"]
+    with pytest.raises(ValueError, match="kept"):
+        res.plot(x="value", others=[ad])
 
 
 def test_generated_sets_have_the_asked_size_and_masks():
