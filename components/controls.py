@@ -17,7 +17,7 @@ from .logic import UserError, budget_of, check_methods, method_choices
 from .settings import DEFAULT_METHODS, Settings
 
 DEFAULT_SHARE = 10.0  # % of the visual tokens kept at start (LLaVA-1.5 in the paper: 64 of 576 = 11%)
-FEATURED = ("lam", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded
+FEATURED = ("lam", "lam_rule", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded
 APP_FIELDS = ("methods", "unit", "budget", "text_mode", "heat")
 
 

@@ -77,6 +77,14 @@ def answer_md(ans: dict | None, generated_hint: str) -> str:
             f"prefill {ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms ({ans['new_tokens']} tokens)")
 
 
+def method_notes(sel) -> str:
+    """What a method chose for this input: the lambda applied (MI's lam_rule) and an adaptive K."""
+    notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
+    if sel.extras.get("k_rule", "fixed") != "fixed":
+        notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
+    return "".join(f" · {n}" for n in notes)
+
+
 def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
     """(props, image, note) of a panel's heatmap: the map with its colour bar, labelled with the
     quantity and unit (the method's registered `score_label`, or PMI with the clicked word); a
@@ -102,7 +110,8 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
             continue
         v = views[i]
         title = (f"### {label(v.method)}\n{v.kept} / {n_visual} tokens kept "
-                 f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms")
+                 f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms"
+                 + method_notes(v.selection))
         heat_props, heat, note = heat_field(v)
         is_mi = v.pivot is not None
         notes = legend_html(v.legend) if is_mi else ""

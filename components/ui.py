@@ -21,6 +21,7 @@ from .events import wire
 from .inputs import build_inputs
 from .logic import AppLogic
 from .results import build_results
+from .sweep import build_sweep
 
 STATE_TTL_S = 1800  # a session's state (its encodings) is dropped after 30 min without use
 
@@ -46,6 +47,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             with gr.Column(elem_id="results-col"):
                 res = build_results()
         wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
+        build_sweep(logic, state, inp, ctl)
     return demo
 
 

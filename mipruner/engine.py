@@ -29,6 +29,7 @@ from mipruner.models.text import TEXT_MODES
 from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_pruner, list_pruners, resolve_budget
 
 from . import viz
+from .eval import sweep as sweeps  # the ablation sweeps (mipruner.eval.sweep), for the app's Sweep area
 from .export import selection_to_json
 from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
 
@@ -338,6 +339,10 @@ class Engine:
         self._account(session, key)
         return ans
 
+    def sweep_run(self, sweep: "sweeps.Sweep") -> "sweeps.SweepRun":
+        """A sweep on this engine's model (`run.iterate(items)`); each item holds the model lock."""
+        return sweeps.SweepRun(self.adapter, sweep, lock=self._model_lock)
+
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
         sel = self.prune(session, key, method, budget, **params)
         return selection_to_json(self.encoded(session, key), sel)
@@ -345,4 +350,4 @@ class Engine:
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "CacheBudget", "CachedEncoding", "Engine", "EncodingKey", "FileBudget",
            "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash",
-           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]
+           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json", "sweeps"]

@@ -18,6 +18,7 @@ from typing import Iterable
 
 from .models.base import Answer, Encoded
 from .pruners._registry import INPUTS, PrunerSpec, get_pruner, prune
+from .pruners.lam_rule import resolve_lam
 from .pruners.selection import Selection
 
 _LLM_CACHE = "llm"  # the in-LLM methods share one sub-cache: the same prefix serves FastV and DART at one K
@@ -55,18 +56,27 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
     budget: int tokens in [1, N_V] or a share in (0, 1]. cache: one dict per encoding (optional).
     strict: unknown parameters raise TypeError; strict=False ignores them, so one dict of settings
     serves every method.
+    Methods with a `lam_rule` parameter (the MI family) get `lam` from the paper's rule when it is
+    "auto" (the default unless `lam` alone is given): 1 for a closed-form `encoded.prompt`, 0.5
+    otherwise (`mipruner/pruners/lam_rule.py`); `sel.extras["lam"]` / `["lam_note"]` say which applied.
     """
     spec = get_pruner(method)
     kw = spec.bind(params, strict=strict)
+    note = None
+    if "lam_rule" in spec.param_names:
+        kw, note = resolve_lam(kw, encoded.prompt, spec.param("lam").default)
     if spec.stage == "llm":
         if adapter is None:
             raise ValueError(f"{method!r} selects inside the LLM: pass the adapter that made the encoding")
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
         sel = spec.fn(adapter, encoded, budget, cache=sub, **kw)
         sel.method = method
-        return sel
-    return prune(method, visual=encoded.visual, text=encoded.scoring_text if spec.needs_text else None,
-                 budget=budget, **_inputs(spec, encoded, cache), **kw)
+    else:
+        sel = prune(method, visual=encoded.visual, text=encoded.scoring_text if spec.needs_text else None,
+                    budget=budget, **_inputs(spec, encoded, cache), **kw)
+    if note is not None:
+        sel.extras.update(lam=kw["lam"], lam_note=note)
+    return sel
 
 
 def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int = 64,

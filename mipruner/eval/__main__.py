@@ -6,6 +6,7 @@ Examples:
       --data coco_pope_random.json,coco_pope_popular.json,coco_pope_adversarial.json --images val2014/ \
       --methods mi,random,similarity --budgets 64,32 --json pope.json
   python -m mipruner.eval --model shapes-llava --task shapes-pope --n 60 --methods mi,fastv,dart --budgets 8,16 --layer 2
+Sweeps (one parameter over a question set, CSV + JSON + PNG curves): python -m mipruner.eval sweep --help
 """
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ def build_items(a):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["sweep"]:
+        from .sweep_cli import main as sweep_main
+
+        return sweep_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m mipruner.eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="shapes-llava", help="hub id, local directory or alias")

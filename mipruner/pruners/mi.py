@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from ._registry import Param, register_pruner
+from .lam_rule import LAM_RULE
 from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
@@ -325,7 +326,7 @@ def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
     return lam, tau
 
 
-@register_pruner("mi", needs=("text",), params=MI_PARAMS, label="MI-Pruner", is_mi=True,
+@register_pruner("mi", needs=("text",), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner", is_mi=True,
                  score_label="greedy MI gain (nats)")
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
@@ -333,6 +334,7 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               aggregation: str = "max",  # paper Fig. 5a: max beats the global (mean) aggregation
               normalization: str = "softmax",  # paper App. B.2: softmax beats MinMax
               mean_weights: str = "all",  # left open by the paper; "all" = Eq. 7 as written
+              lam_rule: str = "auto",  # applied by mipruner.select from the prompt (lam_rule.py)
               cache: dict | None = None) -> Selection:
     """MI-Pruner: maximise PMI with the prompt, minus PMI with what is already kept (paper Alg. 1)."""
     lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)

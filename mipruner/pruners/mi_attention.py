@@ -22,6 +22,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .attention import attention_scores
+from .lam_rule import LAM_RULE
 from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
 from .selection import Selection, check_range
 
@@ -29,7 +30,7 @@ from .selection import Selection, check_range
 @register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
                  score_label="greedy MI gain (nats)",
                  is_mi=True, params=(Param.real("split", 0.5, 0.0, 1.0, "share of the budget kept by vision-encoder "
-                                                "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS))
+                                                "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS, LAM_RULE))
 def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                         attention: torch.Tensor | None = None,
                         keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs
@@ -39,6 +40,7 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                         aggregation: str = "max",  # as `mi`: paper Fig. 5a, max beats mean
                         normalization: str = "softmax",  # as `mi`: paper App. B.2, softmax beats MinMax
                         mean_weights: str = "all",  # as `mi`: left open by the paper; "all" = Eq. 7
+                        lam_rule: str = "auto",  # as `mi`: applied by mipruner.select from the prompt
                         cache: dict | None = None) -> Selection:
     """MI-Attention: round 1 keeps tokens by vision-encoder attention, round 2 fills the rest by MI."""
     split = check_range("split", split, 0.0, 1.0)

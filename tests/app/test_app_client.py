@@ -47,7 +47,7 @@ def mask_pixels(client, **kw) -> np.ndarray:
 
 def test_api_lists_one_endpoint_per_action(client):
     eps = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-    assert set(eps) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings"}
+    assert set(eps) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings", "/sweep", "/sweep_strip"}
     names = [p["parameter_name"] for p in eps["/view"]["parameters"]]
     assert names == control_names()
 
@@ -56,7 +56,7 @@ def test_encode_then_sliders_change_the_view(client):
     status, tokens, *_ = encode(client, IMAGES[0])
     assert "196 visual tokens" in status
     assert [t["token"].strip() for t in tokens] == IMAGES[0]["prompt"].replace("?", " ?").split()
-    base = dict(methods=("mi", "random", "similarity"), budget=16)
+    base = dict(methods=("mi", "random", "similarity"), budget=16, lam_rule="fixed")  # lam as set, not auto
     v16 = view(client, **base)
     assert [m["kept"] for m in v16["methods"]] == [16, 16, 16]
     v40 = view(client, **{**base, "budget": 40})

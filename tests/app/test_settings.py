@@ -8,7 +8,7 @@ from mipruner.pruners import all_params
 def test_settings_roundtrip_and_errors():
     st = Settings(methods=("mi", "random"), budget=64, lam=0.5, tau=0.1)
     s = st.to_string()
-    assert s.startswith("m=mi,random&b=64&tm=question&ht=-1&lam=0.5&tau=0.1&agg=max&norm=softmax&mw=all&seed=0")
+    assert s.startswith("m=mi,random&b=64&tm=question&ht=-1&lam=0.5&tau=0.1&agg=max&norm=softmax&mw=all&lr=auto&seed=0")
     # every registered parameter is a field, under its code, with its default
     fields = dict(part.split("=") for part in s.split("&"))
     for p in all_params().values():

@@ -1,0 +1,285 @@
+"""Sweeps: one parameter over a question set, for several methods, each item encoded once.
+
+    sw = Sweep(methods=("mi", "random", "similarity"), param="budget", values=(8, 16, 32))
+    res = run_sweep(adapter, generated_set("pope", n=60), sw)
+    res.to_csv("budget.csv"); res.to_json("budget.json"); res.plot("budget.png")
+
+The parameter is the budget, the prompt tokens scored (`text_mode`) or any registered method
+parameter by name (`lam`, `tau`, `aggregation`, `normalization`, `layer`, ...); its values are
+validated by its `Param`. Everything else stays fixed: `budget` (when another parameter is swept),
+`params` (other method parameters), `text_mode`. Per item, the media and prompt are encoded ONCE
+(once per text mode when `text_mode` is swept) and every method x value re-uses that encoding and
+one `cache` (`mipruner.select` / `mipruner.answer`), so MI's PMI and the in-LLM prefix are computed
+once per item. A method that does not take the swept parameter is run once per item and drawn
+flat (`varies` False). Random runs `seeds` (0, 1, 2 as the eval table) and averages them. When two
+selections of one encoding keep exactly the same tokens, the LLM's (greedy) answer is reused: it is
+a function of the kept tokens (in-LLM and merging methods are always answered).
+
+Each (method, value) point holds accuracy, F1 and yes-rate (yes/no questions), query recall (the
+share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time and
+mean LLM prefill time. `prune_ms` is the select time with the item's cache filled (each method's
+first select on an item runs once untimed: MI's PMI, the in-LLM prefix), so the values compare
+what changing the swept parameter costs, as a slider move does in the app. Sweeping
+`lam` sets `lam_rule` to "fixed" unless given (else the paper's rule would override the values).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+
+import mipruner
+from mipruner.models.text import TEXT_MODES
+from mipruner.pruners import all_params, did_you_mean, get_pruner
+
+from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
+from .runner import RANDOM_SEEDS
+from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
+from .sweep_sets import GENERATED, describe, generated_set, user_set
+
+SPECIAL = ("budget", "text_mode")  # sweepable besides the registered parameters
+
+
+def sweepable() -> list[str]:
+    """Names a sweep can vary: budget, text_mode and every registered method parameter."""
+    return [*SPECIAL, *all_params()]
+
+
+def parse_value(param: str, value):
+    """One value of `param`, from text or a number, validated (ValueError names the parameter)."""
+    if param == "budget":
+        if isinstance(value, str):
+            t = value.strip()
+            value = float(t) if any(c in t for c in ".eE") else int(t)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"budget must be tokens (int >= 1) or a share (float in (0, 1]), got {value!r}")
+        if isinstance(value, float) and not 0.0 < value <= 1.0 or isinstance(value, int) and value < 1:
+            raise ValueError(f"budget must be tokens (int >= 1) or a share in (0, 1], got {value!r}")
+        return value
+    if param == "text_mode":
+        if str(value).strip() not in TEXT_MODES:
+            raise ValueError(f"text_mode must be one of {TEXT_MODES}, got {value!r}")
+        return str(value).strip()
+    params = all_params()
+    if param not in params:
+        raise did_you_mean("parameter to sweep", param, sweepable())
+    p = params[param]
+    if isinstance(value, str):
+        t = value.strip()
+        if p.kind == "choice":
+            value = next((c for c in p.choices if str(c) == t), t)
+        else:
+            try:
+                value = int(t) if p.kind == "int" and t.lstrip("+-").isdigit() else float(t)
+            except ValueError:
+                raise ValueError(f"{param} must be a number, got {t!r}") from None
+    return p.validate(value)
+
+
+def parse_values(param: str, values) -> tuple:
+    """The values of a sweep from "a,b,c" or a list; at least one, no duplicates."""
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    out = tuple(parse_value(param, v) for v in values)
+    if not out:
+        raise ValueError(f"give at least one value of {param}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"duplicate values of {param}: {list(out)}")
+    return out
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What to sweep (see the module docstring). Validated on construction."""
+
+    methods: tuple
+    param: str
+    values: tuple
+    budget: int | float = 16
+    params: dict = field(default_factory=dict, hash=False)
+    text_mode: str = "question"
+    max_new_tokens: int = 8
+    seeds: tuple = RANDOM_SEEDS  # of methods with a `seed` parameter (Random), averaged
+
+    def __post_init__(self):
+        methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
+        if not methods or len(set(methods)) != len(methods):
+            raise ValueError(f"give one or more distinct methods, got {list(methods)}")
+        for m in methods:
+            get_pruner(m)
+        if self.param not in SPECIAL and self.param not in all_params():
+            raise did_you_mean("parameter to sweep", self.param, sweepable())
+        values = parse_values(self.param, self.values)
+        known = all_params()
+        params = {}
+        for k, v in dict(self.params).items():
+            if k not in known:
+                raise did_you_mean("method parameter", k, list(known))
+            params[k] = parse_value(k, v)
+        if self.param == "lam":
+            params.setdefault("lam_rule", "fixed")
+        if self.param in params:
+            raise ValueError(f"{self.param} is swept: do not also fix it")
+        if not any(self.varies(m) for m in methods):
+            raise ValueError(f"none of {list(methods)} takes {self.param!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        seeds = tuple(parse_values("seed", self.seeds)) if "seed" in known else ()
+        for k, v in (("methods", methods), ("values", values), ("params", params), ("seeds", seeds),
+                     ("budget", parse_value("budget", self.budget)), ("text_mode", parse_value("text_mode", self.text_mode))):
+            object.__setattr__(self, k, v)
+
+    def varies(self, method: str) -> bool:
+        """Whether `method`'s result depends on the swept parameter."""
+        spec = get_pruner(method)
+        if self.param == "budget":
+            return True
+        if self.param == "text_mode":
+            return spec.needs_text
+        return self.param in spec.param_names
+
+    def setting(self, method: str, value) -> tuple:
+        """(budget, text_mode, params) for `method` at `value` of the swept parameter."""
+        budget, mode, params = self.budget, self.text_mode, dict(self.params)
+        if self.param == "budget":
+            budget = value
+        elif self.param == "text_mode":
+            mode = value if self.varies(method) else self.values[0]
+        else:
+            params[self.param] = value
+        return budget, mode, params
+
+    def seeds_of(self, method: str) -> tuple:
+        """The seeds a method runs with (Random: `seeds` unless `seed` is fixed or swept)."""
+        if "seed" not in get_pruner(method).param_names or self.param == "seed" or "seed" in self.params:
+            return (None,)
+        return self.seeds
+
+    def to_dict(self) -> dict:
+        return {"methods": list(self.methods), "param": self.param, "values": list(self.values),
+                "budget": self.budget, "params": dict(self.params), "text_mode": self.text_mode,
+                "max_new_tokens": self.max_new_tokens, "seeds": list(self.seeds)}
+
+    def key(self) -> str:
+        """A canonical string of the sweep (for caches)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+class SweepRun:
+    """A sweep in progress: `iterate(items)` (or `add(item)`) evaluates items; `result()` at any time.
+
+    lock: a context manager held while one item runs (the app's model lock, shared with other users).
+    """
+
+    def __init__(self, adapter, sweep: Sweep, *, lock=None):
+        self.adapter, self.sweep, self.lock = adapter, sweep, lock
+        self.records: list[dict] = []
+        self.n_items = self.n_encodes = self.n_answers = self.total = 0
+        self.cancelled = False
+        self.set_info: dict = {}
+        self.need_attention = mipruner.needs_attention(sweep.methods)
+        self.modes = sweep.values if sweep.param == "text_mode" else (sweep.text_mode,)
+        self.t0 = time.perf_counter()
+
+    def iterate(self, items, should_stop=None):
+        """Evaluate `items` one by one, yielding (done, total) after each. should_stop() -> True stops
+        between selections (the unfinished item is dropped) and sets `cancelled`."""
+        items = list(items)
+        self.total, self.set_info = len(items), describe(items)
+        for i, item in enumerate(items):
+            if should_stop is not None and should_stop():
+                self.cancelled = True
+                return
+            with self.lock if self.lock is not None else contextlib.nullcontext():
+                if not self.add(item, should_stop):
+                    self.cancelled = True
+                    return
+            yield i + 1, len(items)
+
+    def add(self, item, should_stop=None) -> bool:
+        """Evaluate `item`; False (and nothing kept of it) when `should_stop()` turned true meanwhile."""
+        sw, ad = self.sweep, self.adapter
+        encs = {}
+        for mode in self.modes:
+            encs[mode] = ad.encode(item.media, item.question, text_mode=mode, need_attention=self.need_attention)
+            self.n_encodes += 1
+        first = encs[self.modes[0]]
+        cover = token_object_cover(first.geometry, item.masks) if item.masks is not None else None
+        caches = {mode: {} for mode in self.modes}
+        answers = {mode: {} for mode in self.modes}  # kept token indices -> Answer, per encoding
+        warm: set = set()
+        gold = {"item": item.id, "split": item.split, "kind": item.kind, "answer": item.answer}
+        ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
+        self.n_answers += 1
+        recs = [self._record(gold, "none", None, None, ref.text, None if cover is None else 1.0, first.n_visual, 0.0,
+                             ref.prefill_s)]
+        for m in sw.methods:
+            for v in (sw.values if sw.varies(m) else sw.values[:1]):
+                budget, mode, params = sw.setting(m, v)
+                for seed in sw.seeds_of(m):
+                    if should_stop is not None and should_stop():
+                        return False
+                    kw = params if seed is None else {**params, "seed": seed}
+                    if (m, mode) not in warm:  # fills the method's cache (MI's PMI, the in-LLM prefix) untimed
+                        mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
+                        warm.add((m, mode))
+                    t = time.perf_counter()
+                    sel = mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
+                    prune_s = time.perf_counter() - t
+                    key = tuple(sel.keep.tolist()) if reusable(m, sel) else None
+                    ans = answers[mode].get(key) if key is not None else None
+                    if ans is None:
+                        ans = mipruner.answer(ad, encs[mode], sel, max_new_tokens=sw.max_new_tokens,
+                                              cache=caches[mode])
+                        self.n_answers += 1
+                        if key is not None:
+                            answers[mode][key] = ans
+                    rec = query_recall(sel.keep, cover) if cover is not None else None
+                    recs.append(self._record(gold, m, v, seed, ans.text, rec, sel.budget, prune_s, ans.prefill_s,
+                                             sel.extras.get("lam")))
+        self.records += recs
+        self.n_items += 1
+        return True
+
+    @staticmethod
+    def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None) -> dict:
+        if gold["kind"] == "yesno":
+            correct = parse_yes_no(text) == parse_yes_no(gold["answer"])
+        else:
+            correct = answer_matches(text, gold["answer"])
+        r = {**gold, "method": method, "value": value, "seed": seed, "prediction": text, "correct": bool(correct),
+             "query_recall": recall, "kept": kept, "prune_ms": prune_s * 1e3, "prefill_ms": prefill_s * 1e3,
+             "lam": lam}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt)
+        return r
+
+    def result(self, *, set_name: str = "", set_info: dict | None = None, model: str = "") -> "SweepResult":
+        return SweepResult(self.sweep, summarise(self.sweep, self.records), self.records, self.n_items, self.n_encodes,
+                           time.perf_counter() - self.t0, self.cancelled, set_name, set_info or self.set_info, model,
+                           self.n_answers)
+
+
+def reusable(method: str, sel) -> bool:
+    """Whether `sel`'s answer is a function of its kept indices alone (pre-LLM, nothing merged)."""
+    return get_pruner(method).stage != "llm" and sel.tokens is None
+
+
+def run_sweep(adapter, items, sweep: Sweep, *, progress=None, should_stop=None, lock=None, set_name: str = "",
+              model: str = "") -> SweepResult:
+    """Run `sweep` over `items` (see the module docstring and `SweepRun.iterate`).
+
+    progress(done, total) after every item; should_stop() -> True cancels; Ctrl-C does the same.
+    The result says `cancelled` and how many items it holds.
+    """
+    run = SweepRun(adapter, sweep, lock=lock)
+    try:
+        for done, total in run.iterate(items, should_stop):
+            if progress is not None:
+                progress(done, total)
+    except KeyboardInterrupt:
+        run.cancelled = True
+    return run.result(set_name=set_name, model=model)
+
+
+__all__ = ["COLUMNS", "GENERATED", "METRICS", "SPECIAL", "Sweep", "SweepResult", "SweepRun", "describe", "generated_set",
+           "parse_value", "parse_values", "run_sweep", "summarise", "sweepable", "user_set"]
