@@ -25,15 +25,17 @@ Ours, with every deliberate deviation:
  - budget K = the original visual tokens surviving the last stage = `Selection.keep` (exactly K,
    indices into the N_V visual tokens). `schedule` maps (K, N_V, depth) to layers and counts: at
    N_V = 576 on 32 layers the released settings are K = 17 / 26 / 36 / 110 with exactly the
-   released counts. extras["equivalent_tokens"] is the original's layer-averaged count.
+   released counts. extras["equivalent_tokens"] is the release's layer-averaged count.
  - a merged token takes the slot (sequence place and position, M-RoPE included) of its cluster's
    centre, a dropped token; the original appends merged tokens after the kept visual tokens. All
    tokens keep their original positions (FastV's semantics; SparseVLM+'s "keep position ids"),
    where v1.5 renumbers positions 0..L'-1 after each stage. So a pruned run is the model's own
    forward with the dropped tokens masked and the slots overwritten (tested).
- - merged tokens are carried to the end: later stages rank and recycle original tokens only (the
-   original ranks merged tokens with the rest), hence `keep` has exactly K entries; the merges are
-   in extras (merged_slot, merged_stage, merged_into).
+ - merged tokens live one stage: the next stage adds them to the pool it recycles from (with its
+   dropped tokens, by score) and drops them otherwise, where the release also lets them compete
+   for the kept slots. So `keep` has exactly K original tokens and every layer sees as many
+   visual tokens as in the release (c_s + the clusters of stage s). extras: merged_slot,
+   merged_stage, merged_into (originals), merged_parent (merged tokens re-merged at the next stage).
  - a stage keeps every token when its count reaches the tokens present (the original's topk of
    min(c, n - 1) always drops one), so keep-all is the unpruned model exactly.
  - rater candidates: the tokens after the last visual token (the original has one image block);
@@ -46,7 +48,6 @@ Ours, with every deliberate deviation:
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 import time
 from typing import NamedTuple
@@ -58,49 +59,10 @@ from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection, resolve_budget
 from ._decoder import Stage, advance, apply_stage, continue_prefix, greedy, logits_of, prefill_cache, run_staged, start
 from ._run import _get_prompt, _int, _sync_fn
+from ._sparsevlm_schedule import (RELEASED_COUNTS, RELEASED_DEPTH, RELEASED_LAYERS, RELEASED_TOKENS,  # noqa: F401
+                                  equivalent_tokens, planned_tokens, recycle_counts, schedule)
 
-RELEASED_DEPTH = 32
-RELEASED_LAYERS = (3, 7, 16)  # first layer on each pruned sequence: the original's pruning_loc (2, 6, 15) + 1
-RELEASED_TOKENS = 576
-RELEASED_COUNTS = {64: (66, 30, 17), 96: (238, 48, 26), 128: (303, 110, 36), 192: (300, 200, 110)}
-MERGE_SIZE = 10  # recycled tokens per cluster: int(n / 10) + 1 clusters
 _LAST = "sparsevlm_prefix"  # the latest selection's staged prefix (one, so budgets do not pile up KV)
-
-
-def schedule(budget: int, n_visual: int, n_layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(layers, counts) of the stages keeping K = `budget` of N_V tokens on `n_layers` layers.
-
-    Stages: min(3, n_layers - 1), at least 1: the last ones of the released three. Layer of stage
-    s: round(n_layers * K_s / 32) (K_s = 3, 7, 16, half up), then made strictly increasing within
-    [1, n_layers - 1] (1 on a 1-layer decoder). Counts: c_1, c_2 interpolated linearly in
-    x = K * 576 / N_V through the released settings' (final, c_1, c_2) = (17, 66, 30), (26, 238, 48),
-    (36, 303, 110), (110, 300, 200) and (0, 0, 0), (576, 576, 576), scaled by N_V / 576, rounded
-    half up and clamped so N_V >= c_1 >= c_2 >= c_3 = K.
-    """
-    m = max(1, min(3, n_layers - 1))
-    layers: list[int] = []
-    for s, k_s in enumerate(RELEASED_LAYERS[3 - m:]):
-        lo, hi = max(s + 1, layers[-1] + 1 if layers else 1), max(1, n_layers - m + s)
-        layers.append(min(max(math.floor(n_layers * k_s / RELEASED_DEPTH + 0.5), lo), hi))
-    anchors = [(0, 0, 0)] + sorted((c[2], c[0], c[1]) for c in RELEASED_COUNTS.values()) \
-        + [(RELEASED_TOKENS,) * 3]
-    x = budget * RELEASED_TOKENS / n_visual
-    i = next(j for j in range(len(anchors) - 1) if x <= anchors[j + 1][0])
-    (x0, a0, b0), (x1, a1, b1) = anchors[i], anchors[i + 1]
-    t = (x - x0) / (x1 - x0)
-    scale = n_visual / RELEASED_TOKENS
-    c2 = min(n_visual, max(budget, math.floor((b0 + t * (b1 - b0)) * scale + 0.5)))
-    c1 = min(n_visual, max(c2, math.floor((a0 + t * (a1 - a0)) * scale + 0.5)))
-    return tuple(layers), (c1, c2, budget)[3 - m:]
-
-
-def recycle_counts(n_dropped: int, ratio: float) -> tuple[int, int]:
-    """(tokens recycled, clusters) of a stage that dropped n tokens: int(ratio n) + 1 (at most n),
-    int(n_r / 10) + 1 clusters; (0, 0) when nothing is dropped or ratio = 0."""
-    if n_dropped == 0 or ratio <= 0:
-        return 0, 0
-    n_r = min(n_dropped, int(n_dropped * ratio) + 1)
-    return n_r, min(n_r, n_r // MERGE_SIZE + 1)
 
 
 def text_raters(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -113,21 +75,28 @@ def text_raters(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
 
 class StagePick(NamedTuple):
     scores: torch.Tensor  # (n,) raters' mean attention of each candidate
-    kept: torch.Tensor  # positions into the candidates, in pick order (descending score)
-    dropped: torch.Tensor  # the others, by descending score
-    recycled: torch.Tensor  # the first of `dropped`: those recycled
+    kept: torch.Tensor  # positions into the candidates (original tokens only), in pick order
+    pool: torch.Tensor  # the others (dropped originals and every merged token), by descending score
+    recycled: torch.Tensor  # the first of `pool`: those merged anew
     n_clusters: int
 
 
-def rank_stage(attention: torch.Tensor, columns: torch.Tensor, count: int, ratio: float) -> StagePick:
-    """One stage: attention (R, L) of the R raters over the current sequence, columns (n,) of the
-    candidate visual tokens; the top `count` by the raters' mean attention stay (ties: lower
-    position first), the int(ratio n_dropped) + 1 most attended dropped ones are recycled."""
+def rank_stage(attention: torch.Tensor, columns: torch.Tensor, merged: torch.Tensor, count: int,
+               ratio: float) -> StagePick:
+    """One stage: attention (R, L) of the R raters over the current sequence; columns (n,) of the
+    visual tokens present, merged (n,) bool marking the previous stage's merged tokens. The top
+    `count` original tokens by the raters' mean attention stay; the rest and the merged tokens
+    form the pool, whose int(ratio n_pool) + 1 most attended are recycled. Ties: the lower
+    position first."""
     scores = attention.mean(dim=0).index_select(0, columns)
     order = torch.sort(scores, descending=True, stable=True).indices
-    count = min(count, columns.numel())
-    n_r, n_c = recycle_counts(columns.numel() - count, ratio)
-    return StagePick(scores, order[:count], order[count:], order[count:count + n_r], n_c)
+    is_orig = ~merged.index_select(0, order)
+    count = min(count, int(is_orig.sum()))
+    rank_orig = torch.cumsum(is_orig.long(), 0)  # 1-based rank of each original among the originals
+    stays = is_orig & (rank_orig <= count)
+    pool = order[~stays]
+    n_r, n_c = recycle_counts(pool.numel(), ratio)
+    return StagePick(scores, order[stays], pool, pool[:n_r], n_c)
 
 
 def dpc_knn(x: torch.Tensor, n_clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +112,9 @@ def dpc_knn(x: torch.Tensor, n_clusters: int) -> tuple[torch.Tensor, torch.Tenso
     dist = torch.cdist(x[None], x[None], compute_mode="donot_use_mm_for_euclid_dist")[0] / c ** 0.5
     density = torch.exp(-(torch.topk(dist, n_clusters, dim=1, largest=False).values ** 2).mean(dim=1))
     idx = torch.arange(n, device=x.device)
-    denser = (density[None, :] > density[:, None]) | ((density[None, :] == density[:, None]) & (idx[None, :] < idx[:, None]))
-    delta = torch.where(denser, dist, dist.max()).min(dim=1).values  # [i, j]: j denser than i
+    d_j, d_i = density[None, :], density[:, None]
+    denser = (d_j > d_i) | ((d_j == d_i) & (idx[None, :] < idx[:, None]))  # [i, j]: j denser than i
+    delta = torch.where(denser, dist, dist.max()).min(dim=1).values
     centres = torch.sort(delta * density, descending=True, stable=True).indices[:n_clusters]
     assign = dist.index_select(0, centres).argmin(dim=0)
     assign[centres] = torch.arange(n_clusters, device=x.device)
@@ -206,7 +176,8 @@ def _first(prompt, layer: int, cache: dict | None):
 
 
 def _rows(prompt, alive: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Ascending sequence rows present: text, the alive visual tokens, the merged tokens' slots."""
+    """Ascending sequence rows present: text, the alive visual tokens, the slots (visual indices)
+    of the merged tokens present."""
     vis = prompt.visual_positions
     mask = torch.ones(prompt.length, dtype=torch.bool, device=vis.device)
     mask[vis] = False
@@ -225,58 +196,71 @@ def _select(prompt, k: int, ratio: float, cache: dict | None):
     survived = torch.zeros(n_v, dtype=torch.long, device=dev)
     stage_scores = torch.full((len(layers), n_v), float("nan"), device=dev)
     merged_into = torch.full((n_v,), -1, dtype=torch.long, device=dev)
-    slots = torch.zeros(0, dtype=torch.long, device=dev)
-    merged_stage = torch.zeros(0, dtype=torch.long, device=dev)
+    slots, m_stage, parent = (torch.zeros(0, dtype=torch.long, device=dev) for _ in range(3))
+    live = slots  # the merged tokens present (those of the previous stage), indices into `slots`
     for s, (layer, count) in enumerate(zip(layers, counts)):
         if s:
             prefix = advance(prompt, prefix, layer, cache=kv, probe=torch.searchsorted(prefix.rows, raters))
             att = _attention(prompt, prefix)
-        cand = torch.nonzero(alive).flatten()  # visual indices present, ascending
-        cols = vis[cand] if prefix.rows is None else torch.searchsorted(prefix.rows, vis[cand])
-        pick = rank_stage(att, cols, count, ratio)
-        stage_scores[s, cand] = pick.scores
-        survived[cand[pick.kept]] += 1
-        alive[cand[pick.dropped]] = False
+        cand = torch.nonzero(alive).flatten()  # original tokens present, ascending
+        which = torch.cat([cand, slots[live]])  # visual index of every visual row present
+        seq = vis[which]
+        cols = seq if prefix.rows is None else torch.searchsorted(prefix.rows, seq)
+        is_m = torch.arange(which.numel(), device=dev) >= cand.numel()
+        pick = rank_stage(att, cols, is_m, count, ratio)
+        stage_scores[s, cand] = pick.scores[: cand.numel()]
         order = cand[pick.kept]
-        merge = (None, None, None)
+        survived[order] += 1
+        alive[cand] = False
+        alive[order] = True
+        merge, new = (None, None, None), slots[:0]
         if pick.recycled.numel():
-            rec = cand[pick.recycled]
-            centres, assign = dpc_knn(prefix.hidden[0].index_select(0, cols[pick.recycled]), pick.n_clusters)
-            merged_into[rec] = assign + slots.numel()
-            slots = torch.cat([slots, rec[centres]])
-            merged_stage = torch.cat([merged_stage, torch.full_like(centres, s)])
-            merge = (vis[rec[centres]], vis[rec], assign)
-        prefix = apply_stage(prompt, prefix, Stage(layer, _rows(prompt, alive, slots), *merge))
+            rec = pick.recycled
+            centres, assign = dpc_knn(prefix.hidden[0].index_select(0, cols[rec]), pick.n_clusters)
+            base = slots.numel()
+            o = rec < cand.numel()
+            merged_into[which[rec[o]]] = assign[o] + base
+            parent[live[rec[~o] - cand.numel()]] = assign[~o] + base
+            new = which[rec[centres]]
+            slots = torch.cat([slots, new])
+            m_stage = torch.cat([m_stage, torch.full_like(new, s)])
+            parent = torch.cat([parent, torch.full_like(new, -1)])
+            live = torch.arange(base, slots.numel(), device=dev)
+            merge = (vis[new], seq[rec], assign)
+        else:
+            live = slots[:0]
+        prefix = apply_stage(prompt, prefix, Stage(layer, _rows(prompt, alive, new), *merge))
     last = survived.clamp(max=len(layers) - 1)  # the last stage that ranked each token
     scores = survived.float() + stage_scores.gather(0, last[None])[0]
-    n_seen = [n_v] + [c + int((merged_stage <= s).sum()) for s, c in enumerate(counts)]
-    spans = [b - a for a, b in zip((0,) + layers, layers + (prompt.n_layers,))]
+    per_stage = torch.bincount(m_stage, minlength=len(layers)).tolist()
+    after = [c + m for c, m in zip(counts, per_stage)]
     sel = Selection.from_order(order, scores)
     sel.extras.update(
         layer=layers[-1], layers=torch.tensor(layers), counts=torch.tensor(counts), survived=survived.cpu(),
-        stage_scores=stage_scores.cpu(), raters=raters.cpu(), merged_slot=slots.cpu(), merged_stage=merged_stage.cpu(),
-        merged_into=merged_into.cpu(), recycle_ratio=ratio, n_merged=int(slots.numel()),
-        equivalent_tokens=sum(n * w for n, w in zip(n_seen, spans)) / prompt.n_layers)
+        stage_scores=stage_scores.cpu(), raters=raters.cpu(), merged_slot=slots.cpu(), merged_stage=m_stage.cpu(),
+        merged_into=merged_into.cpu(), merged_parent=parent.cpu(), recycle_ratio=ratio, n_merged=per_stage[-1],
+        equivalent_tokens=equivalent_tokens(layers, after, n_v, prompt.n_layers))
     return sel, prefix
 
 
 def stages_of(prompt, selection: Selection) -> list[Stage]:
     """The schedule of `Stage`s a SparseVLM selection describes (its extras), for a replay."""
     ex = selection.extras
-    if "merged_into" not in ex:
+    if "merged_parent" not in ex:
         raise ValueError("not a SparseVLM selection (its extras lack the stages): select with 'sparsevlm'")
     vis = prompt.visual_positions
     dev = vis.device
     survived, slot = ex["survived"].to(dev), ex["merged_slot"].to(dev)
-    m_stage, into = ex["merged_stage"].to(dev), ex["merged_into"].to(dev)
+    m_stage, into, parent = ex["merged_stage"].to(dev), ex["merged_into"].to(dev), ex["merged_parent"].to(dev)
     stages = []
     for s, layer in enumerate(ex["layers"].tolist()):
         new = torch.nonzero(m_stage == s).flatten()  # merged tokens made at stage s: a contiguous range
         merge = (None, None, None)
         if new.numel():
-            members = torch.nonzero(torch.isin(into, new)).flatten()
-            merge = (vis[slot[new]], vis[members], into[members] - new[0])
-        stages.append(Stage(layer, _rows(prompt, survived > s, slot[m_stage <= s]), *merge))
+            orig = torch.nonzero(torch.isin(into, new)).flatten()  # original members (visual indices)
+            prev = torch.nonzero(torch.isin(parent, new)).flatten()  # merged members (of stage s - 1)
+            merge = (vis[slot[new]], vis[torch.cat([orig, slot[prev]])], torch.cat([into[orig], parent[prev]]) - new[0])
+        stages.append(Stage(layer, _rows(prompt, survived > s, slot[new]), *merge))
     return stages
 
 
@@ -285,7 +269,7 @@ def answer(adapter, encoded, selection: Selection, *, max_new_tokens: int = 64, 
            min_new_tokens: int = 0) -> Answer:
     """Greedy answer on a SparseVLM selection: its stages replayed (or the prefix `select` left in
     `cache` reused), then the remaining layers and decoding. input_tokens: the prompt rows after the
-    last stage; visual_tokens: K + merged tokens. Timings as `inllm.generate`."""
+    last stage; visual_tokens: K + the last stage's merged tokens. Timings as `inllm.generate`."""
     from transformers import DynamicCache
 
     max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)

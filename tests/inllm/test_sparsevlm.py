@@ -71,6 +71,16 @@ def test_schedule():
         assert sv.schedule(n_v, n_v, 32)[1] == (n_v,) * 3
 
 
+def test_released_names_are_layer_averaged_counts():
+    # the release's settings, named by the visual tokens per layer averaged over 32 layers
+    for name, counts in sv.RELEASED_COUNTS.items():
+        after = sv.planned_tokens(counts, 576, 0.3)
+        assert int(sv.equivalent_tokens((3, 7, 16), after, 576, 32)) == name
+    assert sv.planned_tokens((66, 30, 17), 576, 0.3) == [82, 32, 18]  # 66 + 16, 30 + 2, 17 + 1
+    assert sv.equivalent_tokens((3, 7, 16), [82, 32, 18], 576, 32) == (2 * 576 + 4 * 82 + 9 * 32 + 17 * 18) / 32
+    assert sv.planned_tokens((66, 30, 17), 576, 0.0) == [66, 30, 17]
+
+
 def test_recycle_counts():
     # the released "64" first stage: 576 -> 66 drops 510; int(0.3 * 510) + 1 = 154 recycled, 16 clusters
     assert sv.recycle_counts(510, 0.3) == (154, 16)
@@ -88,13 +98,18 @@ def test_text_raters_by_hand():
 
 
 def test_rank_stage_on_hand_made_attention():
-    att = torch.tensor([[.10, .30, .05, .20, .15, .20],  # 2 raters over 6 keys; visual keys 1..4
-                        [.10, .10, .25, .30, .05, .20]])
-    pick = sv.rank_stage(att, torch.tensor([1, 2, 3, 4]), 2, 0.3)  # means .20 .15 .25 .10
+    att = torch.tensor([[.10, .30, .05, .20, .15, .20, .40],  # 2 raters over 7 keys; visual keys 1..4, 6
+                        [.10, .10, .25, .30, .05, .20, .02]])
+    cols, merged = torch.tensor([1, 2, 3, 4]), torch.zeros(4, dtype=torch.bool)
+    pick = sv.rank_stage(att, cols, merged, 2, 0.3)  # means .20 .15 .25 .10
     torch.testing.assert_close(pick.scores, torch.tensor([.20, .15, .25, .10]))
-    assert pick.kept.tolist() == [2, 0] and pick.dropped.tolist() == [1, 3]
+    assert pick.kept.tolist() == [2, 0] and pick.pool.tolist() == [1, 3]
     assert pick.recycled.tolist() == [1] and pick.n_clusters == 1  # int(0.3 * 2) + 1 = 1, the most attended
-    assert sv.rank_stage(att, torch.tensor([1, 2, 3, 4]), 4, 0.3).dropped.numel() == 0
+    assert sv.rank_stage(att, cols, merged, 4, 0.3).pool.numel() == 0
+    # a merged token (key 6, mean .21) never takes a kept slot: it joins the pool, ranked by score
+    pick = sv.rank_stage(att, torch.tensor([1, 2, 3, 4, 6]), torch.tensor([False] * 4 + [True]), 2, 0.5)
+    assert pick.kept.tolist() == [2, 0] and pick.pool.tolist() == [4, 1, 3]  # .21 (merged), .15, .10
+    assert pick.recycled.tolist() == [4, 1]  # int(0.5 * 3) + 1 = 2
 
 
 def test_dpc_knn_by_hand():
@@ -130,12 +145,14 @@ def _stages(enc, sel):
     L = int(enc.state["input_ids"].shape[-1])
     out = []
     for s, layer in enumerate(ex["layers"].tolist()):
-        live_slots = ex["merged_slot"][ex["merged_stage"] <= s]
+        made = [j for j in range(ex["merged_slot"].numel()) if int(ex["merged_stage"][j]) == s]
         hidden = torch.zeros(L, dtype=torch.bool)
         hidden[vis[ex["survived"] <= s]] = True  # dropped at this stage or before
-        hidden[vis[live_slots]] = False  # ... unless the slot of a merged token
-        merges = [(int(vis[ex["merged_slot"][j]]), vis[ex["merged_into"] == j])
-                  for j in range(ex["n_merged"]) if int(ex["merged_stage"][j]) == s]
+        hidden[vis[ex["merged_slot"][made]]] = False  # ... unless the slot of this stage's merged tokens
+        merges = [(int(vis[ex["merged_slot"][j]]),
+                   vis[torch.cat([torch.nonzero(ex["merged_into"] == j).flatten(),  # original members
+                                  ex["merged_slot"][ex["merged_parent"] == j]])])  # the last stage's merged ones
+                  for j in made]
         out.append((layer, hidden, merges))
     return out
 
@@ -168,9 +185,14 @@ def test_pruned_equals_the_model_with_stages_masked_and_merged(adapters, encoded
         assert ans.token_ids == ref_tokens[:cut]
         assert ans.input_tokens == n_rows and ans.visual_tokens == k + ex["n_merged"]
     assert not torch.allclose(got, ad.prefill_logits(enc)[visible], atol=1e-4)  # the test could fail
-    # the layer-averaged visual tokens (the original's budget measure): 1 layer per segment here
-    seen = [enc.n_visual] + [int(c) + int((ex["merged_stage"] <= s).sum()) for s, c in enumerate(ex["counts"])]
-    assert ex["equivalent_tokens"] == pytest.approx(sum(seen) / DEPTH)
+    # the layer-averaged visual tokens as the release logs them (each layer: the count after it);
+    # with stages at 1, 2, 3 of 4 layers: layer 0 after stage 1, layer 1 after stage 2, layers 2-3 after stage 3
+    after = [int(c) + int((ex["merged_stage"] == s).sum()) for s, c in enumerate(ex["counts"])]
+    assert after == sv.planned_tokens(ex["counts"].tolist(), enc.n_visual, 0.3)
+    assert ex["equivalent_tokens"] == pytest.approx((after[0] + after[1] + 2 * after[2]) / DEPTH)
+    if fam == "llava_next":  # merged tokens re-merged at the next stage (and a slot reused) are covered
+        assert (ex["merged_parent"] >= 0).any()
+    assert ex["n_merged"] == int((ex["merged_stage"] == 2).sum())
 
 
 def test_recycling_off(adapters, encoded):
