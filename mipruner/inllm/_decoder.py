@@ -214,10 +214,11 @@ def apply_stage(prompt: Prompt, prefix: Prefix, stage: Stage) -> Prefix:
 
     h = prefix.hidden.index_select(1, at(rows))
     if stage.merge_rows is not None and stage.merge_rows.numel():
-        merge_rows = stage.merge_rows.to(device)
-        x = prefix.hidden[0].index_select(0, at(stage.merge_members.to(device))).float()  # (P, d)
+        merge_rows, members, of = (t.to(device) for t in (stage.merge_rows, stage.merge_members, stage.merge_of))
+        perm = torch.argsort(members)  # one order whatever the listing: the same sums, bit for bit
+        x = prefix.hidden[0].index_select(0, at(members[perm])).float()  # (P, d)
         m = merge_rows.numel()
-        w = (stage.merge_of.to(device)[None, :] == torch.arange(m, device=device)[:, None]).float()  # (M, P)
+        w = (of[perm][None, :] == torch.arange(m, device=device)[:, None]).float()  # (M, P)
         merged = (w / w.sum(dim=1, keepdim=True)) @ x  # (M, d): each merged token the mean of its members
         h[0, torch.searchsorted(rows, merge_rows)] = merged.to(h.dtype)
     return Prefix(layer=prefix.layer, hidden=h, position_embeddings=prefix.position_embeddings, kv=prefix.kv,

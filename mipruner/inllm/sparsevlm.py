@@ -312,8 +312,9 @@ def prefill_logits(adapter, encoded, selection: Selection) -> torch.Tensor:
     return logits_of(prompt, continue_prefix(prompt, prefix, None))[0].float().cpu()
 
 
-RECYCLE = Param.real("recycle_ratio", 0.3, 0.0, 1.0, "share of each stage's dropped tokens recycled into merged "
-                     "tokens, the most attended first; 0 = none (SparseVLM: 0.3)", code="rec", step=0.05)
+RECYCLE = Param.real("recycle_ratio", 0.3, 0.0, 1.0, "share of each stage's dropped (and last merged) tokens "
+                     "recycled into merged tokens, the most attended first; 0 = none (SparseVLM: 0.3)",
+                     code="rec", step=0.05)
 
 
 @register_pruner("sparsevlm", stage="llm", needs=("adapter",), params=(RECYCLE,), label="SparseVLM", answer=answer)
