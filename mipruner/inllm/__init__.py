@@ -22,5 +22,6 @@ from ._run import answer, generate, prefill_logits, prepare
 # Importing a method module registers it (one line per method module).
 from . import fastv  # noqa: E402,F401
 from . import dart  # noqa: E402,F401
+from . import sparsevlm  # noqa: E402,F401
 
 __all__ = ["answer", "generate", "prefill_logits", "prepare"]

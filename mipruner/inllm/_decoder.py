@@ -1,4 +1,5 @@
-"""Run the text decoder layer by layer, dropping visual tokens after layer K (FastV semantics).
+"""Run the text decoder layer by layer, dropping visual tokens after layer K (FastV semantics), or
+at several layers in turn (a schedule of `Stage`s: SparseVLM).
 
 Why a layer loop of our own, and why it is not intrusive: the in-LLM methods need to stop the
 forward after layer K-1, read signals, and continue with fewer tokens. Instead of patching the
@@ -21,6 +22,12 @@ The continuation (`prefill` / `greedy`):
                  new token sits at the unpruned next position in every layer.
 With every token kept this performs the same operations on the same values as the model's own
 forward / generate, so the logits are bit-identical (tested per family).
+
+Several stages (`Stage`, `advance`, `apply_stage`, `run_staged`): the same, once per stage. Stage s
+says which rows remain from its layer K_s on (a subset of the rows before it) and, optionally,
+which of those rows enter K_s holding the mean of other rows' hidden states (merged tokens, in the
+slot of a dropped row, at that row's position). Layer group [K_s, K_s+1) runs on stage s's rows
+and holds their KV; decoding runs each group against its own cache. One stage at K is FastV.
 """
 from __future__ import annotations
 
@@ -88,6 +95,9 @@ class Prefix:
     kv: per layer < K, its (keys, values) of the L tokens (None when run without a cache).
     last_attention: (L,) float32 head-mean attention of the last prompt token at layer K-1 (FastV).
     key_l1: (L,) float32 L1 norm of each token's layer K-1 keys, heads concatenated (DART).
+    rows: (L_K,) ascending sequence indices that `hidden` holds (None: all L; staged runs).
+    stages: the `Stage`s applied so far (their layers bound the decoding's layer groups).
+    probe: what `advance(..., probe=)` read at layer K-1 (see there), else None.
     """
 
     layer: int
@@ -96,28 +106,72 @@ class Prefix:
     kv: list | None = None
     last_attention: torch.Tensor | None = None
     key_l1: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+    stages: tuple = ()
+    probe: dict | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """From decoder layer `layer` on, only `rows` remain: (L_s,) ascending sequence indices, a subset
+    of the rows present before. Merged tokens (optional): the hidden state entering `layer` at
+    merge_rows (M,) (sequence indices among `rows`) becomes the mean of the hidden states entering
+    `layer` at merge_members (P,) (rows present before), member p going to merge token merge_of[p]
+    (in [0, M)). Every row keeps its original position; a merged row keeps that of its slot."""
+
+    layer: int
+    rows: torch.Tensor
+    merge_rows: torch.Tensor | None = None
+    merge_members: torch.Tensor | None = None
+    merge_of: torch.Tensor | None = None
 
 
 def _full_deepstack(prompt: Prompt):
     return (prompt.visual_positions, prompt.deepstack) if prompt.deepstack is not None else (None, None)
 
 
-def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False) -> Prefix:
-    """Layers 0..layer-1 on the full sequence.
-
-    With `capture` (needs `cache`, a DynamicCache): also the FastV attention and DART key norms of
-    layer `layer`-1, read from the layer's attention input (a forward pre-hook, removed on exit,
-    that ignores calls from other threads sharing the model) and from the keys it wrote into the
-    cache.
-    """
+def start(prompt: Prompt) -> Prefix:
+    """The input of layer 0: the full prompt's embeddings and rotary cos/sin (no layer run yet)."""
     h = prompt.embeds
     pe = prompt.lm.rotary_emb(h, prompt.rope_positions)  # (cos, sin), once for the full sequence
-    rows, ds = _full_deepstack(prompt)
+    return Prefix(layer=0, hidden=h, position_embeddings=pe, kv=[])
+
+
+def _row_inputs(prompt: Prompt, rows: torch.Tensor | None, pe):
+    """(cos/sin, layer positions, deepstack rows, deepstack features) of the rows `rows` (None: all):
+    each row at its original position; deepstack features at the visual rows present (a merged
+    row receives those of its slot, as the model's own forward would there)."""
+    if rows is None:
+        ds_rows, ds = _full_deepstack(prompt)
+        return pe, prompt.layer_positions, ds_rows, ds
+    layer_pos = None if prompt.layer_positions is None else prompt.layer_positions.index_select(1, rows)
+    ds_rows = ds = None
+    if prompt.deepstack is not None:
+        vis = prompt.visual_positions
+        lookup = torch.full((prompt.length,), -1, dtype=torch.long, device=rows.device)
+        lookup[vis] = torch.arange(vis.numel(), device=rows.device)
+        which = lookup.index_select(0, rows)  # visual index of each row, -1 for text
+        ds_rows = torch.nonzero(which >= 0).flatten()  # where the visual rows sit among `rows`
+        ds = [f.index_select(0, which.index_select(0, ds_rows)) for f in prompt.deepstack]
+    return gather_positions(pe, rows), layer_pos, ds_rows, ds
+
+
+def advance(prompt: Prompt, prefix: Prefix, layer: int, *, cache=None, probe: torch.Tensor | None = None) -> Prefix:
+    """Layers prefix.layer..layer-1 on the prefix's rows; returns the input of layer `layer`.
+
+    cache: a DynamicCache holding the layers < prefix.layer (e.g. `prefill_cache(prompt, prefix)`),
+    or None (no KV kept). probe: (R,) indices into the current rows (needs `cache`): the attention
+    input of those rows at layer `layer`-1 and their cos/sin are read (a forward pre-hook, removed on
+    exit, that ignores calls from other threads sharing the model), with the keys that layer wrote
+    into the cache: prefix.probe = {query_input (1, R, d), cos_sin, keys (1, KV, L_cur, d_head),
+    query_index (R,), window (the layer's sliding window or None)}.
+    """
+    if probe is not None and cache is None:
+        raise ValueError("probe needs a KV cache")
+    pe, layer_pos, ds_rows, ds = _row_inputs(prompt, prefix.rows, prefix.position_embeddings)
     seen: dict = {}
     handle = None
-    if capture:
-        if cache is None:
-            raise ValueError("capture needs a KV cache")
+    if probe is not None:
         attn = prompt.lm.layers[layer - 1].self_attn
         me = threading.get_ident()
 
@@ -126,44 +180,100 @@ def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False)
                 return
             x = args[0] if args else kwargs["hidden_states"]
             cos, sin = kwargs["position_embeddings"]
-            seen["query_input"] = x[:, -1:]  # (1, 1, d): the last prompt token, after the input norm
-            seen["cos_sin"] = (cos[..., -1:, :], sin[..., -1:, :])
+            seen["query_input"] = x.index_select(1, probe)  # after the layer's input norm
+            seen["cos_sin"] = (cos.index_select(-2, probe), sin.index_select(-2, probe))
 
         handle = attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
-        h = run_layers(prompt, h, range(layer), pe, prompt.layer_positions, cache, rows, ds)
+        h = run_layers(prompt, prefix.hidden, range(prefix.layer, layer), pe, layer_pos, cache, ds_rows, ds)
     finally:
         if handle is not None:
             handle.remove()
-    prefix = Prefix(layer=layer, hidden=h, position_embeddings=pe)
+    kv = None
     if cache is not None:
-        prefix.kv = [(cache.layers[i].keys, cache.layers[i].values) for i in range(layer)]
+        kv = list(prefix.kv or []) + [(cache.layers[i].keys, cache.layers[i].values)
+                                      for i in range(prefix.layer, layer)]
+    out = Prefix(layer=layer, hidden=h, position_embeddings=prefix.position_embeddings, kv=kv, rows=prefix.rows,
+                 stages=prefix.stages)
+    if probe is not None:
+        window = getattr(prompt.lm.config, "sliding_window", None) \
+            if layer_kind(prompt.lm.config, layer - 1) == "sliding_attention" else None
+        out.probe = dict(seen, keys=cache.layers[layer - 1].keys, query_index=probe, window=window)
+    return out
+
+
+def apply_stage(prompt: Prompt, prefix: Prefix, stage: Stage) -> Prefix:
+    """The input of layer `stage.layer` restricted to stage.rows, with its merged rows filled in."""
+    if stage.layer != prefix.layer:
+        raise ValueError(f"a stage at layer {stage.layer} applied to the input of layer {prefix.layer}")
+    device = prefix.hidden.device
+    rows = stage.rows.to(device)
+
+    def at(r: torch.Tensor) -> torch.Tensor:  # where sequence rows r sit among the prefix's rows
+        return r if prefix.rows is None else torch.searchsorted(prefix.rows, r)
+
+    h = prefix.hidden.index_select(1, at(rows))
+    if stage.merge_rows is not None and stage.merge_rows.numel():
+        merge_rows, members, of = (t.to(device) for t in (stage.merge_rows, stage.merge_members, stage.merge_of))
+        perm = torch.argsort(members)  # one order whatever the listing: the same sums, bit for bit
+        x = prefix.hidden[0].index_select(0, at(members[perm])).float()  # (P, d)
+        m = merge_rows.numel()
+        w = (of[perm][None, :] == torch.arange(m, device=device)[:, None]).float()  # (M, P)
+        merged = (w / w.sum(dim=1, keepdim=True)) @ x  # (M, d): each merged token the mean of its members
+        h[0, torch.searchsorted(rows, merge_rows)] = merged.to(h.dtype)
+    return Prefix(layer=prefix.layer, hidden=h, position_embeddings=prefix.position_embeddings, kv=prefix.kv,
+                  rows=rows, stages=prefix.stages + (stage,))
+
+
+def run_staged(prompt: Prompt, stages, *, cache=None) -> Prefix:
+    """Layers 0..K_last-1 under the schedule `stages` (ascending layers): the input of layer K_last
+    on the last stage's rows. cache: an empty DynamicCache to fill, or None."""
+    prefix = start(prompt)
+    if cache is None:
+        prefix.kv = None
+    for stage in stages:
+        prefix = apply_stage(prompt, advance(prompt, prefix, stage.layer, cache=cache), stage)
+    return prefix
+
+
+def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False) -> Prefix:
+    """Layers 0..layer-1 on the full sequence.
+
+    With `capture` (needs `cache`, a DynamicCache): also the FastV attention and DART key norms of
+    layer `layer`-1, read from the layer's attention input of the last prompt token (`advance`'s
+    probe) and from the keys it wrote into the cache.
+    """
+    if capture and cache is None:
+        raise ValueError("capture needs a KV cache")
+    last = torch.tensor([prompt.length - 1], device=prompt.embeds.device) if capture else None
+    prefix = start(prompt)
+    if cache is None:
+        prefix.kv = None
+    prefix = advance(prompt, prefix, layer, cache=cache, probe=last)
     if capture:
         from .fastv import last_token_attention
 
-        keys = cache.layers[layer - 1].keys  # (1, KV, L, d_head): post-norm, post-rotary
+        probe, prefix.probe = prefix.probe, None
+        keys = probe["keys"]  # (1, KV, L, d_head): post-norm, post-rotary
         attn = prompt.lm.layers[layer - 1].self_attn
-        window = getattr(prompt.lm.config, "sliding_window", None) \
-            if layer_kind(prompt.lm.config, layer - 1) == "sliding_attention" else None
-        prefix.last_attention = last_token_attention(attn, seen["query_input"], seen["cos_sin"], keys, window)
+        prefix.last_attention = last_token_attention(attn, probe["query_input"], probe["cos_sin"], keys,
+                                                     probe["window"])
         prefix.key_l1 = keys[0].float().abs().sum(dim=(0, 2))  # sum over heads and d_head -> (L,)
     return prefix
 
 
-def continue_prefix(prompt: Prompt, prefix: Prefix, rows: torch.Tensor, keep: torch.Tensor | None,
+def continue_prefix(prompt: Prompt, prefix: Prefix, rows: torch.Tensor | None, keep: torch.Tensor | None = None,
                     cache=None) -> torch.Tensor:
-    """Layers K.. on the kept rows (`rows` = `prompt.kept_sequence(keep)`); returns (1, L', d)."""
-    h = prefix.hidden.index_select(1, rows)
-    pe = gather_positions(prefix.position_embeddings, rows)
-    layer_pos = None if prompt.layer_positions is None else prompt.layer_positions.index_select(1, rows)
-    ds_rows = ds = None
-    if prompt.deepstack is not None:
-        kept_vis = torch.arange(prompt.visual_positions.numel(), device=rows.device) if keep is None \
-            else keep.to(rows.device)
-        # where the kept visual tokens sit in the kept sequence (rows is ascending)
-        ds_rows = torch.searchsorted(rows, prompt.visual_positions[kept_vis])
-        ds = [f.index_select(0, kept_vis) for f in prompt.deepstack]
-    return run_layers(prompt, h, range(prefix.layer, prompt.n_layers), pe, layer_pos, cache, ds_rows, ds)
+    """Layers K.. to the last; returns their output (1, L', d).
+
+    rows: `prompt.kept_sequence(keep)`, the rows that remain from layer K on (one more stage at K),
+    or None when the prefix is already staged (`run_staged`). `keep` is not read (the visual rows
+    are found from `rows`); it stays for the callers.
+    """
+    if rows is not None:
+        prefix = apply_stage(prompt, prefix, Stage(prefix.layer, rows))
+    pe, layer_pos, ds_rows, ds = _row_inputs(prompt, prefix.rows, prefix.position_embeddings)
+    return run_layers(prompt, prefix.hidden, range(prefix.layer, prompt.n_layers), pe, layer_pos, cache, ds_rows, ds)
 
 
 def logits_of(prompt: Prompt, h: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -183,13 +293,20 @@ def prefill_cache(prompt: Prompt, prefix: Prefix):
     return cache
 
 
-def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor, keep: torch.Tensor | None,
+def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, keep: torch.Tensor | None,
            max_new_tokens: int, min_new_tokens: int = 0, on_first: Callable[[], None] | None = None) -> list[int]:
-    """Greedy decoding after the pruned prefill. `cache` holds layers < K of the prefix already."""
+    """Greedy decoding after the pruned prefill. `cache` holds the prefix's layers (< K) already.
+
+    rows: the rows kept from layer K on (FastV), or None for a staged prefix (`run_staged`)."""
     embed = prompt.lm.embed_tokens
-    h = continue_prefix(prompt, prefix, rows, keep, cache)
+    if rows is not None:
+        prefix = apply_stage(prompt, prefix, Stage(prefix.layer, rows))
+    h = continue_prefix(prompt, prefix, None, None, cache)
     logits = logits_of(prompt, h, last_only=True)[0, -1]
     eos = list(prompt.eos)
+    # layer groups between stages: each group's masks are sized against its own cache length
+    bounds = sorted({0, prompt.n_layers, *(st.layer for st in prefix.stages)})
+    groups = [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
     def pick(step: int, logits: torch.Tensor) -> int:
         if step < min_new_tokens and eos:
@@ -208,9 +325,8 @@ def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor, keep: torc
         x = embed(torch.tensor([[token]], device=device))  # (1, 1, d)
         rope, layer_pos = prompt.step_positions(prompt.next_position + step - 1)
         pe = prompt.lm.rotary_emb(x, rope)
-        # two groups, each with masks sized against its own cache (full length below K, kept above)
-        x = run_layers(prompt, x, range(prefix.layer), pe, layer_pos, cache)
-        x = run_layers(prompt, x, range(prefix.layer, prompt.n_layers), pe, layer_pos, cache)
+        for group in groups:
+            x = run_layers(prompt, x, group, pe, layer_pos, cache)
         token = pick(step, logits_of(prompt, x, last_only=True)[0, -1])
         out.append(token)
     return out
