@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ._decode_path import PLAIN, DecodePath, eos_ids, left_pad, round_up, trim_at_eos
+from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
 from .base import Answer, Encoded
 
 
@@ -61,8 +61,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     eos = eos_ids(adapter.model, gen.get("eos_token_id"))
     if path.static_cache:
         width = int(b["inputs_embeds"].shape[1])
-        gen.update(cache_implementation="static",
-                   max_cache_len=round_up(width + int(max_new_tokens), max(path.bucket, 1)))
+        gen.update(cache_implementation="static", max_cache_len=cache_length(rows, width, max_new_tokens, path.bucket))
     gen.setdefault("disable_compile", not path.compile)
     _sync(adapter.device)
     t0 = time.perf_counter()

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from ._decode_path import PLAIN, DecodePath, eos_ids, left_pad, round_up, trim_at_eos
+from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
 from .base import Answer, Encoded, keep_indices
 
 
@@ -114,7 +114,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     ids, mask = b["input_ids"], b["attention_mask"]
     n_rows, width = ids.shape
     device = ids.device
-    cache = _cache(adapter, path, n_rows, round_up(width + int(max_new_tokens), max(path.bucket, 1)))
+    cache = _cache(adapter, path, n_rows, cache_length(rows, width, max_new_tokens, path.bucket))
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)
     pad = ids.new_full((n_rows,), b["pad"])
 

@@ -8,7 +8,9 @@ the family's batched decoder (`_batch_llava`, `_batch_qwen`) with:
   bucket        prompt lengths left-padded up to a multiple of `bucket` (masked pad columns), and
                 the static cache sized to a multiple of it, so that kept-token counts fall into a
                 few shapes instead of one shape each (a compiled or captured graph is specialised
-                to its shapes: without buckets every budget would recompile);
+                to its shapes: without buckets every budget would recompile); the static cache
+                holds the UNPRUNED prompt (bucketed) + new tokens, so every budget of one
+                encoding decodes with one cache size, i.e. one compiled decoding step;
   static_cache  a preallocated `StaticCache` (LLaVA family: `generate(cache_implementation=
                 "static", max_cache_len=...)`; Qwen: our greedy loop over a `StaticCache`);
   compile       let `generate` compile its decoding step (transformers compiles the static-cache
@@ -55,6 +57,14 @@ def round_up(n: int, multiple: int) -> int:
     return n if multiple <= 0 else -(-int(n) // multiple) * multiple
 
 
+def cache_length(rows, width: int, max_new_tokens: int, bucket: int) -> int:
+    """Static-cache slots for a batch: its padded width + new tokens, at least the rows' UNPRUNED
+    prompt lengths (bucketed) + new tokens, so that every budget of one encoding shares one cache
+    size (one compiled decoding step), rounded up to the bucket."""
+    full = max(round_up(int(enc.state["input_ids"].numel()), bucket) for enc, _ in rows)
+    return round_up(max(width, full) + int(max_new_tokens), max(bucket, 1))
+
+
 def eos_ids(model, eos) -> list[int]:
     """The EOS ids to stop at: `eos` (int, list or None = the model's generation config)."""
     if eos is None:
@@ -83,4 +93,4 @@ def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, 
     return out, mask
 
 
-__all__ = ["DecodePath", "PLAIN", "eos_ids", "left_pad", "round_up", "trim_at_eos"]
+__all__ = ["DecodePath", "PLAIN", "cache_length", "eos_ids", "left_pad", "round_up", "trim_at_eos"]

@@ -18,6 +18,7 @@ from .tiny_llava import save_tiny, scene
 
 PROMPT = "What colour is the square?"
 NEW = 6
+BUCKET = 16  # the GPU path's length bucket in these tests
 CASES = [("llava", "image"), ("llava", "video"), ("llava_next", "image"), ("video_llava", "image"),
          ("video_llava", "video")]
 
@@ -113,12 +114,13 @@ class Shapes:
     """A forward pre-hook on the language model recording (sequence length, cache type) per call."""
 
     def __init__(self, adapter):
-        self.lm, self.calls = adapter.text_decoder(), []
+        self.lm, self.calls, self.cache_sizes = adapter.text_decoder(), [], []
 
     def __enter__(self):
         def hook(module, args, kwargs):
-            x = kwargs.get("inputs_embeds")
-            self.calls.append((int(x.shape[1]), type(kwargs.get("past_key_values")).__name__))
+            x, cache = kwargs.get("inputs_embeds"), kwargs.get("past_key_values")
+            self.calls.append((int(x.shape[1]), type(cache).__name__))
+            self.cache_sizes.append(cache.get_max_length() if hasattr(cache, "get_max_length") else None)
         self.handle = self.lm.register_forward_pre_hook(hook, with_kwargs=True)
         return self
 
@@ -130,28 +132,36 @@ class Shapes:
 def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
     """Bucketed lengths + static cache (the GPU path, compile off): the keep-all answer is the
     unpruned one and its first logits the unpruned prefill's last row; kept counts in one bucket
-    share one padded length; the plain path is restored after."""
+    share one padded length, and every kept count one static-cache size; the plain path is
+    restored after."""
     a, e = adapters[fam], encoded[fam, kind]
     plain_ref = one_by_one(a, e, [None], NEW)[0]
     full = a.prefill_logits(e)[-1]
-    use_decode_path(a, bucket=32, static_cache=True)
+    use_decode_path(a, bucket=BUCKET, static_cache=True)
     try:
         with Shapes(a) as shapes:
             fast = one_by_one(a, e, [None], NEW)[0]
         compare(fast[0].token_ids, plain_ref[0].token_ids, plain_ref[1].margins)
         torch.testing.assert_close(fast[1].first, full, atol=1e-5, rtol=0)
         L = e.state["input_ids"].numel()
-        assert shapes.calls[0] == (-(-L // 32) * 32, "StaticCache") and L % 32  # padded prefill, static cache
+        assert shapes.calls[0] == (-(-L // BUCKET) * BUCKET, "StaticCache") and L % BUCKET  # padded, static
         with Shapes(a) as shapes:
             got = answer_batch(a, e, [torch.arange(2), torch.arange(4), None], max_new_tokens=2)
-        assert shapes.calls[0][0] % 32 == 0 and shapes.calls[0][1] == "StaticCache"
+        assert shapes.calls[0][0] % BUCKET == 0 and shapes.calls[0][1] == "StaticCache"
         compare(got[2].token_ids, plain_ref[0].token_ids[:2], plain_ref[1].margins)
+        sizes = {shapes.cache_sizes[0]}
+        # the smallest and the largest kept count of the first bucket: one prefill shape, shorter than
+        # keep-all's, and one static-cache size for every kept count
+        base = L - e.n_visual
+        top = -(-(base + 1) // BUCKET) * BUCKET
         lengths = []
-        for k in (3, 5):  # two kept counts in one bucket: the same prefill shape
+        for k in (1, top - base):
             with Shapes(a) as shapes:
-                a.generate(e, keep=torch.arange(k), max_new_tokens=1)
+                a.generate(e, keep=torch.arange(k), max_new_tokens=NEW)
             lengths.append(shapes.calls[0][0])
-        assert lengths[0] == lengths[1]
+            sizes.add(shapes.cache_sizes[0])
+        assert 1 < top - base < e.n_visual and lengths == [top, top] and top < -(-L // BUCKET) * BUCKET
+        assert len(sizes) == 1 and sizes.pop() % BUCKET == 0
     finally:
         a.decode_path = PLAIN
     assert a.decode_path.plain
@@ -167,7 +177,7 @@ def test_decode_path_checks():
     with pytest.raises(ValueError, match="bucket"):
         DecodePath(bucket=-1)
     with pytest.raises(ValueError, match="plain path"):
-        use_decode_path(DummyAdapter(), bucket=32)
+        use_decode_path(DummyAdapter(), bucket=BUCKET)
     # adapters without a batched decoder answer one by one
     enc = DummyAdapter().encode(scene(32, 32), "Is there a white square?")
     sel = Selection.from_order(torch.arange(4), torch.zeros(enc.n_visual))

@@ -20,6 +20,7 @@ from .test_qwen_family import plain_inputs, scene, video
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 PROMPT = "What is red in the image?"
 NEW = 6
+BUCKET = 16  # the GPU path's length bucket in these tests
 CASES = [(k, m) for k in FAMILIES for m in ("image", "video")]
 
 
@@ -114,25 +115,32 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, kind, media):
     plain_ref = one_by_one(a, e, [None], NEW)[0]
     full = a.prefill_logits(e)[-1]
     lm = a.text_decoder()
-    calls = []
+    calls, sizes = [], set()
 
     def hook(module, args, kwargs):
-        calls.append((int(kwargs["inputs_embeds"].shape[1]), type(kwargs.get("past_key_values")).__name__))
+        cache = kwargs.get("past_key_values")
+        calls.append((int(kwargs["inputs_embeds"].shape[1]), type(cache).__name__))
+        sizes.add(cache.get_max_length())
 
-    use_decode_path(a, bucket=32, static_cache=True)
+    use_decode_path(a, bucket=BUCKET, static_cache=True)
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         fast = one_by_one(a, e, [None], NEW)[0]
         L = e.state["input_ids"].shape[1]
-        assert calls[0] == (-(-L // 32) * 32, "StaticCache") and L % 32
+        assert calls[0] == (-(-L // BUCKET) * BUCKET, "StaticCache") and L % BUCKET
         compare(fast[0].token_ids, plain_ref[0].token_ids, plain_ref[1].margins)
         torch.testing.assert_close(fast[1].first, full, atol=1e-5, rtol=0)
+        # the smallest and the largest kept count of the first bucket: one prefill shape, shorter than
+        # keep-all's, and one static-cache size for every kept count
+        base = L - e.n_visual
+        top = -(-(base + 1) // BUCKET) * BUCKET
         widths = []
-        for k in (3, 5):  # two kept counts in one bucket: one prefill shape
+        for k in (1, top - base):
             calls.clear()
-            a.generate(e, keep=torch.arange(k), max_new_tokens=1)
+            a.generate(e, keep=torch.arange(k), max_new_tokens=NEW, eos_token_id=[])
             widths.append(calls[0][0])
-        assert widths[0] == widths[1]
+        assert 1 < top - base < e.n_visual and widths == [top, top] and top < -(-L // BUCKET) * BUCKET
+        assert len(sizes) == 1 and sizes.pop() % BUCKET == 0
     finally:
         handle.remove()
         a.decode_path = PLAIN
