@@ -8,11 +8,13 @@ transformers, are imported on first use of `mipruner.load`. Gradio is never impo
     enc = adapter.encode("cat.jpg", "Is there a cat?")
     sel = mipruner.select(adapter, enc, "mi", 64, lam=1.0)    # any registered method
     ans = mipruner.answer(adapter, enc, sel)
+    ref, ans = mipruner.answer_batch(adapter, enc, [None, sel])  # several selections, one batch
     sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
 """
 from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, register_pruner
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
 from .methods import answer, needs_attention, select
+from .batch import answer_batch  # noqa: E402
 
 __version__ = "0.2.0"
 
@@ -24,5 +26,5 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Param", "PrunerSpec", "Selection", "answer", "get_pruner", "list_pruners", "load", "needs_attention",
+__all__ = ["Param", "PrunerSpec", "Selection", "answer", "answer_batch", "get_pruner", "list_pruners", "load", "needs_attention",
            "prune", "register_pruner", "select", "__version__"]

@@ -343,6 +343,33 @@ class Engine:
         """A sweep on this engine's model (`run.iterate(items)`); each item holds the model lock."""
         return sweeps.SweepRun(self.adapter, sweep, lock=self._model_lock)
 
+    def generate_many(self, session: Session, key: EncodingKey, methods: list, budget=None,
+                      params: dict | None = None, max_new_tokens: int = 64) -> list:
+        """The unpruned reference and each of `methods`' answers on one encoding, decoded as ONE batch
+        (`mipruner.answer_batch`: pre-LLM methods' kept sets left-padded together; in-LLM methods
+        answer one by one). methods: names or MethodSpecs; params: shared, overridden per MethodSpec,
+        as in `view`. Answers already cached are reused; new ones fill the same cache as `generate`
+        (so a later `generate` or `cached_answer` of any of them returns them).
+        Returns [reference, one Answer per entry of `methods`]."""
+        e = self.entry(session, key)
+        enc = e.encoded
+        specs = [m if isinstance(m, MethodSpec) else MethodSpec(m) for m in methods]
+        wanted = [(None, {})] + [(s.name, {**(params or {}), **s.params}) for s in specs]
+        akeys = [self._answer_key(enc, m, budget, p, max_new_tokens) for m, p in wanted]
+        todo: dict = {}  # answer key -> selection, first occurrence only
+        with session.lock:
+            for (m, p), k in zip(wanted, akeys):
+                if k not in e.answers and k not in todo:
+                    todo[k] = None if m is None else self._prune(e, m, budget, p)
+        if todo:
+            with self._model_lock:
+                got = mipruner.answer_batch(self.adapter, enc, list(todo.values()), max_new_tokens=max_new_tokens,
+                                            cache=e.mi_cache)
+            with session.lock:
+                e.answers.update(zip(todo, got))
+        with session.lock:
+            return [e.answers[k] for k in akeys]
+
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
         sel = self.prune(session, key, method, budget, **params)
         return selection_to_json(self.encoded(session, key), sel)

@@ -253,3 +253,51 @@ def test_tiny_llava_end_to_end(tmp_path):
     assert full.visual_tokens == 16 and pruned.visual_tokens == 4
     assert pruned.input_tokens == full.input_tokens - 12
     assert isinstance(full.text, str) and isinstance(pruned.text, str)
+
+
+def test_generate_many_fills_the_answer_cache(engine):
+    s = engine.new_session()
+    k = engine.encode(s, picture(0, white=(8, 8, 16, 16)), PROMPT)
+    first = engine.generate(s, k, "mi", 3, {"lam": 1.0}, max_new_tokens=4)  # cached before: reused
+    assert engine.adapter.generates == 1
+    methods = ["mi", "random", MethodSpec("similarity", label="sim"), MethodSpec("mi", params={"lam": 0.5})]
+    out = engine.generate_many(s, k, methods, 3, {"lam": 1.0, "seed": 2}, max_new_tokens=4)
+    assert len(out) == 5 and out[1] is first and out[0].visual_tokens == 24
+    assert [a.visual_tokens for a in out[1:]] == [3, 3, 3, 3]
+    assert engine.adapter.generates == 5  # reference + 3 new answers (the dummy has no batched decoder)
+    assert engine.cached_answer(s, k, None, max_new_tokens=4) is out[0]
+    assert engine.generate(s, k, "random", 3, {"seed": 2}, max_new_tokens=4) is out[2]
+    assert engine.generate(s, k, "mi", 3, {"lam": 0.5}, max_new_tokens=4) is out[4]
+    again = engine.generate_many(s, k, methods, 3, {"lam": 1.0, "seed": 2}, max_new_tokens=4)
+    assert all(a is b for a, b in zip(again, out)) and engine.adapter.generates == 5
+
+
+def test_generate_many_is_one_batch_on_a_tiny_llava(tmp_path):
+    """All methods' answers of one image from one batched call, equal to their one-by-one answers
+    (tie rule of tests/models/batch_check.py); the in-LLM method answers alone."""
+    from tests.models.batch_check import compare, one_by_one
+    from tests.models.tiny_llava import save_tiny, scene
+
+    torch.manual_seed(0)
+    adapter = mipruner.load(save_tiny("llava", str(tmp_path / "llava")), device="cpu")
+    batches = []
+    plain_batch = adapter.generate_batch
+
+    def counting_batch(rows, *a, **kw):
+        batches.append(len(rows))
+        return plain_batch(rows, *a, **kw)
+
+    adapter.generate_batch = counting_batch  # this instance only
+    eng = Engine(adapter)
+    s = eng.new_session()
+    with torch.no_grad():
+        key = eng.encode(s, scene(56, 56, square=(28, 14, 42, 28)), "What colour is the square?")
+        methods = ["mi", "random", "similarity", "fastv"]
+        out = eng.generate_many(s, key, methods, 4, {"lam": 0.5, "seed": 0, "layer": 1}, max_new_tokens=4)
+        assert batches == [4]  # reference + 3 pre-LLM methods in one batch; fastv through its own loop
+        enc = eng.encoded(s, key)
+        sels = [None] + [eng.prune(s, key, m, 4, lam=0.5, seed=0, layer=1) for m in methods[:3]]
+        for got, (ref, rec) in zip(out, one_by_one(adapter, enc, sels, 4)):
+            compare(got.token_ids, ref.token_ids, rec.margins)
+    assert [a.visual_tokens for a in out] == [16, 4, 4, 4, 4]
+    assert eng.cached_answer(s, key, "fastv", 4, {"layer": 1}, max_new_tokens=4) is out[4]

@@ -3,6 +3,8 @@
 Default shape: the CLIP ViT-L/14-336 tower of LLaVA-1.5 (24 layers, width 1024, 336 px, patch 14
 -> 576 visual tokens) and a 4-layer Llama of width 4096 (LLaVA-1.5-7B's layer shape), with a tiny
 word-level tokenizer. Timings of such a model show where the time goes; its answers mean nothing.
+family="llava_next": the same tower and LLM as LLaVA-NeXT (anyres over LLaVA-v1.6's grid pinpoints
+336x672, 672x336, 672x672, 1008x336, 336x1008, scaled with `image_size`).
 """
 from __future__ import annotations
 
@@ -37,11 +39,14 @@ def build_tokenizer():
 
 def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: int = 24, vision_width: int = 1024,
                        llm_layers: int = 4, llm_width: int = 4096, llm_ffn: int = 11008,
-                       dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """(LlavaAdapter, description) for a random-weight model of the given shape, in eval mode."""
+                       dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "llava",
+                       device: str | torch.device = "cpu"):
+    """(adapter, description) for a random-weight model of the given shape, in eval mode, built on
+    `device` (LlavaAdapter; LlavaNextAdapter for family="llava_next")."""
     import transformers as tf
 
     from mipruner.models.llava_hf import LlavaAdapter
+    from mipruner.models.llava_next import LlavaNextAdapter
 
     tok = build_tokenizer()
     vision = tf.CLIPVisionConfig(hidden_size=vision_width, intermediate_size=4 * vision_width,
@@ -51,18 +56,28 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
                           num_attention_heads=llm_width // 128, num_key_value_heads=llm_width // 128,
                           vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
                           pad_token_id=3)
-    config = tf.LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
-                            vision_feature_layer=-2, vision_feature_select_strategy="default")
+    common = dict(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                  vision_feature_layer=-2, vision_feature_select_strategy="default")
+    size = dict(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    s = image_size
+    pinpoints = [[s, 2 * s], [2 * s, s], [2 * s, 2 * s], [3 * s, s], [s, 3 * s]]
+    if family == "llava":
+        config, ip = tf.LlavaConfig(**common), tf.LlavaImageProcessorPil(**size)
+        model_cls, proc_cls, cls, what = tf.LlavaForConditionalGeneration, tf.LlavaProcessor, LlavaAdapter, "LLaVA"
+    elif family == "llava_next":
+        config = tf.LlavaNextConfig(image_grid_pinpoints=pinpoints, **common)
+        ip = tf.LlavaNextImageProcessorPil(image_grid_pinpoints=pinpoints, **size)
+        model_cls, proc_cls, cls, what = (tf.LlavaNextForConditionalGeneration, tf.LlavaNextProcessor,
+                                          LlavaNextAdapter, "LLaVA-NeXT")
+    else:
+        raise ValueError(f"family must be 'llava' or 'llava_next', got {family!r}")
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = tf.LlavaForConditionalGeneration(config).to(dtype).eval()
-    ip = tf.LlavaImageProcessorPil(size={"shortest_edge": image_size},
-                                   crop_size={"height": image_size, "width": image_size})
-    proc = tf.LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=patch,
-                             vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                             chat_template=CHAT_TEMPLATE)
-    desc = (f"random-weight LLaVA: CLIP {vision_layers}x{vision_width} @ {image_size}px/patch {patch}, "
+    with torch.device(device):
+        model = model_cls(config).to(dtype).eval()
+    proc = proc_cls(image_processor=ip, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default",
+                    num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+    desc = (f"random-weight {what}: CLIP {vision_layers}x{vision_width} @ {image_size}px/patch {patch}, "
             f"Llama {llm_layers}x{llm_width} (ffn {llm_ffn}), {str(dtype).replace('torch.', '')}")
-    return LlavaAdapter(model, proc, tok, ip, name="random-llava"), desc
+    return cls(model, proc, tok, ip, name=f"random-{family}"), desc

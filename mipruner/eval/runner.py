@@ -1,7 +1,8 @@
 """Run pruners x budgets over evaluation items with one encoding per item; aggregate rows.
 
-Per item: encode once, answer unpruned (method "none"), then for every method and budget prune
-the cached encoding and answer on the kept tokens. Random is run with 3 seeds and averaged,
+Per item: encode once, select for every method and budget on the cached encoding, then answer
+unpruned (method "none") and on every selection's kept tokens, all answers of the item as one
+batch (`mipruner.answer_batch`). Random is run with 3 seeds and averaged,
 as in the paper. Every method goes through `mipruner.select` / `mipruner.answer` with one cache
 per item, so MI's normalisers and the in-LLM methods' first K layers are computed once per item
 and shared by every budget.
@@ -23,8 +24,14 @@ RANDOM_SEEDS = (0, 1, 2)
 
 
 def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: list, params: dict,
-             task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None) -> list[dict]:
-    """Answers for every (item, method, budget, seed); returns the aggregated rows."""
+             task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None,
+             batch: bool = True) -> list[dict]:
+    """Answers for every (item, method, budget, seed); returns the aggregated rows.
+
+    batch: per item, the unpruned answer and every pre-LLM (method, budget, seed) answer decode as
+    one batch (`mipruner.answer_batch`; in-LLM methods answer one by one); batch=False answers
+    each alone. Greedy tokens are the same either way except at float near-ties of two logits.
+    """
     items = list(items)
     need_att = mipruner.needs_attention(m for m in methods if m != "none")
     records = []  # (method, budget, seed, item, prediction, recall)
@@ -32,9 +39,8 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     for item in items:
         enc = adapter.encode(item.media, item.question, text_mode=text_mode, need_attention=need_att)
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
-        ans = adapter.generate(enc, keep=None, max_new_tokens=max_new_tokens)
-        records.append(("none", "all", None, item, ans.text, 1.0 if cover is not None else math.nan))
         cache: dict = {}
+        runs, sels = [("none", "all", None)], [None]
         for m in methods:
             if m == "none":
                 continue
@@ -42,10 +48,19 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
                 seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
                 for s in seeds:
                     kw = params if s is None else {**params, "seed": s}
-                    sel = mipruner.select(adapter, enc, m, b, cache=cache, strict=False, **kw)
-                    out = mipruner.answer(adapter, enc, sel, max_new_tokens=max_new_tokens, cache=cache)
-                    rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-                    records.append((m, b, s, item, out.text, rec))
+                    runs.append((m, b, s))
+                    sels.append(mipruner.select(adapter, enc, m, b, cache=cache, strict=False, **kw))
+        if batch:
+            answers = mipruner.answer_batch(adapter, enc, sels, max_new_tokens=max_new_tokens, cache=cache)
+        else:
+            answers = [mipruner.answer(adapter, enc, sel, max_new_tokens=max_new_tokens, cache=cache)
+                       for sel in sels]
+        for (m, b, s), sel, out in zip(runs, sels, answers):
+            if sel is None:
+                rec = 1.0 if cover is not None else math.nan
+            else:
+                rec = query_recall(sel.keep, cover) if cover is not None else math.nan
+            records.append((m, b, s, item, out.text, rec))
         if bar:
             bar.update(1)
     if bar:

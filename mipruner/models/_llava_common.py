@@ -31,6 +31,7 @@ import torch
 
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
+from ._decode_path import PLAIN, DecodePath
 from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
@@ -114,6 +115,7 @@ class LlavaFamilyAdapter(Adapter):
 
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
+    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
                  positions: str = "compact"):
@@ -293,10 +295,13 @@ class LlavaFamilyAdapter(Adapter):
         """Greedy by default (`do_sample=False`); other `generate` kwargs pass through.
 
         prefill_s: from the call to the first logits (timestamped by a LogitsProcessor, i.e. after
-        the prefill forward); decode_s: the rest.
+        the prefill forward); decode_s: the rest. A non-plain `decode_path` answers through the
+        batched decoder (a batch of one, bucketed, static cache).
         """
         from transformers import LogitsProcessorList
 
+        if not self.decode_path.plain:
+            return self.generate_batch([(encoded, keep)], max_new_tokens, positions=positions, **gen)[0]
         if int(max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         p = self.pruned_inputs(encoded, keep, positions)
@@ -319,6 +324,12 @@ class LlavaFamilyAdapter(Adapter):
                       input_tokens=int(p["inputs_embeds"].shape[1]),
                       visual_tokens=int(p["inputs_embeds"].shape[1]) - int(encoded.text.shape[0]),
                       prefill_s=first - t0, decode_s=t1 - first)
+
+    def generate_batch(self, rows, max_new_tokens: int = 64, positions: str | None = None, **gen) -> list[Answer]:
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_llava`)."""
+        from ._batch_llava import generate_rows
+
+        return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
 
 
 def single_image(media, family: str):

@@ -30,6 +30,7 @@ from ..media import MediaError, Video, is_video_path, load_image, load_video
 from ..pruners.selection import Selection
 from . import _qwen_attention as QA
 from . import _qwen_video as QV
+from ._decode_path import PLAIN, DecodePath
 from ._qwen_attention import merge_attention
 from ._qwen_video import read_json, smart_resize
 from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
@@ -42,6 +43,7 @@ class Qwen2VLAdapter(Adapter):
     family = "qwen2_vl"
     qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
+    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
         self.model = model.eval()
@@ -292,15 +294,19 @@ class Qwen2VLAdapter(Adapter):
 
     @torch.no_grad()
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
-        """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring)."""
+        """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring); a
+        non-plain `decode_path` answers through `generate_batch`. logits_processor: f(ids, scores)."""
         from transformers import DynamicCache
 
+        if not self.decode_path.plain:
+            return self.generate_batch([(encoded, keep)], max_new_tokens, **gen)[0]
         if gen.pop("do_sample", False):
             raise ValueError("only greedy decoding is supported (do_sample=False)")
         eos = gen.pop("eos_token_id", None)
+        procs = list(gen.pop("logits_processor", None) or [])
         if gen:
             raise ValueError(f"unsupported generation arguments: {sorted(gen)}; supported: max_new_tokens, "
-                             f"eos_token_id, do_sample=False")
+                             f"eos_token_id, do_sample=False, logits_processor")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if eos is None:
@@ -314,11 +320,17 @@ class Qwen2VLAdapter(Adapter):
                              f"model's context {self._max_positions()}")
         device = self.model.device
         cache = DynamicCache(config=self.model.config.get_text_config())
+        generated: list[int] = []
+        def pick(logits) -> int:  # the processors see the ids generated so far, then greedy
+            for p in procs:
+                logits = p(torch.tensor([generated], dtype=torch.long, device=device), logits.float())
+            return int(logits[0].argmax())
+
         t0 = time.perf_counter()
         out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        token = int(out.logits[0, -1].argmax())
+        token = pick(out.logits[:, -1])
         t1 = time.perf_counter()
-        generated = [token]
+        generated.append(token)
         mask = inputs["attention_mask"]
         for step in range(1, max_new_tokens):
             if token in eos:
@@ -327,12 +339,17 @@ class Qwen2VLAdapter(Adapter):
             pos = torch.full((3, 1, 1), start + step - 1, dtype=torch.long, device=device)
             out = self.model(input_ids=torch.tensor([[token]], device=device), position_ids=pos,
                              attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
-            token = int(out.logits[0, -1].argmax())
+            token = pick(out.logits[:, -1])
             generated.append(token)
         t2 = time.perf_counter()
         n_vis = encoded.n_visual if keep is None else int(keep_indices(keep, encoded.n_visual).numel())
         return Answer(text=self.tokenizer.decode(generated, skip_special_tokens=True), token_ids=generated,
                       input_tokens=n_in, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1)
+
+    def generate_batch(self, rows, max_new_tokens: int = 64, **gen) -> list[Answer]:
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_qwen`)."""
+        from ._batch_qwen import generate_rows
+        return generate_rows(self, list(rows), max_new_tokens, **gen)
 
 
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):

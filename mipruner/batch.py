@@ -1,0 +1,108 @@
+"""Batched answers: several selections of one encoding (or several items) decoded as one batch.
+
+    sels = [mipruner.select(adapter, enc, m, 64, cache=c) for m in ("mi", "random", "similarity")]
+    ref, *answers = mipruner.answer_batch(adapter, enc, [None, *sels], cache=c)   # one batch
+
+The kept sets differ in length: each row is the prompt its unbatched answer sees (the same
+`inputs_embeds` / `input_ids`, the same explicit positions: LLaVA "compact" / "original", Qwen's
+M-RoPE positions gathered per row and its decoding start per row, Qwen3-VL's deepstack rows per
+row), left-padded to the longest with masked pad columns (`mipruner/models/_batch_llava.py`,
+`_batch_qwen.py`). Greedy tokens equal the one-by-one answers except where two logits of a step
+are within float rounding of each other (a batched, masked forward is not bit-identical to an
+unbatched one); tests/models/test_batch_*.py assert equality at every step whose one-by-one top-2
+logit margin exceeds 1e-4.
+
+Falls back to one-by-one `mipruner.answer`:
+  * in-LLM selections (stage "llm": FastV, DART) answer through their own layer loop, which prunes
+    at layer K and reuses the per-encoding prefix in `cache`; batching them would need one padded
+    prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
+  * adapters without `generate_batch` (e.g. the dummy adapter).
+
+Encoding is not batched (`adapter.encode` takes one item): the expensive part that would batch is
+the vision tower, but the families' inputs differ in shape per item (LLaVA-NeXT's tiles per
+aspect ratio, Qwen's native resolution and frame counts, Video-LLaVA's frames), the processors run
+on the CPU per image anyway, and an item's selections then need its own encoding; only
+LLaVA-1.5's fixed 336 px tower would batch as is. `answer_items` batches the LLM over items.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .methods import answer
+from .models.base import Answer, Encoded
+from .pruners._registry import get_pruner
+from .pruners.selection import Selection
+
+MAX_BATCH = 32  # rows per forward: more are split into several batches
+
+
+def _in_llm(selection: Selection | None) -> bool:
+    return isinstance(selection, Selection) and bool(selection.method) and get_pruner(selection.method).stage == "llm"
+
+
+def _one(adapter, encoded: Encoded, selection, max_new_tokens: int, cache: dict | None, gen: dict) -> Answer:
+    if selection is None or isinstance(selection, Selection):
+        return answer(adapter, encoded, selection, max_new_tokens=max_new_tokens, cache=cache, **gen)
+    return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)  # kept indices
+
+
+def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], max_new_tokens: int, max_batch: int,
+             gen: dict) -> list[Answer]:
+    out: list[Answer] = []
+    for i in range(0, len(rows), max(1, int(max_batch))):
+        out += adapter.generate_batch(rows[i:i + max(1, int(max_batch))], max_new_tokens=max_new_tokens, **gen)
+    return out
+
+
+def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | None], *, max_new_tokens: int = 64,
+                 cache: dict | None = None, max_batch: int = MAX_BATCH, **gen) -> list[Answer]:
+    """The answers of `selections` (None: the unpruned answer; a Selection, or kept indices as
+    `adapter.generate` takes them) of ONE encoding, in their order.
+
+    Pre-LLM selections decode together, `max_batch` rows per forward; in-LLM ones and adapters
+    without `generate_batch` answer one by one through `mipruner.answer` (module docstring).
+    `cache`: the encoding's dict, as for `mipruner.answer`. `gen`: what `adapter.generate` accepts
+    (greedy only).
+    """
+    selections = list(selections)
+    answers: list[Answer | None] = [None] * len(selections)
+    batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    if batchable:
+        got = _batched(adapter, [(encoded, selections[i]) for i in batchable], max_new_tokens, max_batch, gen)
+        for i, a in zip(batchable, got):
+            answers[i] = a
+    for i, s in enumerate(selections):
+        if answers[i] is None:
+            answers[i] = _one(adapter, encoded, s, max_new_tokens, cache, gen)
+    return answers
+
+
+def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, max_new_tokens: int = 64,
+                 max_batch: int = MAX_BATCH, **gen) -> list[Answer]:
+    """The answers of several (encoding, selection) rows, e.g. one selection per item of a batch of
+    items, as batches of `max_batch` rows. In-LLM selections answer one by one (no shared cache)."""
+    rows = list(rows)
+    answers: list[Answer | None] = [None] * len(rows)
+    batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    if batchable:
+        for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], max_new_tokens, max_batch, gen)):
+            answers[i] = a
+    for i, (enc, s) in enumerate(rows):
+        if answers[i] is None:
+            answers[i] = _one(adapter, enc, s, max_new_tokens, None, gen)
+    return answers
+
+
+def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
+    """Set the adapter's decoding path (`mipruner/models/_decode_path.py`): all zero/False is the plain
+    path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
+    from .models._decode_path import DecodePath
+
+    if not hasattr(adapter, "generate_batch"):
+        raise ValueError(f"the {getattr(adapter, 'family', '') or type(adapter).__name__!r} adapter has no "
+                         "batched decoder: it only decodes on the plain path")
+    adapter.decode_path = DecodePath(bucket=int(bucket), static_cache=bool(static_cache), compile=bool(compile))
+    return adapter
+
+
+__all__ = ["MAX_BATCH", "answer_batch", "answer_items", "use_decode_path"]

@@ -1,0 +1,242 @@
+"""`python -m mipruner.bench gpu`: the paper's efficiency protocol at 7B shapes, batch 1 and batched.
+
+Per shape (random weights, `random_llava.build_random_llava`: LLaVA-1.5-7B = CLIP ViT-L/14-336 +
+32 Llama layers of 4096; LLaVA-NeXT-7B = the same with anyres tiles) and per cell: `--warmup`
+untimed runs (10), then mean +- std over `--repeats` timed runs (30) and the peak memory
+(`efficiency.PeakMemory`), every answer `--new-tokens` long (2, as for POPE; EOS masked).
+
+Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user waits for):
+  generate          plain transformers: the processor, then `model.generate(**inputs)` of the
+                    unpruned model (dynamic cache, no compile): the baseline every row is put against
+  none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
+  <method> x budget every registered method (or `--methods`) at 64 / 128 / 192 kept tokens
+Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded one by one
+(`adapter.encode` takes one item), selected one by one, and answered as ONE batch
+(`mipruner.batch.answer_items`: kept sets left-padded together; in-LLM methods answer one by one);
+`generate` here is `model.generate` on the processor's batch of B prompts. Columns: items/s end to
+end, and LLM items/s = B / (time - encode - select).
+
+Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
+lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
+decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
+Methods take `name:param=value` settings, e.g. `mi:lam=1`. `--tiny` shrinks both shapes to a few
+layers of width 64 / 128 (tests and CPU smoke runs: timings then mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import mipruner
+from mipruner.batch import answer_items, use_decode_path
+from mipruner.pruners import get_pruner, list_pruners
+
+from .efficiency import PROMPT, PeakMemory, make_run, measure_cell, parse_budgets
+from .prefill import test_image
+from .timing import table
+
+SHAPES = {"llava-1.5-7b": "llava", "llava-next-7b": "llava_next"}
+TINY = dict(image_size=56, patch=14, vision_layers=2, vision_width=64, llm_width=128, llm_ffn=256)
+
+
+def parse_method(entry: str) -> tuple[str, dict]:
+    """"mi:lam=1" -> ("mi", {"lam": 1.0}); values are int, float or text."""
+    name, *settings = entry.split(":")
+    params = {}
+    for s in settings:
+        k, _, v = s.partition("=")
+        for cast in (int, float):
+            try:
+                v = cast(v)
+                break
+            except ValueError:
+                continue
+        params[k.strip()] = v
+    get_pruner(name)  # unknown names fail early
+    return name, params
+
+
+def _plain_inputs(adapter, image, batch: int) -> dict:
+    from mipruner.models._llava_common import chat_prompt
+
+    text = chat_prompt(adapter.processor, PROMPT, "image", fallback="USER: <image>\n{prompt} ASSISTANT:")
+    inputs = adapter.processor(images=[image] * batch, text=[text] * batch, return_tensors="pt")
+    return {k: v.to(adapter.device) for k, v in inputs.items()}
+
+
+def make_plain_run(adapter, image, new_tokens: int, batch: int = 1):
+    """One plain transformers run: processor + `model.generate` of the unpruned model (B prompts)."""
+    from mipruner.models.base import Answer
+
+    def run():
+        t0 = time.perf_counter()
+        inputs = _plain_inputs(adapter, image, batch)
+        t1 = time.perf_counter()
+        out = adapter.model.generate(**inputs, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                     pad_token_id=adapter.tokenizer.pad_token_id)
+        t2 = time.perf_counter()
+        n_in = int(inputs["input_ids"].shape[1])
+        ids = out[0, n_in:].tolist()
+        ans = Answer(text="", token_ids=ids, input_tokens=n_in, visual_tokens=-1, prefill_s=float("nan"),
+                     decode_s=float("nan"))
+        return ans, {"encode_s": t1 - t0, "select_s": 0.0, "prefill_s": float("nan"), "decode_s": float("nan"),
+                     "total_s": t2 - t0}
+
+    return run
+
+
+def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params: dict, batch: int):
+    """B items: encode each, select each, answer all as one batch (`answer_items`)."""
+    needs_att = method != "none" and mipruner.needs_attention([method])
+    gen = adapter.fixed_length_kwargs(new_tokens)
+
+    def run():
+        t0 = time.perf_counter()
+        encs = [adapter.encode(image, PROMPT, need_attention=needs_att) for _ in range(batch)]
+        t1 = time.perf_counter()
+        sels = [None if method == "none" else
+                mipruner.select(adapter, e, method, budget, cache={}, strict=False, **params) for e in encs]
+        t2 = time.perf_counter()
+        answers = answer_items(adapter, list(zip(encs, sels)), max_new_tokens=new_tokens, max_batch=batch, **gen)
+        t3 = time.perf_counter()
+        a = answers[0]
+        return a, {"encode_s": t1 - t0, "select_s": t2 - t1, "prefill_s": a.prefill_s, "decode_s": a.decode_s,
+                   "total_s": t3 - t0}
+
+    return run
+
+
+def run_shape(adapter, methods: list[tuple[str, dict]], budgets: list, batches: list[int],
+              batch_methods: list[tuple[str, dict]], repeats: int, warmup: int, new_tokens: int,
+              log=print) -> tuple[list[dict], list[dict]]:
+    """(latency rows, throughput rows) for one model; ratios to the plain `generate` row / `none`."""
+    image = test_image(int(adapter.config.vision_config.image_size))
+    mem = PeakMemory(adapter.device)
+    sync = (lambda: torch.cuda.synchronize(adapter.device)) if adapter.device.type == "cuda" else (lambda: None)  # noqa: E731
+
+    def cell(run, label, budget, batch=1):
+        r = measure_cell(run, repeats, warmup, mem, sync)
+        if r["new_tokens"] != new_tokens:
+            raise RuntimeError(f"{label} decoded {r['new_tokens']} tokens, not {new_tokens}")
+        r.update(method=label, budget=budget, batch=batch)
+        log(f"  {label:>16} {str(budget):>5} x{batch:<3}: {r['total_ms']:.1f} +- {r['std_ms']:.1f} ms, "
+            f"peak {r['peak_mb']:.0f} MB")
+        return r
+
+    latency = []
+    with torch.inference_mode():
+        latency.append(cell(make_plain_run(adapter, image, new_tokens), "generate", "all"))
+        latency.append(cell(make_run(adapter, image, "none", "all", new_tokens, {}), "none", "all"))
+        for name, params in methods:
+            label = _label(name, params)
+            for b in budgets:
+                latency.append(cell(make_run(adapter, image, name, b, new_tokens, params), label, b))
+        throughput = []
+        for B in batches:
+            throughput.append(cell(make_plain_run(adapter, image, new_tokens, B), "generate", "all", B))
+            throughput.append(cell(make_batch_run(adapter, image, "none", "all", new_tokens, {}, B), "none", "all", B))
+            for name, params in batch_methods:
+                for b in budgets:
+                    throughput.append(cell(make_batch_run(adapter, image, name, b, new_tokens, params, B),
+                                           _label(name, params), b, B))
+    plain, none = latency[0]["total_ms"], latency[1]["total_ms"]
+    for r in latency:
+        r["vs_generate"], r["vs_none"] = r["total_ms"] / plain, r["total_ms"] / none
+    for r in throughput:
+        r["items_s"] = r["batch"] / (r["total_ms"] / 1e3)
+        llm_ms = r["total_ms"] - r["encode_ms"] - r["select_ms"]
+        r["llm_items_s"] = r["batch"] / (llm_ms / 1e3) if llm_ms > 0 else float("nan")
+    for r in throughput:
+        base = next(x for x in throughput if x["method"] == "none" and x["batch"] == r["batch"])
+        r["llm_vs_none"] = r["llm_items_s"] / base["llm_items_s"]
+    return latency, throughput
+
+
+def _label(name: str, params: dict) -> str:
+    return name + "".join(f":{k}={v}" for k, v in params.items())
+
+
+def _ms(x: float, digits: int = 1) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
+
+
+def format_latency(rows: list[dict]) -> str:
+    body = [[r["method"], str(r["budget"]), str(r["llm_tokens"]), f"{r['total_ms']:.1f} ± {r['std_ms']:.1f}",
+             f"{r['vs_generate']:.2f}", f"{r['vs_none']:.2f}", _ms(r["encode_ms"]), _ms(r["select_ms"], 2),
+             _ms(r["prefill_ms"]), _ms(r["decode_ms"]), f"{r['peak_mb']:.0f}"] for r in rows]
+    return table(body, ["method", "budget", "LLM tokens", "total ms", "vs generate", "vs none", "encode", "select",
+                        "prefill", "decode", "peak MB"])
+
+
+def format_throughput(rows: list[dict]) -> str:
+    body = [[r["method"], str(r["budget"]), str(r["batch"]), f"{r['total_ms']:.1f} ± {r['std_ms']:.1f}",
+             f"{r['items_s']:.1f}", f"{r['llm_items_s']:.1f}", f"{r['llm_vs_none']:.2f}", f"{r['peak_mb']:.0f}"]
+            for r in rows]
+    return table(body, ["method", "budget", "batch", "total ms", "items/s", "LLM items/s", "LLM vs none", "peak MB"])
+
+
+def _methods(text: str) -> list[tuple[str, dict]]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if names == ["all"]:
+        names = list_pruners()
+    return [parse_method(m) for m in names if m != "none"]
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m mipruner.bench gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    p.add_argument("--methods", default="all", help="'all' (every registered method) or names, e.g. mi:lam=1,random")
+    p.add_argument("--budgets", default="64,128,192")
+    p.add_argument("--batches", default="1,8,32", help="batch sizes for items per second ('' for none)")
+    p.add_argument("--batch-methods", default="mi:lam=1,mi,similarity,random", help="methods of the batched rows")
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--new-tokens", type=int, default=2)
+    p.add_argument("--device", default=None, help="default cuda when available")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--llm-layers", type=int, default=32)
+    p.add_argument("--tiny", action="store_true", help="tiny widths (tests, CPU smoke runs)")
+    p.add_argument("--static-cache", action="store_true", help="static KV cache + bucketed lengths")
+    p.add_argument("--bucket", type=int, default=64, help="length bucket of the static path")
+    p.add_argument("--compile", action="store_true", help="compile the decoding step (implies --static-cache)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", help="write every row to this JSON file")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    for s in shapes:
+        if s not in SHAPES:
+            raise ValueError(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+    methods, batch_methods = _methods(a.methods), _methods(a.batch_methods)
+    batches = [int(b) for b in a.batches.split(",") if b.strip()]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .random_llava import build_random_llava
+
+    out = []
+    for shape in shapes:
+        t0 = time.perf_counter()
+        ad, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype, family=SHAPES[shape], device=device,
+                                      **(TINY if a.tiny else {}))
+        if a.static_cache or a.compile:
+            use_decode_path(ad, bucket=a.bucket, static_cache=True, compile=a.compile)
+        print(f"{shape}: {desc} (built in {time.perf_counter() - t0:.0f} s); device {device}, decoding path "
+              f"{ad.decode_path}; {a.warmup} warm-up + {a.repeats} timed runs per cell, {a.new_tokens} new tokens")
+        latency, throughput = run_shape(ad, methods, parse_budgets(a.budgets), batches, batch_methods, a.repeats,
+                                        a.warmup, a.new_tokens)
+        print(f"memory: {PeakMemory(device).kind}\n\nbatch 1\n{format_latency(latency)}")
+        if throughput:
+            print(f"\nitems per second\n{format_throughput(throughput)}")
+        out += [dict(r, shape=shape, kind="latency") for r in latency]
+        out += [dict(r, shape=shape, kind="throughput") for r in throughput]
+        del ad
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": str(device), "dtype": a.dtype, "static_cache": a.static_cache or a.compile,
+                       "compile": a.compile, "bucket": a.bucket, "new_tokens": a.new_tokens, "rows": out}, f, indent=1)
+    return out

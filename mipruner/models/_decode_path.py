@@ -1,0 +1,96 @@
+"""How an adapter decodes: the plain path (default) or the GPU path (bucketed lengths, static KV
+cache, optionally `torch.compile`), and what the batched decoders share.
+
+`DecodePath()` is the plain path: `adapter.generate` is exactly what it was (one prompt, dynamic
+KV cache, nothing padded). Any other `DecodePath` sends every answer, batched or not, through
+the family's batched decoder (`_batch_llava`, `_batch_qwen`) with:
+
+  bucket        prompt lengths left-padded up to a multiple of `bucket` (masked pad columns), and
+                the static cache sized to a multiple of it, so that kept-token counts fall into a
+                few shapes instead of one shape each (a compiled or captured graph is specialised
+                to its shapes: without buckets every budget would recompile); the static cache
+                holds the UNPRUNED prompt (bucketed) + new tokens, so every budget of one
+                encoding decodes with one cache size, i.e. one compiled decoding step;
+  static_cache  a preallocated `StaticCache` (LLaVA family: `generate(cache_implementation=
+                "static", max_cache_len=...)`; Qwen: our greedy loop over a `StaticCache`);
+  compile       let `generate` compile its decoding step (transformers compiles the static-cache
+                decoding step on CUDA; `disable_compile=True` otherwise), Qwen: the decoding step
+                through `torch.compile(model)`. Off by default: compiling takes tens of seconds
+                per new shape.
+
+Padding never changes what a row computes beyond float rounding: its pad columns are masked out of
+attention and its positions are passed explicitly, so the keep-all row gives the unpruned answer
+(tests/models/test_batch_*.py). Logits are not bit-identical to the plain path (a masked SDPA call
+is a different kernel from an unmasked causal one), so equality of greedy tokens is the anchor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    """bucket: pad prompt lengths up to a multiple of this (0: no padding beyond the batch's longest).
+    static_cache: a preallocated static KV cache. compile: compile the decoding step (needs a
+    static cache on the LLaVA family)."""
+
+    bucket: int = 0
+    static_cache: bool = False
+    compile: bool = False
+
+    def __post_init__(self):
+        if int(self.bucket) < 0:
+            raise ValueError(f"bucket must be >= 0, got {self.bucket}")
+
+    @property
+    def plain(self) -> bool:
+        return not (self.bucket or self.static_cache or self.compile)
+
+
+PLAIN = DecodePath()
+
+
+def round_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (unchanged when multiple <= 0)."""
+    return n if multiple <= 0 else -(-int(n) // multiple) * multiple
+
+
+def cache_length(rows, width: int, max_new_tokens: int, bucket: int) -> int:
+    """Static-cache slots for a batch: its padded width + new tokens, at least the rows' UNPRUNED
+    prompt lengths (bucketed) + new tokens, so that every budget of one encoding shares one cache
+    size (one compiled decoding step), rounded up to the bucket."""
+    full = max(round_up(int(enc.state["input_ids"].numel()), bucket) for enc, _ in rows)
+    return round_up(max(width, full) + int(max_new_tokens), max(bucket, 1))
+
+
+def eos_ids(model, eos) -> list[int]:
+    """The EOS ids to stop at: `eos` (int, list or None = the model's generation config)."""
+    if eos is None:
+        eos = model.generation_config.eos_token_id
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in (eos or [])]
+
+
+def trim_at_eos(ids: list[int], eos: list[int]) -> list[int]:
+    """`ids` up to and including the first EOS (what an unbatched run stops at)."""
+    for i, t in enumerate(ids):
+        if t in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows (L_i, ...) -> (B, width, ...) right-aligned, the rest `fill`, and the (B, width) long
+    mask of real columns. Tensors are made on the rows' device with their dtype."""
+    first = rows[0]
+    out = torch.full((len(rows), width, *first.shape[1:]), fill, dtype=first.dtype, device=first.device)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=first.device)
+    for i, r in enumerate(rows):
+        n = int(r.shape[0])
+        out[i, width - n:] = r
+        mask[i, width - n:] = 1
+    return out, mask
+
+
+__all__ = ["DecodePath", "PLAIN", "cache_length", "eos_ids", "left_pad", "round_up", "trim_at_eos"]

@@ -1,0 +1,51 @@
+"""`python -m mipruner.bench gpu` on tiny random-weight shapes (a CPU smoke run of the GPU bench):
+every cell decodes the forced length, pruned rows feed the LLM N_V - K fewer tokens, ratios are
+to the plain `generate` row of the same run, batched rows cover every batch size, the static path
+runs, and the JSON holds every row."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mipruner.bench.__main__ import COMMANDS
+from mipruner.bench.gpu import main, parse_method
+
+BASE = ["--tiny", "--llm-layers", "2", "--repeats", "1", "--warmup", "0", "--device", "cpu", "--dtype", "fp32",
+        "--budgets", "4,6"]
+
+
+def test_tiny_run_both_shapes(tmp_path):
+    out = tmp_path / "gpu.json"
+    rows = main(BASE + ["--methods", "mi:lam=1,random,fastv", "--batches", "1,3", "--batch-methods", "mi:lam=1,fastv",
+                        "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+    for shape in ("llava-1.5-7b", "llava-next-7b"):
+        lat = [r for r in rows if r["shape"] == shape and r["kind"] == "latency"]
+        assert [(r["method"], r["budget"]) for r in lat] == [
+            ("generate", "all"), ("none", "all"), ("mi:lam=1", 4), ("mi:lam=1", 6), ("random", 4), ("random", 6),
+            ("fastv", 4), ("fastv", 6)]
+        full = lat[0]["llm_tokens"]
+        assert lat[1]["llm_tokens"] == full and lat[0]["vs_generate"] == 1.0 and lat[1]["vs_none"] == 1.0
+        n_visual = lat[1]["visual_tokens"]
+        for r in lat[2:]:
+            assert r["llm_tokens"] == full - (n_visual - r["budget"]) and r["new_tokens"] == 2
+            assert r["total_ms"] > 0 and r["vs_generate"] == pytest.approx(r["total_ms"] / lat[0]["total_ms"])
+        thr = [r for r in rows if r["shape"] == shape and r["kind"] == "throughput"]
+        assert sorted({(r["method"], r["batch"]) for r in thr}) == sorted(
+            (m, b) for m in ("generate", "none", "mi:lam=1", "fastv") for b in (1, 3))
+        for r in thr:
+            assert r["items_s"] == pytest.approx(r["batch"] / r["total_ms"] * 1e3) and r["llm_items_s"] >= r["items_s"]
+
+
+def test_static_cache_path_and_flags():
+    rows = main(BASE + ["--shapes", "llava-1.5-7b", "--methods", "similarity", "--batches", "2",
+                        "--batch-methods", "similarity", "--static-cache", "--bucket", "16"])
+    assert [r["method"] for r in rows if r["kind"] == "latency"] == ["generate", "none", "similarity", "similarity"]
+    assert all(r["new_tokens"] == 2 for r in rows)
+    assert "gpu" in COMMANDS
+    assert parse_method("mi:lam=1") == ("mi", {"lam": 1}) and parse_method("mi:lam=0.5")[1] == {"lam": 0.5}
+    with pytest.raises(ValueError, match="Unknown pruner"):
+        parse_method("nosuch")
+    with pytest.raises(ValueError, match="unknown shape"):
+        main(["--shapes", "llava-13b"])
