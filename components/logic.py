@@ -239,14 +239,16 @@ class AppLogic:
         budget = _budget(settings, enc.n_visual)
         todo = [None, *list(settings.methods)[:MAX_PANELS]]
         out: dict = {"reference": None, "methods": {}}
-        for i, m in enumerate(todo):
-            if run:
-                if progress is not None:
-                    progress((i, len(todo)), desc=f"answering: {'unpruned' if m is None else label(m)}")
-                with user_errors("generating", "lower the budget or max new tokens"):
-                    ans = engine.generate(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
-            else:
-                ans = engine.cached_answer(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
+        if run:  # the unpruned reference and every panel's answer decode as one batch
+            if progress is not None:
+                progress((0, 1), desc=f"answering: unpruned + {len(todo) - 1} methods in one batch")
+            with user_errors("generating", "lower the budget or max new tokens"):
+                got = engine.generate_many(state.session, state.key, todo[1:], budget, settings.params,
+                                           max_new_tokens=n)
+        else:
+            got = [engine.cached_answer(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
+                   for m in todo]
+        for m, ans in zip(todo, got):
             if ans is None:
                 continue
             if m is None:
