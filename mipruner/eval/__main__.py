@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--json", help="write the rows to this JSON file")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-batch", action="store_true",
+                   help="answer each (method, budget) alone instead of one batch per item (the same greedy "
+                        "tokens except at float near-ties; what a one-item-at-a-time evaluator such as lmms-eval does)")
     a = p.parse_args(argv)
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     for m in methods:
@@ -105,7 +108,8 @@ def main(argv=None) -> int:
     if not a.no_progress:
         from tqdm import tqdm as progress
     rows = evaluate(adapter, items, ["none"] + [m for m in methods if m != "none"], parse_budgets(a.budgets),
-                    params, a.task, text_mode=a.text_mode, max_new_tokens=a.max_new_tokens, progress=progress)
+                    params, a.task, text_mode=a.text_mode, max_new_tokens=a.max_new_tokens,
+                    progress=progress, batch=not a.no_batch)
     print(format_rows(rows))
     if a.json:
         with open(a.json, "w") as f:

@@ -219,6 +219,7 @@ def test_out_of_memory_is_reported_plainly(logic, encoded, monkeypatch):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(engine, "generate", oom)
+    monkeypatch.setattr(engine, "generate_many", oom)
     with pytest.raises(UserError, match="out of memory while generating: lower the budget"):
         logic.generate(encoded, Settings(methods=("mi",), budget=8), 4)
     monkeypatch.setattr(engine, "encode", oom)

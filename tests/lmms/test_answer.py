@@ -64,7 +64,7 @@ def test_one_item_answer_is_the_eval_runners(monkeypatch):
     budgets = [12, 0.25]
     params = {"lam": 1.0, "layer": 1}
     texts = _spy(monkeypatch, adapter)
-    evaluate(adapter, items, ["none"] + methods, budgets, params, "mixed", text_mode="nostop")
+    evaluate(adapter, items, ["none"] + methods, budgets, params, "mixed", text_mode="nostop", batch=False)
     got = []
     for item in items:
         runs = [("none", None, None)] + [(m, b, s) for m in methods for b in budgets

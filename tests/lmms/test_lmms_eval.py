@@ -132,7 +132,7 @@ def reference(tmp_path_factory, monkeypatch_module):
         texts.clear()
         eval_main(["--model", "shapes-llava", "--task", task, "--n", str(n), "--seed", str(SEED),
                    "--methods", "mi,random",
-                   "--budgets", str(BUDGET), "--lam", "1", "--text-mode", "question", "--device", "cpu",
+                   "--budgets", str(BUDGET), "--lam", "1", "--text-mode", "question", "--device", "cpu", "--no-batch",
                    "--json", str(tmp / f"{task}.json"), "--no-progress"])
         with open(tmp / f"{task}.json") as f:
             rows = json.load(f)
