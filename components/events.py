@@ -13,6 +13,7 @@ from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
 from .logic import MAX_PANELS, AppLogic, UIState, UserError
+from .panel_files import prepared
 from .settings import Settings
 
 
@@ -102,8 +103,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         fields, (reference, settings, summary, _) = view_fields(st, vals)
         updates, props = P.live_updates(fields, (shown or {}).get("props"))
         bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
-        return (*updates, reference, settings, {"props": props, "summary": summary}, bump(ask, auto),
-                bump(raw, raw_open))
+        return prepared(live_outs, [*updates, reference, settings, {"props": props, "summary": summary},
+                                    bump(ask, auto), bump(raw, raw_open)])
 
     def generate_answers(st, vals, n_new, progress, bare=False):
         try:
@@ -193,18 +194,22 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # every event (tens of ms a move with all the panel fields as targets).
     views = dict(trigger_mode="always_last", show_progress="hidden", queue=False, show_progress_on=[act.settings],
                  **private)
+    # on_live's outputs leave it post-processed (components.panel_files): no thread hop per output,
+    # and an image the page already has is not encoded again
+    live = dict(views, postprocess=False)
     answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",
                    show_progress_on=[res.reference], **private)
 
     enc = inp.run.click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode",
-                        concurrency_limit=1)
-    sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1, **private)
+                        concurrency_limit=1, show_progress_on=[res.status])
+    sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1,
+                            show_progress_on=[res.status], **private)
     for ev in (enc, sub):
-        ev.then(on_live, live_ins, live_outs, **views)
+        ev.then(on_live, live_ins, live_outs, **live)
     gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
     act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
     for c in ctl.live():
-        c.change(on_live, live_ins, live_outs, **views)
+        c.change(on_live, live_ins, live_outs, **live)
     res.ask.change(on_auto, auto_ins, auto_outs, **answers)
     res.raw.change(lambda shown: (shown or {}).get("summary"), res.shown, res.view_json, **views)
     res.raw_box.expand(lambda shown: (True, (shown or {}).get("summary")), res.shown, [res.raw_open, res.view_json],

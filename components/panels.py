@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import gradio as gr
 from PIL import Image
 
-from mipruner import viz
 from mipruner.engine import method_spec
 
 from .logic import MAX_PANELS, label
+from .panel_files import IMAGES
 
 PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
@@ -95,7 +95,7 @@ def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
         return {"visible": False}, None, (f"<i>{html.escape(spec.label)} has no score map: "
                                           "its picks follow no per-patch score.</i>")
     bar = pmi or spec.score_label
-    return {"visible": True, "label": pmi or f"scores: {bar}"}, viz.with_colorbar(v.heatmap, bar), None
+    return {"visible": True, "label": pmi or f"scores: {bar}"}, IMAGES.with_colorbar(v.heatmap, bar), None
 
 
 def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[tuple[dict, object]]:

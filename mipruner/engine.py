@@ -31,6 +31,7 @@ from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_prune
 from . import viz
 from .eval import sweep as sweeps  # the ablation sweeps (mipruner.eval.sweep), for the app's Sweep area
 from .export import selection_to_json
+from .prompt_words import PromptWords, prompt_words
 from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
@@ -88,39 +89,6 @@ class MethodView:
     heat_title: str
     pivot: Image.Image | None = None  # MI methods only
     legend: list[tuple[str, str]] | None = None
-
-
-SMALL_VOCABULARY = 2000  # a model whose tokenizer has at most this many entries has its words listed
-
-
-@dataclass
-class PromptWords:
-    """What the model's tokenizer makes of a prompt: the pieces it cannot read (mapped to its
-    unknown token `unk_token`), and, for a small word-level vocabulary (the embedded model), the
-    words it knows (None for a large vocabulary)."""
-
-    unknown: list[str]
-    unk_token: str | None = None
-    known: list[str] | None = None
-
-
-def prompt_words(tokenizer, prompt: str) -> PromptWords:
-    """The prompt's pieces that `tokenizer` maps to its unknown token (byte-level tokenizers have
-    none), found through the tokenizer's character offsets."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    if tokenizer is None or unk is None:
-        return PromptWords([])
-    try:
-        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        unknown = [prompt[a:b] or tokenizer.unk_token for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"])
-                   if i == unk]
-    except NotImplementedError:  # slow tokenizers give no offsets: count the unknown tokens
-        unknown = [tokenizer.unk_token] * tokenizer(prompt, add_special_tokens=False)["input_ids"].count(unk)
-    known = None
-    if len(tokenizer) <= SMALL_VOCABULARY:
-        special = set(tokenizer.all_special_tokens)
-        known = sorted(w for w in tokenizer.get_vocab() if w not in special and any(c.isalnum() for c in w))
-    return PromptWords(unknown, tokenizer.unk_token, known)
 
 
 # ---------------------------------------------------------------------------------- the engine
@@ -287,14 +255,16 @@ class Engine:
                 sel = self._prune(e, spec.name, budget, {**(params or {}), **spec.params})
                 t1 = time.perf_counter()
                 mask = viz.kept_mask(enc, sel, layout=lay)
-                pivot = legend = None
+                pivot = legend = None  # maps that follow the scores alone are redrawn only when they change
                 if sel.pmi is not None and sel.pivot is not None:
-                    pivot, legend = viz.pivot_map(enc, sel, layout=lay)
+                    pivot, legend = e.drawn(("pivot", spec.title), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=lay))
                 if heat_token is not None and sel.pmi is not None:
-                    heat = viz.pmi_heatmap(enc, sel, heat_token, layout=lay)
+                    heat = e.drawn(("pmi", spec.title, heat_token), sel.pmi[:, heat_token],
+                                   lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=lay))
                     title = f"PMI with {enc.scoring_tokens[heat_token]!r}"
                 else:
-                    heat, title = viz.scores_heatmap(enc, sel.scores, layout=lay), f"{spec.name} scores"
+                    heat, title = e.drawn(("scores", spec.title), sel.scores,
+                                          lambda: viz.scores_heatmap(enc, sel.scores, layout=lay)), f"{spec.name} scores"
                 t2 = time.perf_counter()
                 out.append(MethodView(method=spec.name, label=spec.title, selection=sel, kept=sel.budget,
                                       share=sel.budget / enc.n_visual, prune_ms=(t1 - t0) * 1e3,

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -78,8 +78,25 @@ class CachedEncoding:
     mi_cache: dict = field(default_factory=dict)  # the `cache=` of mipruner.select for this encoding
     layout: viz.Layout | None = None
     answers: dict = field(default_factory=dict)  # answer key -> Answer
+    drawings: dict = field(default_factory=dict)  # what `drawn` made: key -> (values, drawing)
     created: float = 0.0
     last_used: float = 0.0
+
+    def drawn(self, key, values, draw: Callable[[], Any]):
+        """`draw()`, or the drawing made last under `key` when it was drawn from equal `values`.
+
+        A budget move changes the kept mask only: a method's heatmap and pivot map follow its
+        scores, which stay the same, so the same image objects go back to the page (which then
+        re-encodes and re-fetches nothing). One drawing per key: memory stays one per panel."""
+        import torch
+
+        hit = self.drawings.get(key)
+        if hit is not None and hit[0].shape == values.shape and hit[0].dtype == values.dtype \
+                and hit[0].device == values.device and torch.equal(hit[0], values):
+            return hit[1]
+        out = draw()
+        self.drawings[key] = (values, out)
+        return out
 
 
 _uids = itertools.count(1)

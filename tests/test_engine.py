@@ -301,3 +301,47 @@ def test_generate_many_is_one_batch_on_a_tiny_llava(tmp_path):
             compare(got.token_ids, ref.token_ids, rec.margins)
     assert [a.visual_tokens for a in out] == [16, 4, 4, 4, 4]
     assert eng.cached_answer(s, key, "fastv", 4, {"layer": 1}, max_new_tokens=4) is out[4]
+
+
+def test_a_budget_move_redraws_the_mask_only(engine):
+    """Heatmaps and pivot maps follow the scores: where a budget move leaves them equal, the same
+    image objects come back (the page then re-fetches nothing for them); where the scores change
+    (MI lam < 1 scores each token by its gain given the final set), the map is drawn again."""
+    s = engine.new_session()
+    key = engine.encode(s, picture(1, white=(8, 8, 16, 16)), PROMPT)
+    methods = ["mi", MethodSpec("mi", {"lam": 0.5}, label="mi 0.5"), "similarity"]
+    a = engine.view(s, key, methods, 4, {"lam": 1.0})
+    b = engine.view(s, key, methods, 9, {"lam": 1.0})
+    for va, vb in zip(a, b):
+        assert va.kept != vb.kept and va.mask is not vb.mask
+    assert b[0].heatmap is a[0].heatmap and b[2].heatmap is a[2].heatmap  # scores = relevance: unchanged
+    assert not torch.equal(a[1].selection.scores, b[1].selection.scores) and b[1].heatmap is not a[1].heatmap
+    assert b[1].pivot is a[1].pivot and b[1].legend == a[1].legend  # pivots follow the PMI alone
+    c = engine.view(s, key, ["mi"], 9, {"lam": 1.0}, heat_token=0)  # PMI with a word: another map
+    assert c[0].heatmap is not b[0].heatmap and c[0].heat_title.startswith("PMI with")
+    again = engine.view(s, key, methods, 4, {"lam": 1.0})
+    for va, vg in zip(a, again):  # whatever was reused draws what a fresh drawing would
+        assert np.array_equal(np.asarray(vg.heatmap), np.asarray(va.heatmap))
+    fresh = Engine(CountingAdapter(), clock=FakeClock())
+    fs = fresh.new_session()
+    fv = fresh.view(fs, fresh.encode(fs, picture(1, white=(8, 8, 16, 16)), PROMPT), methods, 4, {"lam": 1.0})
+    for va, vf in zip(again, fv):
+        assert np.array_equal(np.asarray(vf.heatmap), np.asarray(va.heatmap))
+
+
+def test_drawn_compares_values_not_identity():
+    from mipruner.session import CachedEncoding
+
+    e, calls = CachedEncoding(encoded=None), []
+
+    def draw(tag):
+        calls.append(tag)
+        return tag
+
+    assert e.drawn("k", torch.tensor([1.0, 2.0]), lambda: draw("a")) == "a"
+    assert e.drawn("k", torch.tensor([1.0, 2.0]), lambda: draw("b")) == "a"  # equal values: no redraw
+    assert e.drawn("k", torch.tensor([1.0, 2.5]), lambda: draw("c")) == "c"
+    assert e.drawn("k", torch.tensor([1.0, 2.5, 0.0]), lambda: draw("d")) == "d"  # another shape
+    assert e.drawn("k", torch.tensor([1, 2]), lambda: draw("e")) == "e"  # another dtype
+    assert e.drawn("j", torch.tensor([1, 2]), lambda: draw("f")) == "f"  # another key
+    assert calls == ["a", "c", "d", "e", "f"] and len(e.drawings) == 2

@@ -1,0 +1,103 @@
+"""Panel images as the files the page loads, made once per image: the slider's fast path.
+
+A slider move changes a panel's kept mask; its heatmap and pivot map come back as the same image
+objects (`CachedEncoding.drawn`). Gradio would still post-process every output of the event in a
+worker thread of its own (one thread hop each, 40 outputs a move) and encode, hash and write every
+image again. The page's view event is therefore wired with `postprocess=False` and hands Gradio
+values already in their wire form (`prepared`): each output is post-processed here, in the
+handler's thread, and an image that was already written (the same object, its file still there)
+goes out as the same file, so the page re-fetches nothing for it.
+
+`PanelImages` keys on the image objects themselves (a weak reference each: an entry goes when its
+image does), so two sessions never share an entry and memory follows the engine's caches.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections import OrderedDict
+
+from PIL import Image
+
+from mipruner import viz
+
+
+class PanelImages:
+    """Memos keyed by image object: its colour-bar composite, and its file in Gradio's cache."""
+
+    def __init__(self, max_items: int = 256):
+        self.max_items = max_items
+        self._items: OrderedDict = OrderedDict()  # (kind, id(img), extra) -> (weakref to img, value)
+        self._lock = threading.RLock()  # a weak reference's callback may run inside it (GC)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def _get(self, key, img):
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and hit[0]() is img:
+                self._items.move_to_end(key)
+                return hit[1]
+        return None
+
+    def _put(self, key, img, value):
+        with self._lock:
+            self._items[key] = (weakref.ref(img, lambda _, k=key: self._forget(k)), value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return value
+
+    def _forget(self, key) -> None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None and hit[0]() is None:
+                del self._items[key]
+
+    def with_colorbar(self, img: Image.Image, label: str) -> Image.Image:
+        """`viz.with_colorbar(img, label)`, the same object for the same image and label."""
+        key = ("bar", id(img), label)
+        got = self._get(key, img)
+        return got if got is not None else self._put(key, img, viz.with_colorbar(img, label))
+
+    def file(self, img: Image.Image, block) -> dict:
+        """What `block.postprocess(img)` sends the page (a file in Gradio's cache), written once."""
+        key = ("file", id(img), getattr(block, "format", None))
+        got = self._get(key, img)
+        if got is not None and os.path.exists(got["path"]):  # a file pruned by the FileBudget is made again
+            return dict(got)
+        data = block.postprocess(img).model_dump()
+        self._put(key, img, data)
+        return dict(data)
+
+
+IMAGES = PanelImages()
+
+
+def _wire(block, value, images: PanelImages):
+    if value is None:
+        return None
+    if isinstance(value, Image.Image):
+        return images.file(value, block)
+    out = block.postprocess(value)
+    return out.model_dump() if hasattr(out, "model_dump") else out
+
+
+def prepared(blocks: list, values: list, images: PanelImages = IMAGES) -> list:
+    """`values` for `blocks` as Gradio's postprocess would send them, for an event wired with
+    `postprocess=False`; update dicts keep their props, State values pass as they are."""
+    out = []
+    for block, v in zip(blocks, values, strict=True):
+        if isinstance(v, dict) and v.get("__type__") == "update":
+            if "value" in v:
+                v = {**v, "value": _wire(block, v["value"], images)}
+        elif not getattr(block, "stateful", False):
+            v = _wire(block, v, images)
+        out.append(v)
+    return out
+
+
+__all__ = ["IMAGES", "PanelImages", "prepared"]
