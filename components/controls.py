@@ -7,6 +7,8 @@ names them), and `settings_from` turns those values into validated `Settings`.
 """
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -29,6 +31,9 @@ class Controls:
     text_mode: gr.Radio
     heat: gr.Number
     params: dict  # parameter name -> its widget, in `parameters()` order
+    # every control's value in one JSON list (`inputs()` order), kept current by the page itself
+    # (`box_js`): the page's events take this one input instead of one per control (`unbox`)
+    box: gr.Textbox | None = None
 
     def inputs(self) -> list:
         return [self.methods, self.unit, self.budget, self.text_mode, self.heat, *self.params.values()]
@@ -81,7 +86,32 @@ def build_controls() -> Controls:
                 widgets[name] = param_widget(p)
         heat = gr.Number(value=d.heat, precision=0, minimum=-1, elem_id="heat-token",
                          label="Heatmap prompt token (index; -1 = each method's scores). Click a prompt word to set it.")
-    return Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params})
+    ctl = Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params})
+    ctl.box = gr.Textbox(json.dumps([c.value for c in ctl.inputs()]), visible="hidden", elem_id="controls-json",
+                         interactive=False)
+    return ctl
+
+
+# Gradio's page keeps a loading status for every input of every event it has run and updates all of
+# them at each step of every event (tens of ms a slider move with ~30 controls as inputs), and it
+# copies every input's properties to read its value. So the page's own events read the controls from
+# `Controls.box`, where this script (run in the page, no server call) writes a control's new value;
+# the API's endpoints keep one named input each.
+def box_js(index: int) -> str:
+    """The page's script for the control at `index` of `Controls.inputs()`: (value, box) -> box."""
+    return f"(value, box) => {{ const v = JSON.parse(box); v[{index}] = value; return JSON.stringify(v); }}"
+
+
+def unbox(box) -> list:
+    """The control values in `Controls.box` (in `inputs()` order); UserError if it is not such a list."""
+    try:
+        vals = json.loads(box) if isinstance(box, str) else None
+    except ValueError:
+        vals = None
+    if not isinstance(vals, list) or len(vals) != len(control_names()):
+        raise UserError("the page's controls could not be read: reload the page")
+    # JSON has no NaN: a non-finite number reaches the page's script as null (the field is unset)
+    return [None if isinstance(v, float) and not math.isfinite(v) else v for v in vals]
 
 
 @dataclass
@@ -159,5 +189,5 @@ def budget_slider(unit: str, n_visual: int, value=None):
                      value=default if value is None else min(int(value), n_visual))
 
 
-__all__ = ["APP_FIELDS", "Actions", "Controls", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
+__all__ = ["APP_FIELDS", "Actions", "Controls", "box_js", "unbox", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
            "param_widget", "settings_from"]

@@ -17,6 +17,16 @@ from .panel_files import prepared
 from .settings import Settings
 
 
+# Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
+# loaded, so the server sends the new masks before it starts the LLM (which would slow their serving)
+# and the page draws them before it handles a second event.
+AFTER_IMAGES_JS = """async () => {
+  const t0 = performance.now();
+  const loading = () => Array.from(document.querySelectorAll('[id^="panel-"] img')).some((i) => !i.complete);
+  while (loading() && performance.now() - t0 < 500) await new Promise((r) => requestAnimationFrame(r));
+}"""
+
+
 def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
@@ -96,10 +106,14 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return (*P.panel_updates(fields), *rest)
 
     @plain_errors("drawing the panels")
-    def on_live(st, shown, ask, raw, raw_open, auto, *vals):
+    def on_live(st, shown, ask, raw, raw_open, auto, box):
         """The page's view: only what changed since its last one. Answers and the raw-data JSON are
         events of their own, started by a change of `ask` (when answering automatically) and `raw`
         (while its accordion is open): a move that needs neither costs the page one event only."""
+        try:
+            vals = C.unbox(box)
+        except UserError as e:
+            _error(e)
         fields, (reference, settings, summary, _) = view_fields(st, vals)
         updates, props = P.live_updates(fields, (shown or {}).get("props"))
         bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
@@ -120,14 +134,13 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
 
     @plain_errors("answering")
-    @named("state", "shown", *names, "max_new_tokens", extra=progress_param)
-    def on_auto(st, shown, *rest):
+    @named("state", "shown", "controls", "max_new_tokens", extra=progress_param)
+    def on_auto(st, shown, box, max_new, progress):
         """Answers after a view that asked for them (its panels are shown: bare values, no prop
         updates), and the view's raw data."""
         if not isinstance(st, UIState) or st.key is None:
             return (*[None] * MAX_PANELS, P.reference_md(None), None, None)
-        return (*generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1], bare=True),
-                (shown or {}).get("summary"))
+        return (*generate_answers(st, C.unbox(box), max_new, progress, bare=True), (shown or {}).get("summary"))
 
     @plain_errors("inspecting the patch")
     @named("state", *names, "x", "y")
@@ -178,13 +191,26 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     def on_unit(st, unit):
         return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
 
+    def boxed(fn, before: tuple = (), after: tuple = (), extra: tuple = ()):
+        """The page's version of a handler: the controls arrive as one value, `ctl.box` (see
+        `controls.box_js`), between the inputs named `before` and `after`."""
+        nb = len(before)
+
+        @plain_errors("reading the controls")
+        @named("state", *before, "controls", *after, extra=extra)
+        def page(st, *args):
+            return fn(st, *args[:nb], *C.unbox(args[nb]), *args[nb + 1:])
+
+        return page
+
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
     # the page's view event writes only the panels (each output costs the page's script time)
-    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, *inputs]
+    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, ctl.box]
     live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
-    auto_ins, auto_outs = [state, res.shown, *inputs, act.max_new], [*gen_outs, res.view_json]
+    auto_ins, auto_outs = [state, res.shown, ctl.box, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
+    enc_names = ("model", "model_path", "use", "image", "video", "prompt")
     private = dict(api_visibility="private")
     # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
     # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session).
@@ -199,32 +225,46 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     live = dict(views, postprocess=False)
     answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",
                    show_progress_on=[res.reference], **private)
+    # the API's endpoints (one named input per control) on hidden buttons; the page's buttons run the
+    # same handlers with the controls boxed, sharing each endpoint's concurrency limit
+    api = {name: gr.Button(name, visible=False) for name in ("encode", "view", "generate", "inspect", "export")}
+    encoding = dict(concurrency_id="encode", concurrency_limit=1)
+    answering = dict(concurrency_id="generate", concurrency_limit=1)
 
-    enc = inp.run.click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode",
-                        concurrency_limit=1, show_progress_on=[res.status])
-    sub = inp.prompt.submit(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, concurrency_limit=1,
-                            show_progress_on=[res.status], **private)
+    page_encode = boxed(on_encode, enc_names, extra=progress_param)
+    enc_ins = [state, *inp.encode_inputs(), ctl.box]
+    enc = inp.run.click(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
+    sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
+    api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
     for ev in (enc, sub):
         ev.then(on_live, live_ins, live_outs, **live)
-    gr.Button("view", visible=False).click(on_view, [state, *inputs], view_outs, api_name="view")
-    act.generate.click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", concurrency_limit=1)
-    for c in ctl.live():
-        c.change(on_live, live_ins, live_outs, **live)
-    res.ask.change(on_auto, auto_ins, auto_outs, **answers)
+    api["view"].click(on_view, [state, *inputs], view_outs, api_name="view")
+    act.generate.click(boxed(on_generate, after=("max_new_tokens",), extra=progress_param), [state, ctl.box, act.max_new],
+                       gen_outs, **answering, **private)
+    api["generate"].click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
+    for i, c in enumerate(inputs):  # the page's own copy of the controls, rewritten in the page (no server call)
+        c.change(None, [c, ctl.box], ctl.box, js=C.box_js(i), queue=False, show_progress="hidden", **private)
+    ctl.box.change(on_live, live_ins, live_outs, **live)
+    # the answers' event starts once the panels' images have loaded (the wait runs in the page)
+    res.ask.change(None, None, None, js=AFTER_IMAGES_JS, queue=False, **private).then(on_auto, auto_ins, auto_outs,
+                                                                                   **answers)
     res.raw.change(lambda shown: (shown or {}).get("summary"), res.shown, res.view_json, **views)
     res.raw_box.expand(lambda shown: (True, (shown or {}).get("summary")), res.shown, [res.raw_open, res.view_json],
                        **views)
     res.raw_box.collapse(lambda: False, None, res.raw_open, **views)
     ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
-    ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], **private)
-    res.tokens.select(on_token, [state], ctl.heat, **private)
+    ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
+    res.tokens.select(on_token, [state], ctl.heat, show_progress_on=[act.settings], **private)
+    page_inspect = boxed(on_inspect, after=("x", "y"))
+    inspect_outs = [res.patch_tokens, res.patch_info]
     for p in res.panels:
         p.mask.select(on_click, None, [res.px, res.py], **private).then(
-            on_inspect, [state, *inputs, res.px, res.py], [res.patch_tokens, res.patch_info], **private)
-    res.inspect.click(on_inspect, [state, *inputs, res.px, res.py], [res.patch_tokens, res.patch_info],
-                      api_name="inspect")
-    res.export.click(on_export, [state, *inputs], res.files, api_name="export")
-    act.apply.click(on_apply, [state, act.settings], inputs, api_name="settings")
+            page_inspect, [state, ctl.box, res.px, res.py], inspect_outs, **private)
+    res.inspect.click(page_inspect, [state, ctl.box, res.px, res.py], inspect_outs, **private)
+    api["inspect"].click(on_inspect, [state, *inputs, res.px, res.py], inspect_outs, api_name="inspect")
+    res.export.click(boxed(on_export), [state, ctl.box], res.files, **private)
+    api["export"].click(on_export, [state, *inputs], res.files, api_name="export")
+    act.apply.click(on_apply, [state, act.settings], inputs, api_name="settings", show_progress_on=[act.settings])
 
 
 __all__ = ["named", "token_chips", "wire"]
