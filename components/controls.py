@@ -32,7 +32,7 @@ class Controls:
     heat: gr.Number
     params: dict  # parameter name -> its widget, in `parameters()` order
     # every control's value in one JSON list (`inputs()` order), kept current by the page itself
-    # (`box_js`): the page's events take this one input instead of one per control (`unbox`)
+    # (BOX_JS): the page's events take this one input instead of one per control (`unbox`)
     box: gr.Textbox | None = None
 
     def inputs(self) -> list:
@@ -93,13 +93,12 @@ def build_controls() -> Controls:
 
 
 # Gradio's page keeps a loading status for every input of every event it has run and updates all of
-# them at each step of every event (tens of ms a slider move with ~30 controls as inputs), and it
-# copies every input's properties to read its value. So the page's own events read the controls from
-# `Controls.box`, where this script (run in the page, no server call) writes a control's new value;
-# the API's endpoints keep one named input each.
-def box_js(index: int) -> str:
-    """The page's script for the control at `index` of `Controls.inputs()`: (value, box) -> box."""
-    return f"(value, box) => {{ const v = JSON.parse(box); v[{index}] = value; return JSON.stringify(v); }}"
+# them at each step of every event (tens of ms a slider move with ~30 controls as inputs). So the
+# page's own events read the controls from `Controls.box`, which this script (run in the page, no
+# server call, so no loading status) rewrites from every control whenever one changes; the API's
+# endpoints keep one named input each. It reads them all: when several controls change at once
+# (Apply), scripts that each wrote one value into the box they read would overwrite each other.
+BOX_JS = "(...values) => JSON.stringify(values)"
 
 
 def unbox(box) -> list:
@@ -189,5 +188,5 @@ def budget_slider(unit: str, n_visual: int, value=None):
                      value=default if value is None else min(int(value), n_visual))
 
 
-__all__ = ["APP_FIELDS", "Actions", "Controls", "box_js", "unbox", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
+__all__ = ["APP_FIELDS", "BOX_JS", "Actions", "Controls", "unbox", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
            "param_widget", "settings_from"]

@@ -193,7 +193,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
 
     def boxed(fn, before: tuple = (), after: tuple = (), extra: tuple = ()):
         """The page's version of a handler: the controls arrive as one value, `ctl.box` (see
-        `controls.box_js`), between the inputs named `before` and `after`."""
+        `controls.BOX_JS`), between the inputs named `before` and `after`."""
         nb = len(before)
 
         @plain_errors("reading the controls")
@@ -242,8 +242,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     act.generate.click(boxed(on_generate, after=("max_new_tokens",), extra=progress_param), [state, ctl.box, act.max_new],
                        gen_outs, **answering, **private)
     api["generate"].click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
-    for i, c in enumerate(inputs):  # the page's own copy of the controls, rewritten in the page (no server call)
-        c.change(None, [c, ctl.box], ctl.box, js=C.box_js(i), queue=False, show_progress="hidden", **private)
+    for c in inputs:  # the page's own copy of the controls, rewritten in the page (no server call)
+        c.change(None, inputs, ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)
     ctl.box.change(on_live, live_ins, live_outs, **live)
     # the answers' event starts once the panels' images have loaded (the wait runs in the page)
     res.ask.change(None, None, None, js=AFTER_IMAGES_JS, queue=False, **private).then(on_auto, auto_ins, auto_outs,
@@ -253,7 +253,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
                        **views)
     res.raw_box.collapse(lambda: False, None, res.raw_open, **views)
     ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
-    ctl.unit.change(on_unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
+    # the user's unit switch resets the budget's range; Apply sets unit and budget together (no reset)
+    ctl.unit.input(on_unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
     res.tokens.select(on_token, [state], ctl.heat, show_progress_on=[act.settings], **private)
     page_inspect = boxed(on_inspect, after=("x", "y"))
     inspect_outs = [res.patch_tokens, res.patch_info]

@@ -152,6 +152,37 @@ def test_clicking_a_prompt_word_shows_its_pmi(page):
     assert "(nats)" in page.locator("#panel-0-heat").inner_text()
 
 
+def test_the_page_buttons_read_the_controls_it_shows(page):
+    """The page's own events read the controls from one boxed value that the page rewrites on each
+    change (#controls-json): Apply, Generate, a click on a patch and Make files all act on what the
+    controls show, not on their values at page load."""
+    auto = page.locator("#auto-answers input")
+    if auto.is_checked():
+        auto.click()
+    page.fill("#settings textarea", "m=mi,random&b=30&ht=-1")
+    page.click("#apply")
+    page.wait_for_function("/30 \\/ 196 tokens kept/.test(document.querySelector('#panel-0-title').innerText)")
+    page.wait_for_function("!document.querySelector('#panel-2-title') || "
+                           "!document.querySelector('#panel-2-title').offsetParent")  # two panels left
+    boxed = page.evaluate("JSON.parse(document.querySelector('#controls-json textarea').value)")
+    assert boxed[0] == ["mi", "random"] and boxed[1] == "tokens" and boxed[2] == 30
+    assert "press Generate" in page.locator("#panel-1-answer").inner_text()
+    page.click("#generate")
+    page.wait_for_function("/\\(30 visual\\)/.test(document.querySelector('#panel-1-answer').innerText)")
+    page.get_by_text("Inspect a patch").click()
+    page.locator("#panel-0-mask img").click(position={"x": 20, "y": 20})
+    page.wait_for_function("/kept_by/.test(document.querySelector('#patch-info').innerText)")
+    info = page.locator("#patch-info").inner_text()
+    assert "similarity" not in info and "attention" not in info  # only the methods now chosen
+    page.get_by_text("Downloads and raw data").click()
+    page.click("#export")
+    page.wait_for_selector('#files td.filename[aria-label="random_mask.png"]')
+    files = page.eval_on_selector_all("#files td.filename", "(tds) => tds.map((t) => t.getAttribute('aria-label'))")
+    assert "mi_selection.json" in files and not any("similarity" in f for f in files)
+    auto.click()  # as the other tests found it
+    page.get_by_text("Downloads and raw data").click()
+
+
 def test_phone_width_fits_and_results_follow_run(page, tmp_path):
     """390 px wide: no horizontal overflow (the examples table included), the results start within
     a screen or so of Run, and a 1-frame video says "1 frame"."""
