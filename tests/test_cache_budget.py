@@ -167,3 +167,19 @@ def test_load_benchmark_is_registered():
     plan = schedule(3, 10)
     assert len(plan) == 10 and [k for k, _ in plan].count("generate") == 2
     assert pct([5.0, 1.0, 3.0], 0.5) == 3.0 and pct([1.0, 2.0, 3.0, 4.0, 100.0], 0.95) == 100.0
+
+
+def test_load_benchmark_writes_new_scenes_each_round(tmp_path):
+    """The load benchmark's inputs: new pictures every round, each with a question about an object
+    it shows (a round of the same pictures would be served from the first round's caches)."""
+    from PIL import Image
+
+    from mipruner.bench.load import IMAGES_PER_ROUND, round_images
+    from mipruner.shapes.scenes import COLORS, SHAPES
+
+    r0, r1 = round_images(str(tmp_path), 0), round_images(str(tmp_path), 1)
+    assert len(r0) == len(r1) == IMAGES_PER_ROUND
+    pixels = {Image.open(p).tobytes() for p, _ in r0 + r1}
+    assert len(pixels) == 2 * IMAGES_PER_ROUND
+    for _, prompt in r0 + r1:
+        assert any(c in prompt for c in COLORS) and any(s in prompt for s in SHAPES)

@@ -83,6 +83,7 @@ def start_server(port: int, extra: list[str], log_path: str, timeout_s: float = 
 
 def round_images(out_dir: str, round_index: int) -> list[tuple[str, str]]:
     """(path, prompt) of this round's scenes: new images each round, a question about each."""
+    from mipruner.shapes import questions as q
     from mipruner.shapes import scenes as sc
 
     rows, index = [], 0
@@ -94,7 +95,7 @@ def round_images(out_dir: str, round_index: int) -> list[tuple[str, str]]:
         path = os.path.join(out_dir, f"round{round_index}_{len(rows)}.png")
         scene.pil()[0].save(path)
         o = scene.objects[0]
-        rows.append((path, sc.presence_question(o.color, o.shape)))
+        rows.append((path, q.presence_question(o.color, o.shape)))
     return rows
 
 
