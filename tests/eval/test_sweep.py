@@ -23,15 +23,18 @@ class CountingAdapter(DummyAdapter):
     def __init__(self, interrupt_at: int | None = None):
         super().__init__(patch=8)
         self.encodes, self.generates, self.answered, self.interrupt_at = [], 0, [], interrupt_at
+        self.alive = []  # every media and encoding seen, kept alive: their id()s stay distinct (no reuse)
 
     def encode(self, media, prompt, *, text_mode="question", need_attention=False):
         if self.interrupt_at is not None and len(self.encodes) + 1 == self.interrupt_at:
             raise KeyboardInterrupt
+        self.alive.append(media)
         self.encodes.append((id(media), text_mode))
         return super().encode(media, prompt, text_mode=text_mode, need_attention=need_attention)
 
     def generate(self, encoded, keep=None, **kw):
         self.generates += 1
+        self.alive.append(encoded)
         self.answered.append((id(encoded), None if keep is None else tuple(keep.keep.tolist())))
         return super().generate(encoded, keep=keep, **kw)
 
