@@ -60,7 +60,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
     layer_names = [n for n in ctl.params if n == "layer"]
     layer_ctls = [ctl.params[n] for n in layer_names]
-    guard_inputs({**dict(zip(["model", "model_path", "use", "image", "video", "prompt"], inp.encode_inputs())),
+    enc_names = ("model", "model_path", "use", "image", "video", "prompt")  # the API's names of encode_inputs()
+    guard_inputs({**dict(zip(enc_names, inp.encode_inputs())),
                   **dict(zip(names, inputs)), "auto": act.auto, "max_new_tokens": act.max_new,
                   "settings": act.settings, "x": res.px, "y": res.py})
 
@@ -110,11 +111,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         """The page's view: only what changed since its last one. Answers and the raw-data JSON are
         events of their own, started by a change of `ask` (when answering automatically) and `raw`
         (while its accordion is open): a move that needs neither costs the page one event only."""
-        try:
-            vals = C.unbox(box)
-        except UserError as e:
-            _error(e)
-        fields, (reference, settings, summary, _) = view_fields(st, vals)
+        fields, (reference, settings, summary, _) = view_fields(st, C.unbox(box))  # plain_errors: a UserError's message
         updates, props = P.live_updates(fields, (shown or {}).get("props"))
         bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
         return prepared(live_outs, [*updates, reference, settings, {"props": props, "summary": summary},
@@ -210,7 +207,6 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
     auto_ins, auto_outs = [state, res.shown, ctl.box, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]
-    enc_names = ("model", "model_path", "use", "image", "video", "prompt")
     private = dict(api_visibility="private")
     # A slider move redraws the panels in its own event, outside the queue (no waiting behind answers
     # or other sessions' work: a view is prune + draw, milliseconds; the engine locks per session).
