@@ -11,7 +11,7 @@ import torch
 
 from . import questions as sq
 from . import scenes as sc
-from .model import MIX, TrainConfig, grid, image_features, to_pixels
+from .model import MIX, TrainConfig, autocast, grid, image_features, to_pixels
 from .vocab import EOS, IMAGE, prompt_text, vocabulary
 
 
@@ -148,7 +148,7 @@ def build_pool(model, cfg: TrainConfig, log, clips: bool = False) -> Pool:
     feats = []
     for k in range(0, len(scenes), max(1, 64 // frames)):
         images = [f for s in scenes[k:k + max(1, 64 // frames)] for f in s.frames]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(cfg):
             f = image_features(model, to_pixels(images)).to(torch.bfloat16)  # (n * frames, N, d)
         feats.append(f.reshape(-1, frames * f.shape[1], f.shape[2]))
     # per object: its coverage of every frame's patches, frames one after the other

@@ -27,6 +27,10 @@ class TrainConfig:
     batch: int = 16  # small batches, more updates: per sample as cheap, learns faster from scratch
     stage1_steps: int = 1600  # colour/shape reach ~1.0 per patch in ~200 steps; count needs ~1500
     stage1_lr: float = 2e-3
+    align_cap: float = 0.0  # stage 1: cosine to a word past which alignment stops pulling; 0 = no cap
+    recon_weight: float = 0.0  # stage 1: weight of the pixel read-out loss (train.py docstring); 0 = off
+    spread_weight: float = 0.0  # stage 1: weight of the same-object spread loss (train.py docstring); 0 = off
+    spread_margin: float = 0.5  # stage 1: cosine between two patches of one object above which it pushes
     pool: int = 12000  # scenes whose visual tokens stage 2 computes once
     stage2_steps: int = 5000  # all of stage 2, the last full_steps of them on full sequences
     full_steps: int = 600
@@ -41,12 +45,26 @@ class TrainConfig:
     tau: float = 0.1  # alignment temperature = MI-Pruner's default tau (paper Tab. 4)
     min_cover: float = sc.PATCH_MIN_COVER  # a patch belongs to an object above this coverage
     threads: int = 1  # the shipped model used 1; on 2 shared cores, 2 threads ran ~5x slower
+    precision: str = "auto"  # bf16 autocast or fp32; auto: bf16 where the CPU has AVX-512 (see `autocast`)
 
 
 MIX: dict[str, float] = {
     "yes": 0.25, "no_hard": 0.1875, "no_any": 0.0625, "color": 0.25,
     **{f"count_{w}": 0.0625 for w in sc.NUMBERS[1:]},
 }
+
+
+def uses_bf16(cfg: TrainConfig) -> bool:
+    """Whether training autocasts to bf16: "bf16", "fp32", or "auto": bf16 only on a CPU with AVX-512
+    (about 4x faster than fp32 there; on an AVX2-only CPU, bf16 ran 8x slower than fp32)."""
+    if cfg.precision == "auto":
+        return "AVX512" in torch.backends.cpu.get_cpu_capability()
+    return cfg.precision == "bf16"
+
+
+def autocast(cfg: TrainConfig):
+    """The training forward's autocast context (`uses_bf16`)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=uses_bf16(cfg))
 
 
 def build_model(cfg: TrainConfig):
@@ -118,6 +136,12 @@ def to_pixels(images: list[np.ndarray]) -> torch.Tensor:
     x = torch.from_numpy(np.stack(images)).float() / 255  # (B, H, W, 3)
     x = (x - torch.tensor(OPENAI_CLIP_MEAN)) / torch.tensor(OPENAI_CLIP_STD)
     return x.permute(0, 3, 1, 2).contiguous()
+
+
+def patch_objects(scene: sc.Scene, g: int, min_cover: float) -> np.ndarray:
+    """(g*g,) index of the object each patch shows (the most covering one, at least min_cover), -1: none."""
+    cover = np.stack([sc.patch_coverage(o.mask, g, g) for o in scene.objects])  # (n_obj, g*g)
+    return np.where(cover.max(0) >= min_cover, cover.argmax(0), -1)
 
 
 def patch_labels(scene: sc.Scene, g: int, min_cover: float) -> np.ndarray:

@@ -13,6 +13,21 @@ in three stages on seeded scenes and clips (nothing is stored; every scene and q
    background patches weigh alike (objects are ~10% of the patches; a plain mean left shape near
    chance). This builds the paper's premise, a projection space aligned with the LLM's word
    embeddings, and lets stage 2 answer colour and count by copying from the asked shape's patches.
+   Alignment alone pulls every patch of an object onto the same three word vectors (cosine ~0.96
+   to 0.99 between an object's patches), so redundancy-aware pruners see one token per object,
+   which real vision towers do not do (a large object's patches differ: edges, corners, a lit or
+   a shaded side, a hidden part). Two terms keep an object's patches apart:
+   - `--align-cap c` clips each cosine to [-c/4, c] before the cross-entropy, so alignment stops
+     pulling once a patch is c-close to its words and leaves the rest of the unit vector free;
+   - `--spread-weight w --spread-margin m` adds w * mean (cos(v_i, v_j) - m)_+^2 over pairs of
+     distinct patches i, j of the same object: two patches of one object may share their words
+     but are at most m-similar overall.
+   The shipped model uses c = 0.4, w = 10, m = SHIPPED_MARGIN: cosine between an object's patches
+   SHIPPED_COS at the end of stage 1 (0.96 without the two terms), and MI-Pruner at lam = 0.5 keeps
+   most of the asked object's patches (README, "The embedded model and its table").
+   `--recon-weight` (0: off) adds a pixel read-out loss instead: each patch's own 8x8 pixels are
+   read back from its unit-norm projected token by a linear head trained alongside and then
+   dropped (not saved); short probes did not separate an object's tokens with it.
 2. QA: decoder only (vision tower, projector and the aligned word embeddings frozen; plurals share
    their singular's vector; LM head tied to the embeddings; loss on the answer word and </s>).
    - The frozen tower's visual tokens are computed once for a pool of `pool` scenes (half drawn
@@ -42,7 +57,8 @@ in three stages on seeded scenes and clips (nothing is stored; every scene and q
 The shipped model is this command's (about 28 minutes on one thread; assets/shapes-llava/
 training.json holds the measured times and held-out accuracies).
 
-All stages use AdamW + warmup/cosine and bf16 autocast (about 4x faster than fp32 on these CPUs).
+All stages use AdamW + warmup/cosine, with bf16 autocast on CPUs with AVX-512 (about 4x faster than fp32
+there) and fp32 elsewhere (`--precision`; on an AVX2-only CPU bf16 ran 8x slower than fp32).
 `--eval DIR` measures held-out accuracy per question family of a saved model through the
 processor, as users call it; `--recall DIR` measures MI-Pruner's query recall. A run writes
 `training.json` next to the model: the config, the command, the wall time per stage and the
@@ -69,7 +85,8 @@ from . import scenes as sc
 from .vocab import BACKGROUND, EOS, build_processor, vocabulary
 from .data import Pool, Tokens, build_pool, decoder_batch, draw_questions
 from .evaluate import evaluate, query_recall
-from .model import TrainConfig, build_model, frozen_word_ids, grid, image_features, patch_labels, to_pixels
+from .model import (TrainConfig, autocast, build_model, frozen_word_ids, grid, image_features, patch_labels,
+                    patch_objects, to_pixels)
 
 
 # Stage 2's question mixture: kind -> share of a batch.
@@ -106,21 +123,42 @@ def stage1(model, cfg: TrainConfig, log) -> None:
     groups = [[*sc.COLORS, BACKGROUND], [*sc.SHAPES, BACKGROUND], list(sc.NUMBERS[1:])]
     targets = [F.normalize(emb[[vocab[w] for w in ws]], dim=-1) for ws in groups]  # each (n_words, d)
     params = list(model.model.vision_tower.parameters()) + list(model.model.multi_modal_projector.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.stage1_lr, weight_decay=0.01)
     g = grid(model)
+    p = cfg.patch_size
+    # a linear read-out of each patch's own pixels from its projected token (not saved, see docstring)
+    recon = torch.nn.Linear(emb.shape[1], 3 * p * p) if cfg.recon_weight > 0 else None
+    trained = params + (list(recon.parameters()) if recon is not None else [])
+    opt = torch.optim.AdamW(trained, lr=cfg.stage1_lr, weight_decay=0.01)
     t0, hist = time.time(), defaultdict(list)
     for step in range(cfg.stage1_steps):
         scenes_ = [sc.make_scene(cfg.seed, 10_000_000 + step * cfg.batch + i) for i in range(cfg.batch)]
         labels = torch.from_numpy(np.stack([patch_labels(s, g, cfg.min_cover) for s in scenes_]))  # (B, 3, N)
         for pg in opt.param_groups:
             pg["lr"] = lr_at(step, cfg.stage1_steps, cfg.stage1_lr, cfg.warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(cfg):
             feats = image_features(model, to_pixels([s.image for s in scenes_]))  # (B, N, d)
         feats = feats.float()
         unit = F.normalize(feats, dim=-1)
         loss = ((feats.norm(dim=-1) + 1e-6).log() ** 2).mean()  # keep |v| near the unit word vectors
+        obj = torch.from_numpy(np.stack([patch_objects(s, g, cfg.min_cover) for s in scenes_]))  # (B, N)
+        same = (obj[:, :, None] == obj[:, None, :]) & (obj[:, :, None] >= 0)
+        same &= ~torch.eye(obj.shape[1], dtype=torch.bool)  # pairs of distinct patches of one object
+        cos = unit @ unit.transpose(1, 2)  # (B, N, N)
+        hist["same"].append(float((cos.detach() * same).sum() / same.sum().clamp(min=1)))
+        if cfg.spread_weight > 0:  # two patches of one object: cosine at most spread_margin
+            spread = ((cos - cfg.spread_margin).clamp(min=0) ** 2 * same).sum() / same.sum().clamp(min=1)
+            loss = loss + cfg.spread_weight * spread
+        if recon is not None:
+            pix = torch.from_numpy(np.stack([s.image for s in scenes_])).float() / 127.5 - 1  # (B, H, W, 3)
+            pix = pix.view(len(scenes_), g, p, g, p, 3).permute(0, 1, 3, 2, 4, 5).reshape(len(scenes_), g * g, -1)
+            rec = F.mse_loss(recon(unit), pix)
+            loss = loss + cfg.recon_weight * rec
+            hist["recon"].append(float(rec.detach()))
         for k, tgt in enumerate(targets):
-            logits = unit @ tgt.T / cfg.tau  # (B, N, n_words)
+            cos = unit @ tgt.T  # (B, N, n_words)
+            if cfg.align_cap > 0:  # no pull past cos = cap (nor a push below -cap / 4): room for the rest
+                cos = cos.clamp(-cfg.align_cap / 4, cfg.align_cap)
+            logits = cos / cfg.tau
             y = labels[:, k]  # (B, N)
             ok = y != -100
             obj = ok & (y != len(tgt) - 1) if k < 2 else ok
@@ -135,13 +173,14 @@ def stage1(model, cfg: TrainConfig, log) -> None:
             hist[f"obj{k}"].append(float((logits.argmax(-1)[obj] == y[obj]).float().mean()))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         hist["loss"].append(float(loss.detach()))
         if (step + 1) % 25 == 0 or step == cfg.stage1_steps - 1:
             m = {k: np.mean(v[-25:]) for k, v in hist.items()}
             log(f"stage1 {step + 1}/{cfg.stage1_steps} loss {m['loss']:.3f} colour {m['obj0']:.3f} "
                 f"shape {m['obj1']:.3f} count {m['obj2']:.3f} (all patches {m['acc0']:.3f}/{m['acc1']:.3f}) "
+                f"recon {m.get('recon', 0):.3f} same-object cos {m['same']:.3f} "
                 f"{time.time() - t0:.0f}s")
 
 
@@ -154,8 +193,7 @@ def attention_loss(attentions, targets) -> torch.Tensor:
     return -(torch.stack(terms) + 1e-4).log().mean()
 
 
-def train_decoder(model, tokens: Tokens, steps: int, lr: float, warmup: int, attention_weight: float, draw,
-                  log, name: str) -> None:
+def train_decoder(model, cfg: TrainConfig, tokens: Tokens, steps: int, lr: float, draw, log, name: str) -> None:
     """Train the decoder (vision tower, projector and aligned word vectors frozen) for `steps` steps
     of AdamW + warmup/cosine; draw(step) -> (pool, questions, their kinds, keep_background, rng)."""
     for p in model.parameters():
@@ -178,18 +216,18 @@ def train_decoder(model, tokens: Tokens, steps: int, lr: float, warmup: int, att
         pool, items, kinds, keep_background, rng = draw(step)
         x, mask, pos, last, targets = decoder_batch(model, tokens, pool, items, keep_background, rng)
         for pg in opt.param_groups:
-            pg["lr"] = lr_at(step, steps, lr, warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pos, output_attentions=attention_weight > 0)
+            pg["lr"] = lr_at(step, steps, lr, cfg.warmup)
+        with autocast(cfg):
+            out = lm(inputs_embeds=x, attention_mask=mask, position_ids=pos, output_attentions=cfg.attention_weight > 0)
             rows = torch.arange(len(items))
             at = torch.stack([last, last + 1], 1)  # positions predicting the answer and </s>
             logits = model.lm_head(out.last_hidden_state[rows[:, None], at]).float()  # (B, 2, V)
         y = torch.tensor([[vocab[q.answer], vocab[EOS]] for q in items])
         answer_loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         loss = answer_loss
-        if attention_weight > 0 and targets:
+        if cfg.attention_weight > 0 and targets:
             att = attention_loss(out.attentions, targets)
-            loss = loss + attention_weight * att
+            loss = loss + cfg.attention_weight * att
             hist["att"].append(float(att.detach()))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -217,8 +255,7 @@ def stage2(model, cfg: TrainConfig, tokens: Tokens, pool: Pool, log) -> None:
         full = step >= cfg.stage2_steps - cfg.full_steps
         return pool, items, kinds, 1.0 if full else cfg.keep_background, rng
 
-    train_decoder(model, tokens, cfg.stage2_steps, cfg.stage2_lr, cfg.warmup, cfg.attention_weight, draw, log,
-                  "stage2")
+    train_decoder(model, cfg, tokens, cfg.stage2_steps, cfg.stage2_lr, draw, log, "stage2")
 
 
 def stage3(model, cfg: TrainConfig, tokens: Tokens, images: Pool, clips: Pool, log) -> None:
@@ -233,7 +270,7 @@ def stage3(model, cfg: TrainConfig, tokens: Tokens, images: Pool, clips: Pool, l
         items, kinds = draw_questions(images, cfg.batch, rng)
         return images, items, kinds, 1.0, rng
 
-    train_decoder(model, tokens, cfg.clip_steps, cfg.clip_lr, cfg.warmup, cfg.attention_weight, draw, log, "stage3")
+    train_decoder(model, cfg, tokens, cfg.clip_steps, cfg.clip_lr, draw, log, "stage3")
 
 
 def save(model, processor, out: str, info: dict) -> None:
@@ -256,6 +293,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="assets/shapes-llava")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--stage1-steps", type=int, default=TrainConfig.stage1_steps)
+    ap.add_argument("--recon-weight", type=float, default=TrainConfig.recon_weight,
+                    help="stage 1: weight of the pixel read-out loss (0: alignment only)")
+    ap.add_argument("--align-cap", type=float, default=TrainConfig.align_cap,
+                    help="stage 1: cosine to a word past which alignment stops pulling (0: no cap)")
+    ap.add_argument("--spread-weight", type=float, default=TrainConfig.spread_weight,
+                    help="stage 1: weight of the loss keeping an object's patches apart (0: off)")
+    ap.add_argument("--spread-margin", type=float, default=TrainConfig.spread_margin,
+                    help="stage 1: cosine between two patches of one object above which the spread loss pushes")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=TrainConfig.precision,
+                    help="autocast of the training forward (auto: bf16 on CPUs with AVX-512, else fp32)")
     ap.add_argument("--stage2-steps", type=int, default=TrainConfig.stage2_steps)
     ap.add_argument("--full-steps", type=int, default=TrainConfig.full_steps,
                     help="the last stage-2 steps on full sequences")
@@ -282,7 +329,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.recall:
             query_recall(args.recall, args.eval_seed, args.eval_scenes)
         return
-    cfg = TrainConfig(seed=args.seed, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps,
+    cfg = TrainConfig(seed=args.seed, stage1_steps=args.stage1_steps,
+                      recon_weight=args.recon_weight, align_cap=args.align_cap, spread_weight=args.spread_weight,
+                      spread_margin=args.spread_margin, precision=args.precision, stage2_steps=args.stage2_steps,
                       full_steps=args.full_steps, pool=args.pool, stage2_lr=args.stage2_lr,
                       attention_weight=args.attention_weight, text_layers=args.text_layers, batch=args.batch,
                       clips=args.clips, clip_steps=args.clip_steps, threads=args.threads)
@@ -292,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
 
     command = "python -m mipruner.shapes.train " + " ".join(sys.argv[1:] if argv is None else argv)
     processor = build_processor(cfg.image_size, cfg.patch_size)
-    ckpt = os.path.join(tempfile.gettempdir(), f"shapes-llava-stage1-seed{cfg.seed}-{cfg.stage1_steps}.pt")
+    ckpt = os.path.join(tempfile.gettempdir(), f"shapes-llava-stage1-seed{cfg.seed}-{cfg.stage1_steps}"
+                                               f"-r{cfg.recon_weight:g}-c{cfg.align_cap:g}"
+                                               f"-s{cfg.spread_weight:g}-{cfg.spread_margin:g}.pt")
     model = build_model(cfg)
     wall: dict[str, float] = {}
     t0 = time.time()
