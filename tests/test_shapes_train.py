@@ -27,18 +27,18 @@ def _same(a, b) -> bool:
 
 def test_stage1_options_are_deterministic_and_matter():
     torch.set_num_threads(1)
-    plain = _tower_after()
-    assert _same(plain, _tower_after())
-    both = _tower_after(recon_weight=1.0, align_cap=0.4)
-    assert _same(both, _tower_after(recon_weight=1.0, align_cap=0.4))
+    plain = _tower_after(align_cap=0.0, spread_weight=0.0)  # alignment alone
+    assert _same(plain, _tower_after(align_cap=0.0, spread_weight=0.0))
+    both = _tower_after(recon_weight=1.0, align_cap=0.4, spread_weight=0.0)
+    assert _same(both, _tower_after(recon_weight=1.0, align_cap=0.4, spread_weight=0.0))
     assert not _same(plain, both)
-    assert not _same(both, _tower_after(recon_weight=1.0))
+    assert not _same(both, _tower_after(recon_weight=1.0, align_cap=0.0, spread_weight=0.0))
     assert all(torch.isfinite(v).all() for v in both.values())
 
 
 def test_spread_loss_is_deterministic_and_matters():
     torch.set_num_threads(1)
-    plain = _tower_after(align_cap=0.4)
+    plain = _tower_after(align_cap=0.4, spread_weight=0.0)
     spread = _tower_after(align_cap=0.4, spread_weight=10.0, spread_margin=0.0)
     assert _same(spread, _tower_after(align_cap=0.4, spread_weight=10.0, spread_margin=0.0))
     assert not _same(plain, spread)

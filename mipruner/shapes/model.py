@@ -27,10 +27,10 @@ class TrainConfig:
     batch: int = 16  # small batches, more updates: per sample as cheap, learns faster from scratch
     stage1_steps: int = 1600  # colour/shape reach ~1.0 per patch in ~200 steps; count needs ~1500
     stage1_lr: float = 2e-3
-    align_cap: float = 0.0  # stage 1: cosine to a word past which alignment stops pulling; 0 = no cap
+    align_cap: float = 0.35  # stage 1: cosine to a word past which alignment stops pulling; 0 = no cap
     recon_weight: float = 0.0  # stage 1: weight of the pixel read-out loss (train.py docstring); 0 = off
-    spread_weight: float = 0.0  # stage 1: weight of the same-object spread loss (train.py docstring); 0 = off
-    spread_margin: float = 0.5  # stage 1: cosine between two patches of one object above which it pushes
+    spread_weight: float = 10.0  # stage 1: weight of the same-object spread loss (train.py docstring); 0 = off
+    spread_margin: float = 0.35  # stage 1: cosine between two patches of one object above which it pushes
     pool: int = 12000  # scenes whose visual tokens stage 2 computes once
     stage2_steps: int = 5000  # all of stage 2, the last full_steps of them on full sequences
     full_steps: int = 600

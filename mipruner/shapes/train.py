@@ -22,9 +22,9 @@ in three stages on seeded scenes and clips (nothing is stored; every scene and q
    - `--spread-weight w --spread-margin m` adds w * mean (cos(v_i, v_j) - m)_+^2 over pairs of
      distinct patches i, j of the same object: two patches of one object may share their words
      but are at most m-similar overall.
-   The shipped model uses c = 0.4, w = 10, m = SHIPPED_MARGIN: cosine between an object's patches
-   SHIPPED_COS at the end of stage 1 (0.96 without the two terms), and MI-Pruner at lam = 0.5 keeps
-   most of the asked object's patches (README, "The embedded model and its table").
+   Both are on by default (c = 0.35, w = 10, m = 0.35): the cosine between two patches of one
+   object ends stage 1 at 0.35 (0.96 to 0.99 without the two terms), and MI-Pruner at lam = 0.5
+   keeps most of the asked object's patches (README, "The embedded model and its table").
    `--recon-weight` (0: off) adds a pixel read-out loss instead: each patch's own 8x8 pixels are
    read back from its unit-norm projected token by a linear head trained alongside and then
    dropped (not saved); short probes did not separate an object's tokens with it.
@@ -54,8 +54,9 @@ in three stages on seeded scenes and clips (nothing is stored; every scene and q
    a thinned clip batch (attention targets: the asked object's patches in every frame) with a full
    image batch, so the image questions keep their accuracy. `--clip-steps 0` leaves it out.
 
-The shipped model is this command's (about 28 minutes on one thread; assets/shapes-llava/
-training.json holds the measured times and held-out accuracies).
+The shipped model is this command's (49 minutes on one thread in fp32, with another training job
+on the machine's second core; assets/shapes-llava/training.json holds the measured times and
+held-out accuracies).
 
 All stages use AdamW + warmup/cosine, with bf16 autocast on CPUs with AVX-512 (about 4x faster than fp32
 there) and fp32 elsewhere (`--precision`; on an AVX2-only CPU bf16 ran 8x slower than fp32).
@@ -86,7 +87,7 @@ from .vocab import BACKGROUND, EOS, build_processor, vocabulary
 from .data import Pool, Tokens, build_pool, decoder_batch, draw_questions
 from .evaluate import evaluate, query_recall
 from .model import (TrainConfig, autocast, build_model, frozen_word_ids, grid, image_features, patch_labels,
-                    patch_objects, to_pixels)
+                    patch_objects, to_pixels, uses_bf16)
 
 
 # Stage 2's question mixture: kind -> share of a batch.
@@ -384,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
         stage3(model, cfg, tokens, images, clips, log)
         wall["stage3_s"] = round(time.time() - t1)
     wall["total_s"] = sum(v for k, v in wall.items() if k != "total_s")
-    info = {**asdict(cfg), "command": command, "wall_time_1_thread": wall}
+    info = {**asdict(cfg), "precision_used": "bf16" if uses_bf16(cfg) else "fp32", "command": command,
+            "wall_time_1_thread": wall}
     save(model, processor, args.out, info)
     log(f"saved to {args.out} ({wall})")
     info[f"held_out_seed_{args.eval_seed}_{args.eval_scenes}_scenes"] = evaluate(args.out, args.eval_seed,
