@@ -1,6 +1,6 @@
 """Train the embedded shapes-llava model from scratch on synthetic scenes (`mipruner.shapes.scenes`).
 
-    python -m mipruner.shapes.train --out assets/shapes-llava --seed 0 --threads 1
+    python -m mipruner.shapes.train --out assets/shapes-llava --seed 0 --threads 1 --precision fp32
 
 A LlavaForConditionalGeneration with a small CLIP vision tower and a small Llama decoder, trained
 in three stages on seeded scenes and clips (nothing is stored; every scene and question is drawn from seed
