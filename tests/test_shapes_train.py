@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from mipruner.shapes import scenes as sc
-from mipruner.shapes.model import TrainConfig, build_model, patch_labels, patch_objects, uses_bf16
+from mipruner.shapes.model import TrainConfig, build_model, patch_targets, uses_bf16
 from mipruner.shapes.train import stage1
 
 
@@ -46,12 +46,11 @@ def test_spread_loss_is_deterministic_and_matters():
     assert _same(plain, _tower_after(align_cap=0.4, spread_weight=10.0, spread_margin=1.0))
 
 
-def test_patch_objects_agree_with_patch_labels():
+def test_patch_owner_agrees_with_patch_labels():
     """The spread loss's object ids name the object whose colour and shape the patch is labelled with."""
     for index in range(6):
         scene = sc.make_scene(0, index)
-        obj = patch_objects(scene, 14, sc.PATCH_MIN_COVER)
-        labels = patch_labels(scene, 14, sc.PATCH_MIN_COVER)
+        labels, obj = patch_targets(scene, 14, sc.PATCH_MIN_COVER)
         assert obj.shape == (196,) and obj.min() >= -1 and obj.max() < len(scene.objects)
         shown = obj >= 0
         assert ((labels[0] != -100) & (labels[0] < len(sc.COLORS)) == shown).all()

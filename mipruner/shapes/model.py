@@ -138,24 +138,20 @@ def to_pixels(images: list[np.ndarray]) -> torch.Tensor:
     return x.permute(0, 3, 1, 2).contiguous()
 
 
-def patch_objects(scene: sc.Scene, g: int, min_cover: float) -> np.ndarray:
-    """(g*g,) index of the object each patch shows (the most covering one, at least min_cover), -1: none."""
-    cover = np.stack([sc.patch_coverage(o.mask, g, g) for o in scene.objects])  # (n_obj, g*g)
-    return np.where(cover.max(0) >= min_cover, cover.argmax(0), -1)
-
-
-def patch_labels(scene: sc.Scene, g: int, min_cover: float) -> np.ndarray:
-    """(3, g*g) targets per patch: colour, shape, count index into the groups; -100 = no target."""
+def patch_targets(scene: sc.Scene, g: int, min_cover: float) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1's per-patch targets, from one coverage computation:
+    labels (3, g*g): colour, shape, count index into the groups; -100 = no target;
+    owner (g*g,): the object each patch shows (the most covering one, at least min_cover), -1: none."""
     labels = np.full((3, g * g), -100, dtype=np.int64)
     cover = np.stack([sc.patch_coverage(o.mask, g, g) for o in scene.objects])  # (n_obj, g*g)
+    owner = np.where(cover.max(0) >= min_cover, cover.argmax(0), -1)
     counts = Counter(o.shape for o in scene.objects)
     empty = cover.sum(0) == 0
     labels[0, empty] = len(sc.COLORS)
     labels[1, empty] = len(sc.SHAPES)
-    best = cover.argmax(0)
-    for p in np.nonzero(cover.max(0) >= min_cover)[0]:
-        o = scene.objects[best[p]]
+    for p in np.nonzero(owner >= 0)[0]:
+        o = scene.objects[owner[p]]
         labels[0, p] = list(sc.COLORS).index(o.color)
         labels[1, p] = sc.SHAPES.index(o.shape)
         labels[2, p] = counts[o.shape] - 1
-    return labels
+    return labels, owner

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from . import scenes as sc
-from .model import TrainConfig, autocast, grid, image_features, patch_labels, patch_objects, to_pixels
+from .model import TrainConfig, autocast, grid, image_features, patch_targets, to_pixels
 from .vocab import BACKGROUND, vocabulary
 
 
@@ -38,7 +38,9 @@ def stage1(model, cfg: TrainConfig, log) -> None:
     t0, hist = time.time(), defaultdict(list)
     for step in range(cfg.stage1_steps):
         scenes_ = [sc.make_scene(cfg.seed, 10_000_000 + step * cfg.batch + i) for i in range(cfg.batch)]
-        labels = torch.from_numpy(np.stack([patch_labels(s, g, cfg.min_cover) for s in scenes_]))  # (B, 3, N)
+        targets_ = [patch_targets(s, g, cfg.min_cover) for s in scenes_]
+        labels = torch.from_numpy(np.stack([t[0] for t in targets_]))  # (B, 3, N)
+        owner = torch.from_numpy(np.stack([t[1] for t in targets_]))  # (B, N) object index, -1: none
         for pg in opt.param_groups:
             pg["lr"] = lr_at(step, cfg.stage1_steps, cfg.stage1_lr, cfg.warmup)
         with autocast(cfg):
@@ -46,13 +48,12 @@ def stage1(model, cfg: TrainConfig, log) -> None:
         feats = feats.float()
         unit = F.normalize(feats, dim=-1)
         loss = ((feats.norm(dim=-1) + 1e-6).log() ** 2).mean()  # keep |v| near the unit word vectors
-        obj = torch.from_numpy(np.stack([patch_objects(s, g, cfg.min_cover) for s in scenes_]))  # (B, N)
-        same = (obj[:, :, None] == obj[:, None, :]) & (obj[:, :, None] >= 0)
-        same &= ~torch.eye(obj.shape[1], dtype=torch.bool)  # pairs of distinct patches of one object
-        cos = unit @ unit.transpose(1, 2)  # (B, N, N)
-        hist["same"].append(float((cos.detach() * same).sum() / same.sum().clamp(min=1)))
+        same = (owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)
+        same &= ~torch.eye(owner.shape[1], dtype=torch.bool)  # pairs of distinct patches of one object
+        pair_cos = unit @ unit.transpose(1, 2)  # (B, N, N)
+        hist["same"].append(float((pair_cos.detach() * same).sum() / same.sum().clamp(min=1)))
         if cfg.spread_weight > 0:  # two patches of one object: cosine at most spread_margin
-            spread = ((cos - cfg.spread_margin).clamp(min=0) ** 2 * same).sum() / same.sum().clamp(min=1)
+            spread = ((pair_cos - cfg.spread_margin).clamp(min=0) ** 2 * same).sum() / same.sum().clamp(min=1)
             loss = loss + cfg.spread_weight * spread
         if recon is not None:
             pix = torch.from_numpy(np.stack([s.image for s in scenes_])).float() / 127.5 - 1  # (B, H, W, 3)
