@@ -2,7 +2,7 @@
 cancel, keep finished sweeps per session (re-plotting reads them), draw curves, write downloads,
 and the strip of kept-patch masks across the swept values for the image on screen.
 
-The sweep itself is the library's (`mipruner.eval.sweep`, reached through `mipruner.engine.sweeps`):
+The sweep itself is the library's (`mipruner.eval.sweep`, run on the engine's model under its lock):
 each item is encoded once and every method x value reuses that encoding. Cancelling is keyed by the
 browser session (`cancel(session_id)`), so it works whatever Gradio does with the state object.
 """
@@ -18,7 +18,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mipruner import viz
-from mipruner.engine import TEXT_MODES, method_spec, parameters, sweeps
+from mipruner.engine import TEXT_MODES, method_spec, parameters
+from mipruner.eval import sweep as sweeps
 
 from .logic import UIState, UserError, user_errors
 
@@ -130,7 +131,7 @@ def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: s
     with _RUNNING_LOCK:
         _RUNNING[session_id] = stop
     try:
-        sweep_run = engine.sweep_run(sw)
+        sweep_run = sweeps.SweepRun(engine.adapter, sw, lock=engine.model_lock)
         with user_errors("sweeping", "use fewer items, values or methods"):
             for done, total in sweep_run.iterate(items, stop.is_set):
                 yield "progress", done, total

@@ -29,7 +29,6 @@ from mipruner.models.text import TEXT_MODES
 from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_pruner, list_pruners, resolve_budget
 
 from . import viz
-from .eval import sweep as sweeps  # the ablation sweeps (mipruner.eval.sweep), for the app's Sweep area
 from .export import selection_to_json
 from .prompt_words import PromptWords, prompt_words
 from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
@@ -309,9 +308,11 @@ class Engine:
         self._account(session, key)
         return ans
 
-    def sweep_run(self, sweep: "sweeps.Sweep") -> "sweeps.SweepRun":
-        """A sweep on this engine's model (`run.iterate(items)`); each item holds the model lock."""
-        return sweeps.SweepRun(self.adapter, sweep, lock=self._model_lock)
+    @property
+    def model_lock(self) -> threading.Lock:
+        """Held around every forward pass through the shared model; a caller that runs the adapter
+        itself (the app's sweeps) holds it for each item."""
+        return self._model_lock
 
     def generate_many(self, session: Session, key: EncodingKey, methods: list, budget=None,
                       params: dict | None = None, max_new_tokens: int = 64) -> list:
@@ -347,4 +348,4 @@ class Engine:
 
 __all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "CacheBudget", "CachedEncoding", "Engine", "EncodingKey", "FileBudget",
            "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash",
-           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json", "sweeps"]
+           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]

@@ -16,13 +16,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Layer of each part of the project; a module may import only from layers <= its own.
 LAYERS = {
     "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.models": 1, "mipruner.inllm": 2, "mipruner.methods": 3,
-    "mipruner.viz": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.batch": 3, "mipruner.session": 4,
+    "mipruner.viz": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.text_table": 0, "mipruner.batch": 3, "mipruner.session": 4,
     "mipruner.engine": 4, "mipruner.eval": 4,
     "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4, "components": 5, "app": 6,
 }
 # What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
-# and the toy model's scene and question generators for its examples. No pruner, model or in-LLM module.
-UI_ALLOWED = ("mipruner.engine", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
+# the sweeps (run on the engine's model and lock), and the toy model's scene and question generators for its
+# examples. No pruner, model or in-LLM module.
+UI_ALLOWED = ("mipruner.engine", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
               "mipruner.session",
               "mipruner.export")
 

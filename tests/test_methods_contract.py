@@ -124,7 +124,7 @@ def test_runtime_registered_method_is_picked_up_everywhere(model, plugin):
         mipruner.select(ad, enc, "corner_test", 4, corner_bias=2.0)
     assert mipruner.select(ad, enc, "corner_test", 3).keep.tolist() == list(range(n - 3, n))
     # the eval runner (and its CLI options)
-    from mipruner.eval.__main__ import add_param_options, param_values
+    from mipruner.eval.cli_options import add_param_options, param_values
     from mipruner.eval.runner import evaluate
     from mipruner.eval.tasks import EvalItem
 

@@ -21,7 +21,6 @@ import concurrent.futures as cf
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

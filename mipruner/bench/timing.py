@@ -1,9 +1,11 @@
-"""Small timing helpers shared by the benchmark commands."""
+"""Small timing helpers shared by the benchmark commands (and the text table they print)."""
 from __future__ import annotations
 
 import statistics
 import time
 from typing import Callable
+
+from ..text_table import table  # noqa: F401  (the benches print with it)
 
 
 def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 1, budget_s: float = 3.0) -> list[float]:
@@ -29,12 +31,3 @@ def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 1, budget_
 
 def median_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    """A plain left/right aligned text table."""
-    cols = [header] + rows
-    widths = [max(len(str(r[i])) for r in cols) for i in range(len(header))]
-    fmt = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                              for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])

@@ -15,13 +15,12 @@ import json
 import sys
 
 import mipruner
-from mipruner.pruners import all_params
 
+from .cli_options import add_param_options, param_values
 from .runner import evaluate, format_rows
 from .tasks import read_pope
 
 TASKS = ("shapes-pope", "shapes-open", "shapes-video", "pope")
-NOT_OPTIONS = ("seed",)  # Random runs seeds 0, 1, 2 and averages them (runner.RANDOM_SEEDS); --seed is the scenes'.
 
 
 def parse_budgets(text: str) -> list:
@@ -29,35 +28,6 @@ def parse_budgets(text: str) -> list:
     for b in text.split(","):
         b = b.strip()
         out.append(float(b) if "." in b else int(b))
-    return out
-
-
-def add_param_options(p: argparse.ArgumentParser) -> None:
-    """One option per registered method parameter (`--lam`, `--tau`, `--layer`, ...), from the specs."""
-    for prm in all_params().values():
-        if prm.name in NOT_OPTIONS:
-            continue
-        kw = {"choices": [str(c) for c in prm.choices]} if prm.kind == "choice" else \
-            {"type": int if prm.kind == "int" else float}
-        p.add_argument(f"--{prm.name.replace('_', '-')}", dest=f"param_{prm.name}", default=None,
-                       help=f"{prm.doc} (default: {prm.default})", **kw)
-
-
-def param_values(a: argparse.Namespace) -> dict:
-    """{parameter: value} of the options given, validated by their Param (choices keep their type)."""
-    out = {}
-    for prm in all_params().values():
-        if prm.name in NOT_OPTIONS:
-            continue
-        v = getattr(a, f"param_{prm.name}", None)
-        if v is None:
-            continue
-        if prm.kind == "choice":
-            v = next(c for c in prm.choices if str(c) == v)
-        try:
-            out[prm.name] = prm.validate(v)
-        except ValueError as e:
-            raise SystemExit(f"--{prm.name.replace('_', '-')}: {e}") from None
     return out
 
 

@@ -112,7 +112,7 @@ def _score(recs) -> dict:
 
 def format_rows(rows: list[dict]) -> str:
     """A paper-style table: one line per method x budget x split."""
-    from mipruner.bench.timing import table
+    from mipruner.text_table import table
 
     fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
     body = [[r["method"], str(r["budget"]), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),

@@ -21,14 +21,13 @@ import time
 
 import mipruner
 
+from .cli_options import add_param_options, param_values
 from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable, user_set
 from .sweep_plot import PLOTTED, X_AXES
 from .sweep_sets import GENERATED
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .__main__ import add_param_options
-
     p = argparse.ArgumentParser(prog="python -m mipruner.eval sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="shapes-llava", help="hub id, local directory or alias")
@@ -57,8 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from .__main__ import param_values
-
     a = build_parser().parse_args(argv)
     metrics = [m.strip() for m in a.metrics.split(",")] if a.metrics else None
     bad = sorted(set(metrics or ()) - set(PLOTTED))

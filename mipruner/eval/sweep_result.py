@@ -7,14 +7,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
 from mipruner.pruners import get_pruner
+from mipruner.text_table import table
 
 from .runner import RANDOM_SEEDS, aggregate
-
-if TYPE_CHECKING:
-    from .sweep import Sweep
+from .sweep_spec import Sweep
 
 METRICS = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
 COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "lam", "n")
@@ -93,8 +91,6 @@ class SweepResult:
     @classmethod
     def from_json(cls, path: str) -> "SweepResult":
         """A result written by `to_json` (re-plot or re-tabulate without running the model)."""
-        from .sweep import Sweep
-
         with open(path) as f:
             doc = json.load(f)
         sw = doc["sweep"]
@@ -128,8 +124,6 @@ class SweepResult:
 
     def table(self) -> str:
         """The overall rows as a text table."""
-        from mipruner.bench.timing import table
-
         fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
             f"{v:.3f}" if isinstance(v, float) else str(v))
         keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")

@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+from ._probe import last_token_attention
 from ._prompt import Prompt
 
 
@@ -251,8 +252,6 @@ def run_prefix(prompt: Prompt, layer: int, *, cache=None, capture: bool = False)
         prefix.kv = None
     prefix = advance(prompt, prefix, layer, cache=cache, probe=last)
     if capture:
-        from .fastv import last_token_attention
-
         probe, prefix.probe = prefix.probe, None
         keys = probe["keys"]  # (1, KV, L, d_head): post-norm, post-rotary
         attn = prompt.lm.layers[layer - 1].self_attn

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-from mipruner.bench.timing import table
+from mipruner.text_table import table
 
 METRICS = ("acc", "f1", "yes_rate")
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
+from ._decode_path import PLAIN, DecodePath, PrefillTimer, cache_length, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
 from .base import Answer, Encoded
 
 
@@ -43,8 +43,6 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
     from transformers import LogitsProcessorList
 
-    from ._llava_common import _sync, _Timer
-
     if not rows:
         return []
     if int(max_new_tokens) < 1:
@@ -54,7 +52,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     if gen.pop("do_sample", False):
         raise ValueError("batched decoding is greedy only (do_sample=False)")
     b = batch_inputs(adapter, rows, positions, path.bucket)
-    timer = _Timer()
+    timer = PrefillTimer()
     procs = LogitsProcessorList(list(gen.pop("logits_processor", None) or []) + [timer])
     if adapter.tokenizer.pad_token_id is not None:
         gen.setdefault("pad_token_id", adapter.tokenizer.pad_token_id)
@@ -63,12 +61,12 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
         width = int(b["inputs_embeds"].shape[1])
         gen.update(cache_implementation="static", max_cache_len=cache_length(rows, width, max_new_tokens, path.bucket))
     gen.setdefault("disable_compile", not path.compile)
-    _sync(adapter.device)
+    cuda_sync(adapter.device)
     t0 = time.perf_counter()
     out = adapter.model.generate(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],
                                  position_ids=b["position_ids"], max_new_tokens=int(max_new_tokens),
                                  do_sample=False, logits_processor=procs, **gen)
-    _sync(adapter.device)
+    cuda_sync(adapter.device)
     t1 = time.perf_counter()
     first = timer.first if timer.first is not None else t1
     answers = []

@@ -25,6 +25,7 @@ is a different kernel from an unmasked causal one), so equality of greedy tokens
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -94,3 +95,22 @@ def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, 
 
 
 __all__ = ["DecodePath", "PLAIN", "cache_length", "eos_ids", "left_pad", "round_up", "trim_at_eos"]
+
+
+class PrefillTimer:
+    """A LogitsProcessor that timestamps its first call: the end of the prefill forward."""
+
+    def __init__(self):
+        self.first: float | None = None
+
+    def __call__(self, input_ids, scores):
+        if self.first is None:
+            if scores.is_cuda:
+                torch.cuda.synchronize(scores.device)
+            self.first = time.perf_counter()
+        return scores
+
+
+def cuda_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -31,7 +31,7 @@ import torch
 
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
-from ._decode_path import PLAIN, DecodePath
+from ._decode_path import PLAIN, DecodePath, PrefillTimer, cuda_sync
 from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
@@ -87,25 +87,6 @@ def _with_prefix(embeds: torch.Tensor, positions: torch.Tensor, prefix: torch.Te
 
 # ----------------------------------------------------------------------------------------------
 # the shared adapter
-
-
-class _Timer:
-    """A LogitsProcessor that timestamps its first call: the end of the prefill forward."""
-
-    def __init__(self):
-        self.first: float | None = None
-
-    def __call__(self, input_ids, scores):
-        if self.first is None:
-            if scores.is_cuda:
-                torch.cuda.synchronize(scores.device)
-            self.first = time.perf_counter()
-        return scores
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class LlavaFamilyAdapter(Adapter):
@@ -208,7 +189,7 @@ class LlavaFamilyAdapter(Adapter):
         offsets = [tuple(plain["offset_mapping"][i]) for i in keep_tok]
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids)
         tmask = text_mask(tokens, offsets, templated, prompt, text_mode)
-        _sync(self.device)
+        cuda_sync(self.device)
         state = dict(input_ids=ids, visual_positions=torch.nonzero(vis_mask).flatten(), ref=out.get("ref", {}),
                      templated=templated, **out.get("state", {}))
         return Encoded(model=self.name, prompt=prompt, visual=visual, geometry=out["geometry"], text=embeds,
@@ -305,18 +286,18 @@ class LlavaFamilyAdapter(Adapter):
         if int(max_new_tokens) < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         p = self.pruned_inputs(encoded, keep, positions)
-        timer = _Timer()
+        timer = PrefillTimer()
         gen = dict(gen)
         gen.setdefault("do_sample", False)
         procs = LogitsProcessorList(list(gen.pop("logits_processor", None) or []) + [timer])
         if self.tokenizer.pad_token_id is not None:
             gen.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         kw = {} if p["position_ids"] is None else {"position_ids": p["position_ids"]}
-        _sync(self.device)
+        cuda_sync(self.device)
         t0 = time.perf_counter()
         out = self.model.generate(inputs_embeds=p["inputs_embeds"], attention_mask=p["attention_mask"],
                                   max_new_tokens=int(max_new_tokens), logits_processor=procs, **kw, **gen)
-        _sync(self.device)
+        cuda_sync(self.device)
         t1 = time.perf_counter()
         first = timer.first if timer.first is not None else t1
         ids = out[0].tolist()  # with inputs_embeds only, generate returns the new tokens only
