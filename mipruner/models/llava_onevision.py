@@ -18,8 +18,8 @@ cannot be built here. Images go through transformers' own `LlavaOnevisionProcess
 instance assembled from the checkpoint's tokenizer, image processor and processor_config.json
 (`_processor`: its `__init__` only fails on the missing video processor class), so input ids, pixel
 values, image sizes and `batch_num_images` are exactly the processor's. Videos: frames sampled as
-transformers' `BaseVideoProcessor.sample_frames` with num_frames (`default_frames`, 8, or the
-checkpoint's video config when it samples), each resized to the video processor's size (PIL bicubic,
+transformers' `BaseVideoProcessor.sample_frames` (`frame_indices`: the checkpoint's num_frames or fps
+when its video config samples, else `default_frames` = 8 by the same rule), each resized to the video processor's size (PIL bicubic,
 where transformers uses torchvision's bicubic: pixels differ by interpolation rounding), rescaled and
 normalised with its settings; the <video> placeholder is expanded by the processor's own
 `replace_video_token`.
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video
+from ..media import MediaError, Video, is_video_path, load_media, load_video, sample_indices
 from . import _clip_attention as A
 from . import _llava_common as C
 from . import _onevision_layout as L
@@ -52,7 +52,28 @@ from ._qwen_video import read_json, video_processor_dict
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
                       do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
-                      image_std=[0.26862954, 0.26130258, 0.27577711], do_sample_frames=False, num_frames=None)
+                      image_std=[0.26862954, 0.26130258, 0.27577711], do_sample_frames=False, num_frames=None,
+                      fps=None)
+
+
+def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[int]:
+    """Which frames are read: with `do_sample_frames`, transformers' `default_sample_indices_fn` with the
+    config's num_frames, or fps (max(1, int(total / video_fps * fps)) frames); every frame where it
+    would refuse (more asked than there are). Without it, `default` frames by the same rule
+    (transformers would read every frame, which overflows the context for any real clip)."""
+    n = default
+    if s["do_sample_frames"]:
+        if s["num_frames"] is not None and s["fps"] is not None:
+            raise MediaError("the video processor config sets both fps and num_frames; they are mutually exclusive")
+        if s["num_frames"] is not None:
+            n = int(s["num_frames"])
+        elif s["fps"] is not None:
+            if not video_fps:
+                raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
+            n = max(1, int(total / video_fps * float(s["fps"])))
+        else:
+            return list(range(total))
+    return sample_indices(total, n)
 
 
 def video_settings(cfg: dict) -> dict:
@@ -121,8 +142,12 @@ class LlavaOnevisionAdapter(C.LlavaFamilyAdapter):
     def __init__(self, *args, video_config: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.video = video_settings(video_config or {})
-        if self.video["do_sample_frames"] and self.video["num_frames"]:
-            self.default_frames = int(self.video["num_frames"])
+
+    def _media(self, media):
+        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+            return load_video(media, sample=lambda total, fps: frame_indices(total, fps, self.video,
+                                                                             self.default_frames))
+        return load_media(media, num_frames=self.default_frames)
 
     @classmethod
     def _load_processor(cls, path: str):

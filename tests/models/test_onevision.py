@@ -177,9 +177,23 @@ def test_onevision_video_frames_as_the_video_processor(onevision, video_path, en
     assert int((e.state["input_ids"] == vid).sum()) == len(clip.frames) * math.ceil(G / 2) ** 2 + 1
 
 
-def test_onevision_video_frame_count_from_the_checkpoint(tmp_path):
-    a = mipruner.load(save_tiny(str(tmp_path / "ov4"), video={"do_sample_frames": True, "num_frames": 4}), device="cpu")
-    assert a.default_frames == 4
+@pytest.mark.parametrize("cfg,want", [({"do_sample_frames": True, "num_frames": 4}, [0, 3, 6, 9]),
+                                      ({"do_sample_frames": True, "fps": 2}, [0, 2, 4, 6, 8, 10]),  # 3 s at 4 fps: 6 frames
+                                      ({"do_sample_frames": True, "num_frames": 20}, list(range(12))),
+                                      ({"num_frames": 4}, [i * 12 // 8 for i in range(8)])])
+def test_onevision_video_frames_follow_the_checkpoint(tmp_path, cfg, want):
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    frames = [scene(32, 32, seed=i) for i in range(12)]
+    path = write_video(frames, str(tmp_path / "c.mp4"), fps=4)
+    a = mipruner.load(save_tiny(str(tmp_path / "ov"), video=cfg), device="cpu")
+    e = a.encode(path, PROMPT)
+    assert len(e.frames) == len(want) and e.n_visual == len(want) * math.ceil(G / 2) ** 2 + 1
+    assert load_video(path, 8).fps == 4
+    if cfg.get("do_sample_frames") and cfg.get("num_frames", 0) <= 12:  # transformers' own rule agrees
+        meta = VideoMetadata(total_num_frames=12, fps=4)
+        got = default_sample_indices_fn(meta, num_frames=cfg.get("num_frames"), fps=cfg.get("fps"))
+        assert got.tolist() == want
 
 
 @pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P", "CMYK"])
