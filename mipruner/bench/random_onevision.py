@@ -32,7 +32,8 @@ def build_tokenizer():
     vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(WORDS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     splits = [pre_tokenizers.Split(s, "isolated") for s in SPECIALS[2:]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(),
+                                                          pre_tokenizers.Punctuation()])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
                                    pad_token="<|endoftext|>",
                                    extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
@@ -79,5 +80,6 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
     adapter = LlavaOnevisionAdapter(model, proc, tok, ip, name="random-llava_onevision", video_config=video)
     v, t = config.vision_config, config.text_config
     desc = (f"random-weight LLaVA-OneVision: SigLIP {v.num_hidden_layers}x{v.hidden_size} @ {image}px/patch {patch}, "
-            f"Qwen2 {t.num_hidden_layers}x{t.hidden_size} (ffn {t.intermediate_size}), {str(dtype).replace('torch.', '')}")
+            f"Qwen2 {t.num_hidden_layers}x{t.hidden_size} (ffn {t.intermediate_size}), "
+            f"{str(dtype).replace('torch.', '')}")
     return adapter, desc

@@ -88,7 +88,7 @@ def _newline_box(lay: Layout, token: int, members: torch.Tensor) -> None:
         lay.fixed[token] = torch.cat([b[:, :2].min(0).values, b[:, 2:].max(0).values])
 
 
-def anyres_image(lay: Layout, model, image_size_hw, ip, g: int, patch: int, frame0: int = 0) -> None:
+def anyres_image(lay: Layout, model, image_size_hw, g: int, patch: int, frame0: int = 0) -> None:
     """One image in anyres mode: base view (view 0) + tiles (views 1..), unpadded (and shrunk) canvas."""
     from transformers.image_processing_utils import get_patch_output_size, select_best_resolution
     from transformers.models.llava_onevision.modeling_llava_onevision import unpad_image

@@ -19,7 +19,8 @@ instance assembled from the checkpoint's tokenizer, image processor and processo
 (`_processor`: its `__init__` only fails on the missing video processor class), so input ids, pixel
 values, image sizes and `batch_num_images` are exactly the processor's. Videos: frames sampled as
 transformers' `BaseVideoProcessor.sample_frames` (`frame_indices`: the checkpoint's num_frames or fps
-when its video config samples, else `default_frames` = 8 by the same rule), each resized to the video processor's size (PIL bicubic,
+when its video config samples, else `default_frames` = 8 by the same rule), each
+resized to the video processor's size (PIL bicubic,
 where transformers uses torchvision's bicubic: pixels differ by interpolation rounding), rescaled and
 normalised with its settings; the <video> placeholder is expanded by the processor's own
 `replace_video_token`.
@@ -195,7 +196,7 @@ class LlavaOnevisionAdapter(C.LlavaFamilyAdapter):
         visual = torch.cat(list(out.pooler_output), dim=0)  # (N_V, d)
         if len(images) == 1:
             lay = L.Layout(int(pixels.shape[1]), g * g)
-            L.anyres_image(lay, self.model, inputs["image_sizes"][0], self.image_processor, g, patch)
+            L.anyres_image(lay, self.model, inputs["image_sizes"][0], g, patch)
             frames = [images[0], images[0]]
         else:
             lay = L.Layout(len(images), g * g)

@@ -159,8 +159,8 @@ def test_same_as_transformers(families, inputs, fam, name):
         return
     ref, video = official_inputs(fam, proc, name, media)
     if video is not None:
-        expect = "every frame" if name == "video_1_frame" and fam in ("llava", "video_llava", "llava_onevision", "qwen2_5_vl") \
-            else "sampled"
+        every = ("llava", "video_llava", "llava_onevision", "qwen2_5_vl")
+        expect = "every frame" if name == "video_1_frame" and fam in every else "sampled"
         assert video[0] == expect, video
     with torch.no_grad():
         enc = ad.encode(media, PROMPT)

@@ -168,7 +168,8 @@ def test_onevision_video_frames_as_the_video_processor(onevision, video_path, en
     assert clip.indices == sample_indices(clip.total_frames, 8)
     # hand restatement: resize to the processor's size with bicubic, rescale by 1/255, CLIP normalisation
     s = onevision.video
-    arr = np.stack([np.asarray(f.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC), np.float64) / 255 for f in clip.frames])
+    arr = np.stack([np.asarray(f.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC), np.float64) / 255
+                    for f in clip.frames])
     want = (arr - np.array(s["image_mean"])) / np.array(s["image_std"])
     got = e.state["ref"]["pixel_values_videos"][0].permute(0, 2, 3, 1).double().numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
@@ -178,7 +179,7 @@ def test_onevision_video_frames_as_the_video_processor(onevision, video_path, en
 
 
 @pytest.mark.parametrize("cfg,want", [({"do_sample_frames": True, "num_frames": 4}, [0, 3, 6, 9]),
-                                      ({"do_sample_frames": True, "fps": 2}, [0, 2, 4, 6, 8, 10]),  # 3 s at 4 fps: 6 frames
+                                      ({"do_sample_frames": True, "fps": 2}, [0, 2, 4, 6, 8, 10]),  # 3 s at 4 fps
                                       ({"do_sample_frames": True, "num_frames": 20}, list(range(12))),
                                       ({"num_frames": 4}, [i * 12 // 8 for i in range(8)])])
 def test_onevision_video_frames_follow_the_checkpoint(tmp_path, cfg, want):
@@ -253,7 +254,8 @@ def test_onevision_batch_equals_one_by_one(onevision, encoded, kind, positions):
     a, e = onevision, encoded[kind]
     n = e.n_visual
     g = torch.Generator().manual_seed(3)
-    sels = [None, mipruner.select(a, e, "mi", max(1, n // 4), lam=0.5), mipruner.select(a, e, "visionzip", max(2, n // 3))]
+    sels = [None, mipruner.select(a, e, "mi", max(1, n // 4), lam=0.5),
+            mipruner.select(a, e, "visionzip", max(2, n // 3))]
     sels += [torch.randperm(n, generator=g)[:k] for k in (1, n - 1)]
     ref = one_by_one(a, e, sels, 6, positions=positions)
     scores = Scores()
