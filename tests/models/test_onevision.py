@@ -270,3 +270,24 @@ def test_onevision_batch_equals_one_by_one(onevision, encoded, kind, positions):
         assert a.generate(e, max_new_tokens=6, positions=positions).token_ids == ref[0][0].token_ids
     finally:
         a.decode_path = PLAIN
+
+
+def test_onevision_several_images_as_the_official_chat_template(onevision):
+    """transformers' processor through `apply_chat_template` reads two images of one message as one
+    prompt's images (batch_num_images [2], no tiles): the adapter gives the same ids and logits."""
+    import transformers as tf
+
+    from .official import messages, processor_class
+
+    a = onevision
+    proc = processor_class(tf.LlavaOnevisionProcessor)(
+        image_processor=a.image_processor, tokenizer=a.tokenizer, video_processor=object(),
+        num_image_tokens=a.processor.num_image_tokens, vision_feature_select_strategy="full",
+        chat_template=a.tokenizer.chat_template)
+    ims = [scene(40, 20, seed=1), scene(30, 60, seed=2), scene(50, 50, seed=3)]
+    ref = proc.apply_chat_template(messages("image", [{"image": i} for i in ims], PROMPT), add_generation_prompt=True,
+                                   tokenize=True, return_dict=True, return_tensors="pt")
+    assert ref["batch_num_images"].tolist() == [3]
+    e = a.encode(ims, PROMPT)
+    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0]) and e.n_visual == 3 * (G * G + 1)
+    torch.testing.assert_close(a.prefill_logits(e), a.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
