@@ -30,6 +30,8 @@ SUGGESTED = (
     "llava-hf/llava-1.5-7b-hf",
     "llava-hf/llava-v1.6-mistral-7b-hf",
     "LanguageBind/Video-LLaVA-7B-hf",
+    "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
+    "llava-hf/llava-onevision-qwen2-7b-ov-hf",
     "Qwen/Qwen2-VL-2B-Instruct",
     "Qwen/Qwen2.5-VL-3B-Instruct",
     "Qwen/Qwen3-VL-2B-Instruct",

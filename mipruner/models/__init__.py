@@ -16,6 +16,7 @@ FAMILIES: dict[str, str] = {
     "llava": "llava_hf:LlavaAdapter",
     "llava_next": "llava_next:LlavaNextAdapter",
     "video_llava": "video_llava:VideoLlavaAdapter",
+    "llava_onevision": "llava_onevision:LlavaOnevisionAdapter",
     "qwen2_vl": "qwen2_vl:Qwen2VLAdapter",
     "qwen2_5_vl": "qwen2_vl:Qwen2VLAdapter",
     "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",

@@ -107,7 +107,7 @@ class VideoFunctions:
         from transformers.video_utils import default_sample_indices_fn
 
         s = self.s
-        if self.kind == "clip":
+        if self.kind in ("clip", "onevision"):
             return functools.partial(default_sample_indices_fn, num_frames=self.num_frames) if self.sample else None
         if not (self.sample and s["do_sample_frames"]):
             return None
@@ -134,6 +134,8 @@ class VideoFunctions:
             images = [Image.fromarray(f) for f in frames]
             pixels = self.image_processor(images=images, return_tensors="pt", return_legacy_image_output=False)
             return BatchFeature({"pixel_values_videos": pixels["pixel_values"][None]})
+        if self.kind == "onevision":
+            return BatchFeature({"pixel_values_videos": self.onevision_pixels([Image.fromarray(f) for f in frames])})
         pixels, grid = self.qwen_pixels([Image.fromarray(f) for f in frames])
         return BatchFeature({"pixel_values_videos": pixels, "video_grid_thw": grid, "video_metadata": [meta]})
 
@@ -147,6 +149,20 @@ class VideoFunctions:
         smart_resize = installed(QWEN3_VIDEO, "smart_resize")
         return smart_resize(num_frames=num_frames, height=height, width=width, factor=factor,
                             temporal_factor=s["temporal_patch_size"], min_pixels=lo, max_pixels=hi)
+
+    def onevision_pixels(self, frames: list[Image.Image]) -> torch.Tensor:
+        """LlavaOnevisionVideoProcessor: each frame resized to `size` (PIL here), rescaled, normalised."""
+        from transformers.image_transforms import normalize, rescale
+
+        s = self.s
+        h, w = s["size"]["height"], s["size"]["width"]
+        arrays = []
+        for f in frames:
+            a = np.asarray(f.convert("RGB").resize((w, h), resample=int(s["resample"])), dtype=np.float32)
+            a = normalize(rescale(a, s["rescale_factor"], input_data_format="channels_last"), s["image_mean"],
+                          s["image_std"], input_data_format="channels_last")
+            arrays.append(torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))))
+        return torch.stack(arrays)[None].float()  # (1, F, C, H, W)
 
     def qwen_pixels(self, frames: list[Image.Image]):
         from transformers.image_transforms import normalize, rescale

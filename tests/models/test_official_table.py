@@ -93,6 +93,13 @@ def official_setup(fam: str, ad):
             patch_size=ad.config.vision_config.patch_size, vision_feature_select_strategy="default",
             num_additional_image_tokens=1, chat_template=tok.chat_template)
         return ad, proc
+    if fam == "llava_onevision":
+        vp = VideoFunctions("onevision", ad.video, num_frames=ad.default_frames)
+        proc = processor_class(tf.LlavaOnevisionProcessor)(
+            image_processor=ad.image_processor, tokenizer=tok, video_processor=vp,
+            num_image_tokens=ad.processor.num_image_tokens, vision_feature_select_strategy="full",
+            chat_template=tok.chat_template)
+        return ad, proc
     cls = {"qwen2_vl": tf.Qwen2VLProcessor, "qwen2_5_vl": tf.Qwen2_5_VLProcessor, "qwen3_vl": tf.Qwen3VLProcessor}[fam]
     vp = VideoFunctions("qwen3" if fam == "qwen3_vl" else "qwen2", ad.video_config)
     proc = processor_class(cls)(image_processor=ad.image_processor, tokenizer=tok, video_processor=vp,
@@ -152,7 +159,8 @@ def test_same_as_transformers(families, inputs, fam, name):
         return
     ref, video = official_inputs(fam, proc, name, media)
     if video is not None:
-        expect = "every frame" if name == "video_1_frame" and fam in ("llava", "video_llava", "qwen2_5_vl") else "sampled"
+        every = ("llava", "video_llava", "llava_onevision", "qwen2_5_vl")
+        expect = "every frame" if name == "video_1_frame" and fam in every else "sampled"
         assert video[0] == expect, video
     with torch.no_grad():
         enc = ad.encode(media, PROMPT)
@@ -174,6 +182,10 @@ def assert_same_pixels(fam, enc, ref, is_video):
         ours = enc.state["vision_inputs"][key]
         # videos: normalised in another order than the image processor does it (float rounding)
         torch.testing.assert_close(ours, ref[key], atol=1e-6 if is_video else 0, rtol=0)
+        return
+    if fam == "llava_onevision" and is_video:  # the same steps, float rounding of rescale/normalise aside
+        torch.testing.assert_close(enc.state["ref"]["pixel_values_videos"].float(), ref["pixel_values_videos"].float(),
+                                   atol=1e-5, rtol=0)
         return
     key = "pixel_values_videos" if fam == "video_llava" and is_video else "pixel_values"
     assert torch.equal(enc.state["ref"][key].float(), ref[key if key in ref else image_key(ref)].float())

@@ -1,0 +1,239 @@
+"""LLaVA-OneVision (transformers `LlavaOnevisionForConditionalGeneration`, model_type "llava_onevision";
+also the class of LLaVA-Video checkpoints): SigLIP + 2-layer MLP + Qwen2, one image, several images, video.
+
+Tokens in LLM order and their geometry are described in `_onevision_layout.py`. In short:
+  one image     anyres_max_9: base view (kind "base", frame 0, g x g), then the unpadded tile canvas
+                (kind "tile", frame 1, shrunk bilinearly when over 9 tiles' worth), each canvas row
+                closed by a "newline" token (frame 1, col = canvas width, box = its row's extent).
+                `Encoded.frames` holds the image twice so that frames[geometry.frame] is its picture.
+  several images  each image's base view of the image padded to a square (kind "base", frame k),
+                then one "newline" (box: the whole image), as the model reads multi-image prompts.
+  video         per frame ceil(g/2) x ceil(g/2) tokens pooled bilinearly from the g x g grid (kind
+                "frame", frame f), then one "newline" for the whole video (box: the last frame).
+Boxes are over the ORIGINAL image or frame (base: stretched view; tiles: undo resize-to-fit and the
+centred padding; several images: undo the pad to square; pooled tokens: the union of their patches).
+
+Inputs: hub checkpoints name a video processor whose class needs torchvision, so `AutoProcessor`
+cannot be built here. Images go through transformers' own `LlavaOnevisionProcessor.__call__` on an
+instance assembled from the checkpoint's tokenizer, image processor and processor_config.json
+(`_processor`: its `__init__` only fails on the missing video processor class), so input ids, pixel
+values, image sizes and `batch_num_images` are exactly the processor's. Videos: frames sampled as
+transformers' `BaseVideoProcessor.sample_frames` (`frame_indices`: the checkpoint's num_frames or fps
+when its video config samples, else `default_frames` = 8 by the same rule), each
+resized to the video processor's size (PIL bicubic,
+where transformers uses torchvision's bicubic: pixels differ by interpolation rounding), rescaled and
+normalised with its settings; the <video> placeholder is expanded by the processor's own
+`replace_video_token`.
+
+Attention (need_attention=True). SigLIP has no [CLS], so, as for Qwen, `has_cls` is False, `cls` is
+None and `attention` is (N_V, N_V): the tower's feature-layer attention (head mean) of each view
+(base view, tile, padded image, frame), pooled to visual tokens (a token's row = the mean over its
+patches of the attention summed over each other token's patches), 0 across views and for the
+newline tokens, which the tower never sees; `keys` (N_V, d_head) the mean key of each token's patches.
+So "attention" ranks tokens by the attention the other tokens of their view pay them (column sum),
+VisionZip keeps dominant tokens by that score and merges the rest with no [CLS] prefix, VisPruner
+takes that score for its important tokens and then its diversity step, MI-Attention uses it as its
+prior; the in-LLM methods (FastV, DART, SparseVLM) read the decoder through `llm_inputs`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..media import MediaError, Video, is_video_path, load_media, load_video, sample_indices
+from . import _clip_attention as A
+from . import _llava_common as C
+from . import _onevision_layout as L
+from ._qwen_video import read_json, video_processor_dict
+
+# LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
+VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
+                      do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                      image_std=[0.26862954, 0.26130258, 0.27577711], do_sample_frames=False, num_frames=None,
+                      fps=None)
+
+
+def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[int]:
+    """Which frames are read: with `do_sample_frames`, transformers' `default_sample_indices_fn` with the
+    config's num_frames, or fps (max(1, int(total / video_fps * fps)) frames); every frame where it
+    would refuse (more asked than there are). Without it, `default` frames by the same rule
+    (transformers would read every frame, which overflows the context for any real clip)."""
+    n = default
+    if s["do_sample_frames"]:
+        if s["num_frames"] is not None and s["fps"] is not None:
+            raise MediaError("the video processor config sets both fps and num_frames; they are mutually exclusive")
+        if s["num_frames"] is not None:
+            n = int(s["num_frames"])
+        elif s["fps"] is not None:
+            if not video_fps:
+                raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
+            n = max(1, int(total / video_fps * float(s["fps"])))
+        else:
+            return list(range(total))
+    return sample_indices(total, n)
+
+
+def video_settings(cfg: dict) -> dict:
+    s = {k: cfg.get(k, v) for k, v in VIDEO_DEFAULTS.items()}
+    size = dict(s["size"] or {})
+    if "height" not in size:
+        edge = size.get("shortest_edge")
+        if not edge:
+            raise ValueError(f"the video processor's size needs height/width, got {size}")
+        size = {"height": edge, "width": edge}
+    s["size"] = size
+    return s
+
+
+def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
+    """(F, 3, H, W) float32: each frame RGB, resized to size, rescaled and normalised."""
+    h, w = int(s["size"]["height"]), int(s["size"]["width"])
+    arr = np.stack([np.asarray(f.convert("RGB").resize((w, h), resample=int(s["resample"])), dtype=np.float32)
+                    for f in frames])  # (F, H, W, 3)
+    if s["do_rescale"]:
+        arr = arr * np.float32(s["rescale_factor"])
+    if s["do_normalize"]:
+        arr = (arr - np.asarray(s["image_mean"], np.float32)) / np.asarray(s["image_std"], np.float32)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))
+
+
+def _processor(ip, tok, pcfg: dict, model_config, chat_template):
+    """transformers' LlavaOnevisionProcessor on the checkpoint's parts, without a video processor."""
+    from transformers import LlavaOnevisionProcessor
+
+    g = int(model_config.vision_config.image_size) // int(model_config.vision_config.patch_size)
+    p = object.__new__(LlavaOnevisionProcessor)
+    image_token = getattr(tok, "image_token", None) or pcfg.get("image_token", "<image>")
+    video_token = getattr(tok, "video_token", None) or pcfg.get("video_token", "<video>")
+    p.__dict__.update(
+        image_processor=ip, tokenizer=tok, video_processor=None, chat_template=chat_template,
+        num_image_tokens=pcfg.get("num_image_tokens") or g * g,
+        vision_feature_select_strategy=pcfg.get("vision_feature_select_strategy")
+        or model_config.vision_feature_select_strategy,
+        vision_aspect_ratio=pcfg.get("vision_aspect_ratio") or model_config.vision_aspect_ratio,
+        image_token=image_token, video_token=video_token,
+        image_token_id=tok.convert_tokens_to_ids(image_token), video_token_id=tok.convert_tokens_to_ids(video_token))
+    return p
+
+
+def _chat_template(path: str, tok):
+    local = os.path.join(path, "chat_template.jinja")
+    if not os.path.isfile(local):
+        try:
+            from transformers.utils import cached_file
+            local = cached_file(path, "chat_template.jinja", _raise_exceptions_for_missing_entries=False,
+                                _raise_exceptions_for_connection_errors=False)
+        except (OSError, ValueError):
+            local = None
+    if local and os.path.isfile(local):
+        with open(local) as f:
+            return f.read()
+    return read_json(path, "chat_template.json").get("chat_template") or getattr(tok, "chat_template", None)
+
+
+class LlavaOnevisionAdapter(C.LlavaFamilyAdapter):
+    family = "llava_onevision"
+    model_class_name = "LlavaOnevisionForConditionalGeneration"
+    default_frames = 8
+
+    def __init__(self, *args, video_config: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.video = video_settings(video_config or {})
+
+    def _media(self, media):
+        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+            return load_video(media, sample=lambda total, fps: frame_indices(total, fps, self.video,
+                                                                             self.default_frames))
+        return load_media(media, num_frames=self.default_frames)
+
+    @classmethod
+    def _load_processor(cls, path: str):
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        ip = AutoImageProcessor.from_pretrained(path)
+        proc = _processor(ip, tok, read_json(path, "processor_config.json"), AutoConfig.from_pretrained(path),
+                          _chat_template(path, tok))
+        return proc, tok, ip
+
+    @classmethod
+    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs) -> "LlavaOnevisionAdapter":
+        return super().from_pretrained(path, device, dtype, video_config=video_processor_dict(str(path)), **kwargs)
+
+    def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
+        return super()._template(prompt, kind, 1 if kind == "video" else n_media)
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def _grid(self) -> tuple[int, int, int]:
+        vc = self.config.vision_config
+        patch = int(vc.patch_size)
+        offset = 1 if self.config.vision_feature_select_strategy == "default" else 0
+        return int(vc.image_size) // patch, patch, offset
+
+    def _capture(self, need_attention: bool):
+        tower = self.model.model.vision_tower
+        if not need_attention:
+            return contextlib.nullcontext({})
+        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
+        return A.capture_attention(tower, layer)
+
+    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+        if isinstance(media, Video):
+            return self._encode_video(media, templated, need_attention)
+        images = media if isinstance(media, list) else [media]
+        g, patch, offset = self._grid()
+        inputs = self.processor(images=[images], text=templated, return_tensors="pt")
+        pixels = inputs["pixel_values"].to(self.device, self.dtype)
+        with self._capture(need_attention) as cap:
+            out = self.model.model.get_image_features(
+                pixel_values=pixels, image_sizes=inputs["image_sizes"].to(self.device),
+                batch_num_images=inputs["batch_num_images"].to(self.device), return_dict=True)
+        visual = torch.cat(list(out.pooler_output), dim=0)  # (N_V, d)
+        if len(images) == 1:
+            lay = L.Layout(int(pixels.shape[1]), g * g)
+            L.anyres_image(lay, self.model, inputs["image_sizes"][0], g, patch)
+            frames = [images[0], images[0]]
+        else:
+            lay = L.Layout(len(images), g * g)
+            for k, im in enumerate(images):
+                L.square_image(lay, k, k, im.size, g, patch)
+            frames = list(images)
+        return self._finish(lay, visual, inputs["input_ids"], frames, dict(inputs), cap, need_attention, offset)
+
+    def _encode_video(self, video: Video, templated: str, need_attention: bool) -> dict:
+        frames = list(video.frames)
+        if not frames:
+            raise MediaError("a video with no frames")
+        g, patch, offset = self._grid()
+        pixels = video_pixels(frames, self.video).unsqueeze(0)  # (1, F, 3, H, W)
+        token = self.processor.video_token
+        if templated.count(token) != 1:
+            raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
+        expanded = templated.replace(token, self.processor.replace_video_token({"pixel_values_videos": pixels}, 0))
+        ids = self._tokenize(expanded)["input_ids"]
+        with self._capture(need_attention) as cap:
+            out = self.model.model.get_video_features(pixel_values_videos=pixels.to(self.device, self.dtype),
+                                                      return_dict=True)
+        visual = out.pooler_output.flatten(0, 1)  # (F * ceil(g/2)^2 + 1, d)
+        lay = L.Layout(len(frames), g * g)
+        L.video_frames(lay, len(frames), frames[0].size, g, patch)
+        ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=pixels)
+        res = self._finish(lay, visual, ids, frames, ref, cap, need_attention, offset)
+        res["is_video"] = True
+        return res
+
+    def _finish(self, lay, visual, ids, frames, ref, cap, need_attention, offset) -> dict:
+        geometry = lay.geometry()
+        if len(geometry) != visual.shape[0]:
+            raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
+        out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=frames, ref=ref)
+        if need_attention:
+            att, keys = L.token_attention(lay, cap["attention"].cpu(), cap["keys"].cpu(), offset)
+            out.update(attention=att, keys=keys, has_cls=False, cls=None,
+                       state={"attention_all": cap["attention"].cpu()})
+        return out
