@@ -38,6 +38,7 @@ _PROBLEMS: list[str] = []
 _LOADED: dict[str, str] = {}  # module (or file) -> the label of the plug-in that loaded it
 _BUILTIN: set[str] = set()
 _FROZEN: list[str] = []  # why loading ended (empty: it has not)
+_QUICK_CHECK = [True]  # check each pre-LLM method as it loads (off for `python -m mipruner.check_pruner`)
 
 
 def problems() -> list[str]:
@@ -97,9 +98,11 @@ def take_plugins_arg(argv: list[str]) -> tuple[list[str], str | None]:
     return rest, value
 
 
-def load_for_cli(spec: str | None, stream=None) -> list[str]:
+def load_for_cli(spec: str | None, stream=None, *, check: bool = True) -> list[str]:
     """What the command lines do: discovery, then `spec`; every problem so far printed to `stream`
-    (stderr), one line each. Returns them."""
+    (stderr), one line each. Returns them. check=False: no contract check as methods load (the
+    checker runs them all itself)."""
+    _QUICK_CHECK[0] = check
     if spec:
         load_plugins(spec)
     else:
@@ -169,10 +172,11 @@ def _load(label: str, key: str, importer: Callable[[], object]) -> None:
 
     for name in new:
         spec = _registry._REGISTRY[name] = dataclasses.replace(_registry._REGISTRY[name], origin=label)
-        failures = quick_failures(spec.name) if spec.stage != "llm" else []
+        failures = quick_failures(spec.name) if spec.stage != "llm" and _QUICK_CHECK[0] else []
         if failures:
             del _registry._REGISTRY[name]
-            _PROBLEMS.append(f"Plug-in {label}: method {name!r} was left out: it breaks the selection contract ({failures[0]}).")
+            _PROBLEMS.append(f"Plug-in {label}: method {name!r} was left out because it breaks the selection "
+                             f"contract: {failures[0]}.")
 
 
 _registry._FIRST_USE.append(_discover)

@@ -66,9 +66,10 @@ def _try(what: str, out: list[str], fn: Callable):
     try:
         return fn()
     except ContractError as e:
-        out.append(f"{what}: {e.failure}")
+        out.append(f"{what}, {e.failure}")
     except Exception as e:  # the method's own error: reported, the other checks still run
-        out.append(f"{what}: it raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        out.append(f"{what}, it raised {type(e).__name__}" + (f": {text}" if text else ""))
     return None
 
 
@@ -98,23 +99,23 @@ def quick_failures(name: str, device="cpu") -> list[str]:
     dev = kw["visual"].device
     for budget in (1, 7, 0.25, 1.0):
         k = max(1, math.floor(budget * N_V + 0.5)) if isinstance(budget, float) else budget
-        sel = _try(f"budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
+        sel = _try(f"with budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
         if sel is None:
             continue
-        out += [f"budget {budget}: {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev)]
+        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev)]
         if isinstance(budget, float) and budget == 1.0 and not out and sel.keep.cpu().tolist() != list(range(N_V)):
-            out.append("budget 1.0 (keep all) does not keep every token")
+            out.append("with budget 1.0 (keep all), it does not keep every token")
     if out:
         return out
-    a = _try("determinism", out, lambda: prune(name, budget=7, **kw))
-    b = _try("determinism", out, lambda: prune(name, budget=7, **kw))
+    a = _try("run twice with budget 7", out, lambda: prune(name, budget=7, **kw))
+    b = _try("run twice with budget 7", out, lambda: prune(name, budget=7, **kw))
     if a is not None and b is not None and not _same(a, b):
-        out.append("two runs with the same inputs and seed select different tokens (it must be deterministic)")
+        out.append("two runs with the same inputs and seed select different tokens, it must be deterministic")
     with meta_default():
-        m = _try("meta device", out, lambda: prune(name, budget=7, **kw))
-    if a is not None and m is not None and (selection_failures(m, n=N_V, k=7, device=dev) or not _same(m, a)):
-        out.append("it creates a tensor without device= (under torch.set_default_device('meta') its selection "
-                   "changes or leaves the inputs' device)")
+        m = _try("under torch.set_default_device('meta')", out, lambda: prune(name, budget=7, **kw))
+    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=7, device=dev) or not _same(m, a)):
+        out.append("it creates a tensor without device=, so under torch.set_default_device('meta') its selection "
+                   "changes or leaves the inputs' device")
     return out
 
 
@@ -124,10 +125,10 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
     out = quick_failures(name, device)
     kw = {**tensor_inputs(spec, device=device), **_fixed_seed(spec)}
     dev = kw["visual"].device
-    sel = _try(f"budget {N_V}", out, lambda: prune(name, budget=N_V, **kw))
+    sel = _try(f"with budget {N_V}", out, lambda: prune(name, budget=N_V, **kw))
     if sel is not None and sel.keep.cpu().tolist() != list(range(N_V)):
-        out.append(f"budget {N_V} (keep all, in tokens) does not keep every token")
-    sel = _try("budget 7", out, lambda: prune(name, budget=7, **kw))
+        out.append(f"with budget {N_V} (keep all, in tokens), it does not keep every token")
+    sel = _try("with budget 7", out, lambda: prune(name, budget=7, **kw))
     if sel is not None:
         if sel.method != name:
             out.append(f"the selection's method is {sel.method!r}, not {name!r}")
@@ -138,18 +139,18 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
             out.append(f"tokens must be (K, d) = (7, {D}), got {tuple(sel.tokens.shape)}")
     for p in spec.params:
         for c in (p.choices if p.kind == "choice" else ()):
-            s = _try(f"{p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
+            s = _try(f"with {p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
             if s is not None:  # a rule may keep fewer (MI's adaptive K), never more
                 k = s.budget if isinstance(s, Selection) and 1 <= s.budget <= 7 else 7
-                out += [f"{p.name}={c!r}: {f}" for f in selection_failures(s, n=N_V, k=k, device=dev)]
+                out += [f"with {p.name}={c!r}, {f}" for f in selection_failures(s, n=N_V, k=k, device=dev)]
     for dtype in (torch.float16, torch.bfloat16):
         low = {**tensor_inputs(spec, dtype=dtype, device=device), **_fixed_seed(spec)}
-        s = _try(f"{dtype} inputs", out, lambda low=low: prune(name, budget=9, **low))
+        s = _try(f"with {dtype} inputs", out, lambda low=low: prune(name, budget=9, **low))
         if s is not None and (s.keep.numel() != 9 or not bool(torch.isfinite(s.scores).all())):
-            out.append(f"{dtype} inputs: it must keep 9 tokens with finite scores")
+            out.append(f"with {dtype} inputs, it must keep 9 tokens with finite scores")
     zero = {**kw, "visual": kw["visual"].clone()}
     zero["visual"][:5] = 0.0
-    s = _try("all-zero rows", out, lambda: prune(name, budget=9, **zero))
+    s = _try("with all-zero visual rows", out, lambda: prune(name, budget=9, **zero))
     if s is not None and not bool(torch.isfinite(s.scores).all()):
         out.append("all-zero visual rows give non-finite scores")
     return out
@@ -161,21 +162,21 @@ def select_failures(name: str, adapter, encoded) -> list[str]:
     dev = encoded.visual.device
     for budget in (1, 5, 0.25):
         k = max(1, math.floor(budget * n + 0.5)) if isinstance(budget, float) else budget
-        sel = _try(f"select budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
+        sel = _try(f"select with budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
         if sel is not None:
-            out += [f"select budget {budget}: {f}" for f in selection_failures(sel, n=n, k=k)]
+            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=k)]
             if sel.budget != k:
-                out.append(f"select budget {budget}: {sel.budget} tokens reach the LLM, not {k}")
-    sel = _try("select keep-all", out, lambda: select(adapter, encoded, name, n))
+                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}")
+    sel = _try(f"select with budget {n} (keep all)", out, lambda: select(adapter, encoded, name, n))
     if sel is not None and sel.keep.cpu().tolist() != list(range(n)):
-        out.append(f"select budget {n} (keep all) does not keep every token")
-    a = _try("select determinism", out, lambda: select(adapter, encoded, name, 6))
-    b = _try("select determinism", out, lambda: select(adapter, encoded, name, 6, cache={}))
+        out.append(f"select with budget {n} (keep all) does not keep every token")
+    a = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6))
+    b = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6, cache={}))
     if a is not None and b is not None and not _same(a, b):
         out.append("select: two runs (without and with a cache) select different tokens")
     with meta_default():
-        m = _try("select meta device", out, lambda: select(adapter, encoded, name, 6))
-    if a is not None and m is not None and (m.keep.device.type == "meta" or not _same(m, a)):
+        m = _try("select under torch.set_default_device('meta')", out, lambda: select(adapter, encoded, name, 6))
+    if a is not None and m is not None and b is not None and _same(a, b) and (m.keep.device.type == "meta" or not _same(m, a)):
         out.append("select: it creates a tensor without device= (its selection changes under the meta default)")
     if a is not None and get_pruner(name).stage != "llm" and a.keep.device != dev:
         out.append(f"select: keep is on {a.keep.device}, the encoding on {dev}")
