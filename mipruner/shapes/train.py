@@ -24,7 +24,7 @@ in three stages on seeded scenes and clips (nothing is stored; every scene and q
      but are at most m-similar overall.
    Both are on by default (c = 0.35, w = 10, m = 0.35): the cosine between two patches of one
    object ends stage 1 at 0.35 (0.96 to 0.99 without the two terms), and MI-Pruner at lam = 0.5
-   keeps most of the asked object's patches (README, "The embedded model and its table").
+   keeps most of the asked object's patches (docs/embedded-model.md).
    `--recon-weight` (0: off) adds a pixel read-out loss instead: each patch's own 8x8 pixels are
    read back from its unit-norm projected token by a linear head trained alongside and then
    dropped (not saved); short probes did not separate an object's tokens with it.
