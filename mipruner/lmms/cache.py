@@ -72,7 +72,6 @@ class AnswerCache:
                         continue  # a line cut short by a kill
         self.loaded = len(self.answers)
         self.hits = 0
-        self.computed = 0
         self._file = None
 
     def get(self, key: str) -> str | None:
@@ -97,7 +96,6 @@ class AnswerCache:
         self._file.flush()
         os.fsync(self._file.fileno())
         self.answers[key] = answer
-        self.computed += 1
 
     def close(self) -> None:
         if self._file is not None:
