@@ -79,7 +79,7 @@ def _widgets() -> SweepArea:
         n = gr.Number(30, precision=0, minimum=1, maximum=SL.MAX_ITEMS, label="Items", elem_id="sweep-n", scale=1)
         seed = gr.Number(1234, precision=0, label="Scene seed (1234: held out from training)", elem_id="sweep-seed",
                          scale=1)
-    with gr.Accordion("Your own set: a zip of images/videos + questions.jsonl (format in the README)", open=False):
+    with gr.Accordion("Your own set: a zip of images/videos + questions.jsonl (format in docs/sweeps.md)", open=False):
         with gr.Row():
             zip_file = gr.File(label="zip", file_types=[".zip"], type="filepath", elem_id="sweep-zip")
             questions = gr.File(label="questions.jsonl (when not inside the zip)", file_types=[".jsonl"],

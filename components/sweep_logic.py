@@ -108,7 +108,7 @@ def question_set(name: str, n, seed, zip_path: str | None = None, questions: str
     with user_errors("reading the question set", "use a smaller set"):
         if name == SETS[-1]:
             if not zip_path:
-                raise UserError("upload a zip of images/videos with questions.jsonl (see the README)")
+                raise UserError("upload a zip of images/videos with questions.jsonl (format in docs/sweeps.md)")
             return sweeps.user_set(zip_path, questions or None, n=n), os.path.basename(str(zip_path))
         if name not in sweeps.GENERATED:
             raise UserError(f"unknown question set {name!r}")

@@ -188,7 +188,7 @@ class Engine:
             enc = self.adapter.encode(media, prompt, text_mode=text_mode, need_attention=bool(need_attention))
         with session.lock:
             now = self.clock()
-            session.entries[key] = CachedEncoding(encoded=enc, created=now, last_used=now)
+            session.entries[key] = CachedEncoding(encoded=enc, last_used=now)
             session.entries.move_to_end(key)
             session.expire(now)
         self._account(session, key)

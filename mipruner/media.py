@@ -66,6 +66,7 @@ class VideoInfo:
 
 
 def is_video_path(path: str) -> bool:
+    """Image or video by the name's extension: decided before the file is opened."""
     return str(path).lower().endswith(VIDEO_EXTENSIONS)
 
 

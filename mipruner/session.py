@@ -79,7 +79,6 @@ class CachedEncoding:
     layout: viz.Layout | None = None
     answers: dict = field(default_factory=dict)  # answer key -> Answer
     drawings: dict = field(default_factory=dict)  # what `drawn` made: key -> (values, drawing)
-    created: float = 0.0
     last_used: float = 0.0
 
     def drawn(self, key, values, draw: Callable[[], Any]):

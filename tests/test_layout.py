@@ -113,7 +113,9 @@ def test_modules_stay_small():
 
 def test_no_file_outside_the_repository_is_cited():
     hits = []
-    for path in [*sources(), os.path.join(ROOT, "README.md")]:
+    docs = os.path.join(ROOT, "docs")
+    pages = [os.path.join(docs, f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
+    for path in [*sources(), os.path.join(ROOT, "README.md"), *pages]:
         for i, line in enumerate(open(path), 1):
             if any(k in line for k in ("PEERS.md", "DESIGN.md", "STYLE.md", "GPU.md", "shared/paper")):
                 hits.append(f"{os.path.relpath(path, ROOT)}:{i}")
@@ -121,9 +123,12 @@ def test_no_file_outside_the_repository_is_cited():
 
 
 def test_wheel_installs_the_library_without_the_app(tmp_path):
-    """Build the wheel, install it (no deps) into a fresh venv that sees the machine's packages, and
-    import it from there: the library never imports gradio, and gradio is only an extra."""
-    src, dist = tmp_path / "src", tmp_path / "dist"  # build from a copy: the checkout gets no build/ folder
+    """Build the wheel, install it (no deps) into a folder of its own and import it from there with the
+    running interpreter's packages but not the checkout: the library never imports gradio, and gradio is
+    only an extra. (A folder on PYTHONPATH, not a venv: a venv made from inside a venv sees the base
+    interpreter's packages, not the running one's.)"""
+    src, dist, target = tmp_path / "src", tmp_path / "dist", tmp_path / "target"
+    # build from a copy: the checkout gets no build/ folder
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "assets", "tests", "__pycache__", "build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(dist), str(src)], check=True, capture_output=True, cwd=tmp_path)
@@ -139,11 +144,19 @@ def test_wheel_installs_the_library_without_the_app(tmp_path):
     assert "mipruner-eval = mipruner.eval.__main__:main" in entry
     assert "[lmms_eval.models]" in entry and "mipruner = mipruner.lmms:manifest" in entry
     assert any(n.startswith("mipruner/lmms/tasks/") and n.endswith(".yaml") for n in names)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    py = str(venv / "bin" / "python")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True, cwd=tmp_path)
+    assert (target / "mipruner" / "__init__.py").is_file() and not (target / "components").exists()
+    assert not (target / "app.py").exists()
+
+    def outside_checkout(p: str) -> bool:
+        real, root = os.path.realpath(p), os.path.realpath(ROOT)
+        return real != root and not real.startswith(root + os.sep)
+
+    path = [str(target), *(p for p in sys.path if p and outside_checkout(p))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONNOUSERSITE": "1"}
     code = ("import sys, mipruner; print(mipruner.__file__); print('gradio' in sys.modules); "
-            "print(len(mipruner.list_pruners()) > 5)")
-    out = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path).stdout.split()
-    assert out[0].startswith(str(venv)) and out[1:] == ["False", "True"]
+            "print(len(mipruner.list_pruners()) > 5); import importlib.util as u; print(u.find_spec('components'))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path,
+                         env=env).stdout.split()
+    assert out[0].startswith(str(target)) and out[1:] == ["False", "True", "None"]

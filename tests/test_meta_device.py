@@ -11,7 +11,6 @@ With MIPRUNER_TEST_DEVICE=cuda the last test also checks that CUDA selects what 
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import pytest
@@ -20,29 +19,16 @@ import torch
 import mipruner
 from mipruner.pruners import get_pruner, list_pruners
 from mipruner.pruners import mi as mi_mod
+from mipruner.testing import meta_default
+from mipruner.testing import tensor_inputs as _tensor_inputs
 
 from .conftest import TEST_DEVICE
 from .models.tiny_llava import save_tiny, scene
 
-N_V, D, N_T, K = 40, 16, 5, 20  # K > D: CDPruner's kernel runs out of rank and its fallback runs too
-
-@contextlib.contextmanager
-def meta_default():
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    try:
-        yield
-    finally:
-        torch.set_default_device(before)
-
+N_V, K = 40, 20  # K > D (16, the width of mipruner.testing.tensor_inputs): CDPruner's kernel runs out of rank and its fallback runs too
 
 def tensor_inputs(spec, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    kw = dict(visual=torch.randn(N_V, D, generator=g), text=torch.randn(N_T, D, generator=g))
-    if spec.needs_attention:
-        kw.update(attention=torch.softmax(torch.randn(N_V + 1, N_V + 1, generator=g) * 3, dim=-1),
-                  keys=torch.randn(N_V + 1, 12, generator=g))
-    return {k: v.to(TEST_DEVICE) for k, v in kw.items()}
+    return _tensor_inputs(spec, n=N_V, seed=seed, device=TEST_DEVICE)
 
 
 def variants(spec) -> list[dict]:

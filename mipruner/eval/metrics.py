@@ -41,6 +41,7 @@ def parse_yes_no(text: str) -> str:
 
 
 def answer_matches(prediction: str, answer: str) -> bool:
+    """Open answers are scored on their first word (`normalize_answer`); an empty one never matches."""
     return normalize_answer(prediction) == normalize_answer(answer) != ""
 
 

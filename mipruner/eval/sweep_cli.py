@@ -10,7 +10,7 @@ Examples (the embedded model; --set pope|pope-random|pope-popular|pope-adversari
   python -m mipruner.eval sweep --zip my_set.zip --methods mi,random --param budget --values 32,64,128 \\
       --model llava-hf/llava-1.5-7b-hf
 A zip holds images/videos and questions.jsonl ({"media", "question", "answer"} per line; see the
-README). Ctrl-C stops after the current selection and still writes what finished.
+docs/sweeps.md). Ctrl-C stops after the current selection and still writes what finished.
 """
 from __future__ import annotations
 

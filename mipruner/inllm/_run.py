@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -100,6 +101,49 @@ def prefill_logits(adapter, encoded: Encoded, keep, *, layer: int) -> torch.Tens
     return logits_of(prompt, h)[0].float().cpu()
 
 
+class Started(NamedTuple):
+    """What an in-LLM answer has before its first new token: the layers run so far (`prefix`, `kv`),
+    the prompt rows and kept visual indices the remaining layers take (None: the prefix's own), and
+    the counts its `Answer` reports."""
+    prefix: object
+    kv: object
+    rows: torch.Tensor | None
+    idx: torch.Tensor | None
+    input_tokens: int
+    visual_tokens: int
+
+
+def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, min_new_tokens,
+                 run_layers: Callable[[object], Started]) -> Answer:
+    """The greedy answer every in-LLM method gives, timed one way: `run_layers(prompt)` runs (or reuses)
+    the pruned layers, then the rest decode. prefill_s: from the call to the first new token (the
+    prompt and `run_layers` included); decode_s: the rest (CUDA synchronised at both marks)."""
+    from ._decoder import greedy
+
+    max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
+    min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)
+    sync = _sync_fn(adapter)
+    sync()
+    t0 = time.perf_counter()
+    prompt = _get_prompt(adapter, encoded, cache)
+    if prompt.max_positions and prompt.next_position + max_new_tokens > prompt.max_positions:
+        raise ValueError(f"prompt ({prompt.next_position} positions) + max_new_tokens ({max_new_tokens}) "
+                         f"exceeds the model's context {prompt.max_positions}")
+    run = run_layers(prompt)
+    first: list[float] = []
+
+    def on_first():
+        sync()
+        first.append(time.perf_counter())
+
+    ids = greedy(prompt, run.prefix, run.kv, run.rows, run.idx, max_new_tokens, min_new_tokens, on_first)
+    sync()
+    t2 = time.perf_counter()
+    return Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
+                  input_tokens=run.input_tokens, visual_tokens=run.visual_tokens, prefill_s=first[0] - t0,
+                  decode_s=t2 - first[0])
+
+
 @torch.no_grad()
 def generate(adapter, encoded: Encoded, keep, *, layer: int, max_new_tokens: int = 64,
              cache: dict | None = None, min_new_tokens: int = 0) -> Answer:
@@ -112,41 +156,24 @@ def generate(adapter, encoded: Encoded, keep, *, layer: int, max_new_tokens: int
     masked before that many tokens (fixed-length benchmarks). keep=None (or every index) gives
     the same tokens as `adapter.generate(encoded)`.
     """
-    from transformers import DynamicCache
+    def run_layers(prompt) -> Started:
+        from transformers import DynamicCache
 
-    from ._decoder import greedy, prefill_cache, run_prefix
+        from ._decoder import prefill_cache, run_prefix
 
-    max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
-    min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)
-    sync = _sync_fn(adapter)
-    sync()
-    t0 = time.perf_counter()
-    prompt = _get_prompt(adapter, encoded, cache)
-    layer = _layer(prompt, layer)
-    if prompt.max_positions and prompt.next_position + max_new_tokens > prompt.max_positions:
-        raise ValueError(f"prompt ({prompt.next_position} positions) + max_new_tokens ({max_new_tokens}) "
-                         f"exceeds the model's context {prompt.max_positions}")
-    idx = _keep(encoded, keep)
-    if cache is not None:
-        prefix = _prefix(prompt, layer, cache)
-        kv = prefill_cache(prompt, prefix)
-    else:
-        kv = DynamicCache(config=prompt.lm.config)
-        prefix = run_prefix(prompt, layer, cache=kv)
-    rows = prompt.kept_sequence(idx)
-    first: list[float] = []
+        k = _layer(prompt, layer)
+        idx = _keep(encoded, keep)
+        if cache is not None:
+            prefix = _prefix(prompt, k, cache)
+            kv = prefill_cache(prompt, prefix)
+        else:
+            kv = DynamicCache(config=prompt.lm.config)
+            prefix = run_prefix(prompt, k, cache=kv)
+        rows = prompt.kept_sequence(idx)
+        n_vis = encoded.n_visual if idx is None else int(idx.numel())
+        return Started(prefix, kv, rows, idx, int(rows.numel()), n_vis)
 
-    def on_first():
-        sync()
-        first.append(time.perf_counter())
-
-    ids = greedy(prompt, prefix, kv, rows, idx, max_new_tokens, min_new_tokens, on_first)
-    sync()
-    t2 = time.perf_counter()
-    n_vis = encoded.n_visual if idx is None else int(idx.numel())
-    return Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
-                  input_tokens=int(rows.numel()), visual_tokens=n_vis, prefill_s=first[0] - t0,
-                  decode_s=t2 - first[0])
+    return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_layers)
 
 
 def _sync_fn(adapter):
@@ -157,4 +184,4 @@ def _sync_fn(adapter):
     return lambda: None
 
 
-__all__ = ["answer", "generate", "prefill_logits", "prepare"]
+__all__ = ["answer", "generate", "prefill_logits", "prepare", "timed_greedy", "Started"]

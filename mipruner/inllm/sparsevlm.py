@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from typing import NamedTuple
 
 import torch
@@ -57,8 +56,8 @@ import torch
 from ..models.base import Answer
 from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection, resolve_budget
-from ._decoder import Stage, advance, apply_stage, continue_prefix, greedy, logits_of, prefill_cache, run_staged, start
-from ._run import _get_prompt, _int, _sync_fn
+from ._decoder import Stage, advance, apply_stage, continue_prefix, logits_of, prefill_cache, run_staged, start
+from ._run import Started, _get_prompt, timed_greedy
 from ._sparsevlm_schedule import (RELEASED_COUNTS, RELEASED_DEPTH, RELEASED_LAYERS, RELEASED_TOKENS,  # noqa: F401
                                   equivalent_tokens, planned_tokens, recycle_counts, schedule)
 
@@ -270,37 +269,21 @@ def answer(adapter, encoded, selection: Selection, *, max_new_tokens: int = 64, 
     """Greedy answer on a SparseVLM selection: its stages replayed (or the prefix `select` left in
     `cache` reused), then the remaining layers and decoding. input_tokens: the prompt rows after the
     last stage; visual_tokens: K + the last stage's merged tokens. Timings as `inllm.generate`."""
-    from transformers import DynamicCache
+    def run_layers(prompt) -> Started:
+        from transformers import DynamicCache
 
-    max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
-    min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)
-    sync = _sync_fn(adapter)
-    sync()
-    t0 = time.perf_counter()
-    prompt = _get_prompt(adapter, encoded, cache)
-    if prompt.max_positions and prompt.next_position + max_new_tokens > prompt.max_positions:
-        raise ValueError(f"prompt ({prompt.next_position} positions) + max_new_tokens ({max_new_tokens}) "
-                         f"exceeds the model's context {prompt.max_positions}")
-    hit = None if cache is None else cache.get(_LAST)
-    if hit is not None and hit[0] == (selection.budget, selection.extras.get("recycle_ratio")) \
-            and torch.equal(hit[1], selection.keep):
-        prefix = hit[2]
-        kv = prefill_cache(prompt, prefix)
-    else:
-        kv = DynamicCache(config=prompt.lm.config)
-        prefix = run_staged(prompt, stages_of(prompt, selection), cache=kv)
-    first: list[float] = []
+        hit = None if cache is None else cache.get(_LAST)
+        if hit is not None and hit[0] == (selection.budget, selection.extras.get("recycle_ratio")) \
+                and torch.equal(hit[1], selection.keep):
+            prefix = hit[2]
+            kv = prefill_cache(prompt, prefix)
+        else:
+            kv = DynamicCache(config=prompt.lm.config)
+            prefix = run_staged(prompt, stages_of(prompt, selection), cache=kv)
+        n_vis = selection.budget + selection.extras["n_merged"]
+        return Started(prefix, kv, None, None, int(prefix.rows.numel()), n_vis)
 
-    def on_first():
-        sync()
-        first.append(time.perf_counter())
-
-    ids = greedy(prompt, prefix, kv, None, None, max_new_tokens, min_new_tokens, on_first)
-    sync()
-    t2 = time.perf_counter()
-    return Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
-                  input_tokens=int(prefix.rows.numel()), visual_tokens=selection.budget + selection.extras["n_merged"],
-                  prefill_s=first[0] - t0, decode_s=t2 - first[0])
+    return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_layers)
 
 
 @torch.no_grad()

@@ -50,6 +50,8 @@ def media_digest(visuals) -> str:
 
 
 def answer_key(model_key: str, task: str, split: str, doc_id, prompt: str, media: str, max_new_tokens: int) -> str:
+    """One answer's key: a hash of everything that can change it (the model and method settings in
+    `model_key`, the task, the document, the prompt, the media's content, the answer length)."""
     payload = json.dumps([model_key, task, split, str(doc_id), prompt, media, int(max_new_tokens)])
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -72,7 +74,6 @@ class AnswerCache:
                         continue  # a line cut short by a kill
         self.loaded = len(self.answers)
         self.hits = 0
-        self.computed = 0
         self._file = None
 
     def get(self, key: str) -> str | None:
@@ -97,7 +98,6 @@ class AnswerCache:
         self._file.flush()
         os.fsync(self._file.fileno())
         self.answers[key] = answer
-        self.computed += 1
 
     def close(self) -> None:
         if self._file is not None:

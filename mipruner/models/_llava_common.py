@@ -43,6 +43,7 @@ POSITIONS = ("compact", "original")
 
 
 def default_device() -> torch.device:
+    """CUDA when the machine has it: where a 7B checkpoint is meant to run."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

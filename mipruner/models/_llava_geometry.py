@@ -83,6 +83,7 @@ def grid_geometry(pmap: PixelMap, rows: int, cols: int, patch: int, frame: int =
 
 
 def cat_geometry(parts: list[dict], grids, sizes) -> TokenGeometry:
+    """One TokenGeometry from per-view parts (tiles, images, frames), in the LLM's input order."""
     return TokenGeometry(frame=torch.cat([p["frame"] for p in parts]).long(),
                          row=torch.cat([p["row"] for p in parts]).long(),
                          col=torch.cat([p["col"] for p in parts]).long(),

@@ -33,6 +33,7 @@ def span_mask(offsets: list[tuple[int, int]], start: int, end: int) -> torch.Ten
 
 
 def is_content_token(token: str) -> bool:
+    """A token carrying a word of its own, not a stopword or punctuation: what `text_mode="nostop"` scores."""
     word = token.replace("\u2581", " ").replace("\u0120", " ").strip().strip(".,;:!?\"'()[]{}").lower()
     return bool(word) and word not in STOPWORDS and any(ch.isalnum() for ch in word)
 

@@ -63,6 +63,8 @@ def _first_word(sentence: str) -> str:
 
 
 def is_multiple_choice(prompt: str) -> bool:
+    """At least two option labels ("A." / "(B)" / "1)") or a cue such as "Options:": the paper's
+    multiple-choice prompts, answered by one label, so the rule treats them as closed-form."""
     labels = {(a or b).upper() for a, b in _OPTION.findall(prompt)}
     return len(labels) >= 2 or bool(_CHOICE_CUE.search(prompt))
 

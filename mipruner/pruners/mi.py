@@ -316,6 +316,8 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
 
 def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
               mean_weights: str = "all") -> tuple[float, float]:
+    """MI's settings checked once for every MI method (mi, mi_attention, mi_adaptive): (lam, tau);
+    a bad value raises ValueError naming it."""
     lam = check_range("lam", lam, 0.0, 1.0)
     tau = check_range("tau", tau, 0.0, math.inf, lo_open=True)
     if math.isinf(tau):

@@ -165,6 +165,7 @@ def check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool 
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """`value` when it is one of `choices`; else a ValueError naming the argument and the choices."""
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value

@@ -98,10 +98,6 @@ class Scene:
         return [t[0] for t in self.tracks]
 
     @property
-    def is_clip(self) -> bool:
-        return len(self.frames) > 1
-
-    @property
     def categories(self) -> set[str]:
         return {o.category for o in self.objects}
 

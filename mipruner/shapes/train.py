@@ -2,69 +2,9 @@
 
     python -m mipruner.shapes.train --out assets/shapes-llava --seed 0 --threads 1 --precision fp32
 
-A LlavaForConditionalGeneration with a small CLIP vision tower and a small Llama decoder, trained
-in three stages on seeded scenes and clips (nothing is stored; every scene and question is drawn from seed
-`seed`, so a run is reproducible for a seed and thread count):
-
-1. Alignment: vision tower + projector. Every projected patch is scored against the (frozen,
-   orthonormal) word embeddings of the colour, shape and count words by cosine / temperature (0.1,
-   MI-Pruner's tau), and trained with cross-entropy to name its object's colour, its shape and how
-   many objects of that shape the image holds ("background" for empty patches). Object and
-   background patches weigh alike (objects are ~10% of the patches; a plain mean left shape near
-   chance). This builds the paper's premise, a projection space aligned with the LLM's word
-   embeddings, and lets stage 2 answer colour and count by copying from the asked shape's patches.
-   Alignment alone pulls every patch of an object onto the same three word vectors (cosine ~0.96
-   to 0.99 between an object's patches), so redundancy-aware pruners see one token per object,
-   which real vision towers do not do (a large object's patches differ: edges, corners, a lit or
-   a shaded side, a hidden part). Two terms keep an object's patches apart:
-   - `--align-cap c` clips each cosine to [-c/4, c] before the cross-entropy, so alignment stops
-     pulling once a patch is c-close to its words and leaves the rest of the unit vector free;
-   - `--spread-weight w --spread-margin m` adds w * mean (cos(v_i, v_j) - m)_+^2 over pairs of
-     distinct patches i, j of the same object: two patches of one object may share their words
-     but are at most m-similar overall.
-   Both are on by default (c = 0.35, w = 10, m = 0.35): the cosine between two patches of one
-   object ends stage 1 at 0.35 (0.96 to 0.99 without the two terms), and MI-Pruner at lam = 0.5
-   keeps most of the asked object's patches (README, "The embedded model and its table").
-   `--recon-weight` (0: off) adds a pixel read-out loss instead: each patch's own 8x8 pixels are
-   read back from its unit-norm projected token by a linear head trained alongside and then
-   dropped (not saved); short probes did not separate an object's tokens with it.
-2. QA: decoder only (vision tower, projector and the aligned word embeddings frozen; plurals share
-   their singular's vector; LM head tied to the embeddings; loss on the answer word and </s>).
-   - The frozen tower's visual tokens are computed once for a pool of `pool` scenes (half drawn
-     as the eval draws them, half with k = 1..4 objects of one shape so counts are balanced), and
-     the decoder is trained through `inputs_embeds`: the tower is no longer run every step.
-   - Questions are drawn from every question the pool's scenes allow, mixed as MIX says: presence
-     (yes/no balanced, 3/4 of the negatives sharing a colour or a shape with a present object),
-     colour of a unique shape, and count with answers one..four balanced.
-   - Attention supervision: the decoder has to learn to look up the asked object among 196
-     tokens, and with the answer loss alone it did not (a plateau at presence ~0.65, colour ~0.8,
-     count ~0.75 on the training stream, which answering from all objects at once explains). An
-     extra loss, -log of the attention mass on the right patches, teaches the lookup directly:
-     layer 0 head 0 at the question's shape word -> that shape's patches, layer 0 head 1 at a
-     presence question's colour word -> that colour's patches, and head 0 of every later layer
-     at the last prompt token -> the asked object's patches (the shape's for colour/count, the
-     category's for presence when present; no target for an absent one). Nothing of this is in
-     the saved model: it is a plain LLaVA.
-   - Thinned sequences first: for the first `stage2_steps - full_steps` steps every object patch
-     is kept but only `keep_background` of the background patches (original position ids), about
-     50 instead of 209 tokens, ~4x cheaper a step; the last `full_steps` steps see every token,
-     as inference does.
-3. Clips: the same decoder training on a pool of `clips` 8-frame clips (`make_clip`), read as the
-   LLaVA adapter reads a video: 8 images, one <image> each, 8 x 196 visual tokens. Steps alternate
-   a thinned clip batch (attention targets: the asked object's patches in every frame) with a full
-   image batch, so the image questions keep their accuracy. `--clip-steps 0` leaves it out.
-
-The shipped model is this command's (49 minutes on one thread in fp32, with another training job
-on the machine's second core; assets/shapes-llava/training.json holds the measured times and
-held-out accuracies).
-
-All stages use AdamW + warmup/cosine, with bf16 autocast on CPUs with AVX-512 (about 4x faster than fp32
-there) and fp32 elsewhere (`--precision`; on an AVX2-only CPU bf16 ran 8x slower than fp32).
-`--eval DIR` measures held-out accuracy per question family of a saved model through the
-processor, as users call it; `--recall DIR` measures MI-Pruner's query recall. A run writes
-`training.json` next to the model: the config, the command, the wall time per stage and the
-held-out accuracies measured at its end. A checkpoint after stage 1 (in the temp directory) makes
-a killed run resumable with `--resume`.
+Three stages (alignment of the projected patches with the word embeddings, question answering on the
+decoder, clips), every scene and question drawn from `--seed`, so a run is reproducible for a seed and
+thread count. Why each loss is there and what it measured: docs/embedded-model.md, "How it is trained".
 """
 from __future__ import annotations
 

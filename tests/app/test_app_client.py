@@ -164,16 +164,16 @@ def test_two_sessions_never_see_each_other(app_url, hub):
         c.predict(*ctl(), api_name="/view")
 
 
-def test_readme_api_snippet_runs(app_url, capsys):
-    """The gradio_client snippet in README.md, run as written against the live server."""
+def test_docs_api_snippet_runs(app_url, capsys):
+    """The gradio_client snippet in docs/app.md, run as written against the live server."""
     import os
     import re
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    readme = open(os.path.join(root, "README.md")).read()
-    code = re.search(r"<!-- api-snippet -->\s*```python\n(.*?)```", readme, re.S).group(1)
+    page = open(os.path.join(root, "docs", "app.md")).read()
+    code = re.search(r"<!-- api-snippet -->\s*```python\n(.*?)```", page, re.S).group(1)
     code = code.replace('"http://127.0.0.1:7860/"', repr(app_url)).replace(
         '"assets/examples/scene_3.png"', repr(os.path.join(root, "assets/examples/scene_3.png")))
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/app.md", "exec"), {})
     out = capsys.readouterr().out
     assert "196 visual tokens" in out and "('mi', 32)" in out and "('fastv', 32)" in out

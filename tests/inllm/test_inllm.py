@@ -14,6 +14,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -42,7 +44,25 @@ def _no_grad():
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    root = tmp_path_factory.mktemp("inllm")
+    return tiny_checkpoints(tmp_path_factory.mktemp("inllm"))
+
+
+@contextlib.contextmanager
+def decoder_layer_calls(adapter):
+    """A list counting the calls of each decoder layer while the block runs (hooks removed after)."""
+    layers = adapter.model.model.language_model.layers
+    calls = [0] * len(layers)
+    handles = [m.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
+               for i, m in enumerate(layers)]
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def tiny_checkpoints(root) -> dict:
+    """family -> a tiny checkpoint saved under `root`, from tests/models' builders as they stand."""
     out = {fam: save_tiny(fam, str(root / fam)) for fam in LLAVA}
     out.update({kind: tiny_qwen.build(kind, str(root)) for kind in QWEN})
     return out
@@ -301,11 +321,7 @@ def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
 # ------------------------------------------------------------------------------------ cache
 def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
     ad, enc = adapters["qwen2_vl"], encoded["qwen2_vl", "image"]
-    layers = ad.model.model.language_model.layers
-    calls = [0] * len(layers)
-    handles = [m.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
-               for i, m in enumerate(layers)]
-    try:
+    with decoder_layer_calls(ad) as calls:
         cache: dict = {}
         a = mipruner.select(ad, enc, "fastv", 4, cache=cache, layer=1)
         assert calls == [1, 0]  # layers 0..K-1 once
@@ -319,9 +335,6 @@ def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
         assert calls == [3 + 3, 3 + 3]  # without the cache: both layers on the prompt, then 2 steps
         mipruner.select(ad, enc, "fastv", 4, cache=cache, layer=2)  # another K: a new prefix
         assert calls == [7, 7]
-    finally:
-        for h in handles:
-            h.remove()
 
 
 # ------------------------------------------------------------------------------------ errors

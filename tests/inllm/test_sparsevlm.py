@@ -25,15 +25,10 @@ from mipruner.inllm import sparsevlm as sv
 
 from ..models import tiny_llava, tiny_qwen
 from .reference import hide_by_stage, reference_staged
-from .test_inllm import CASES, LLAVA, QWEN, _eager, _id, _reference_inputs, adapters, encoded  # noqa: F401
+from .test_inllm import (CASES, LLAVA, _eager, _id, _no_grad, _reference_inputs, adapters,  # noqa: F401
+                         decoder_layer_calls, encoded, tiny_checkpoints)
 
 DEPTH = 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +45,7 @@ def paths(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tiny_llava, "_text_config", deeper_llava)
         mp.setattr(tiny_qwen, "_text_config", lambda tok, **kw: qwen_text(tok, **{"num_hidden_layers": DEPTH, **kw}))
-        out = {fam: tiny_llava.save_tiny(fam, str(root / fam)) for fam in LLAVA}
-        out.update({kind: tiny_qwen.build(kind, str(root)) for kind in QWEN})
-    return out
+        return tiny_checkpoints(root)
 
 
 # ------------------------------------------------------------------------------------ rules by hand
@@ -236,11 +229,7 @@ def test_stage_scores_are_the_raters_eager_attention(paths, adapters, encoded, f
 # ------------------------------------------------------------------------------------ cache, errors
 def test_cache_reuses_the_first_stage_and_the_selected_prefix(adapters, encoded):
     ad, enc = adapters["qwen2_vl"], encoded["qwen2_vl", "image"]
-    layers = ad.model.model.language_model.layers
-    calls = [0] * len(layers)
-    handles = [m.register_forward_hook(lambda *_a, i=i: calls.__setitem__(i, calls[i] + 1))
-               for i, m in enumerate(layers)]
-    try:
+    with decoder_layer_calls(ad) as calls:
         cache: dict = {}
         a = mipruner.select(ad, enc, "sparsevlm", 2, cache=cache)
         assert calls == [1, 1, 1, 0]  # stages at 1, 2, 3: layers 0..2 once
@@ -253,9 +242,6 @@ def test_cache_reuses_the_first_stage_and_the_selected_prefix(adapters, encoded)
         again = mipruner.answer(ad, enc, a, max_new_tokens=3, min_new_tokens=3, cache=cache)
         assert calls == [3 + 3, 4 + 3, 4 + 3, 3 + 3]  # not the latest selection: its stages replayed
         assert len(ans.token_ids) == len(again.token_ids) == 3
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def test_errors(adapters, encoded):

@@ -1,0 +1,109 @@
+"""The docs hold: README.md stays a short front door with the Space's front matter, every relative link of
+README.md and docs/*.md reaches a file (and a heading), the README's test command is the one CI runs, and
+every Python snippet marked `<!-- runnable -->` runs offline as written (the convention: docs/architecture.md,
+"Runnable snippets in the docs")."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+PAGES = [README, *sorted(os.path.join(ROOT, "docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))]
+FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.S | re.M)
+RUNNABLE = re.compile(r"^<!-- runnable -->[ \t]*\n```python\n(.*?)^```", re.S | re.M)
+
+
+def rel(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def prose(text: str) -> str:
+    """The text without fenced blocks and inline code spans (links and headings there are not links)."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's heading ids: lower case, punctuation other than '-' and '_' dropped, spaces to '-',
+    a repeated id numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def links(text: str) -> list[str]:
+    return re.findall(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", prose(text))
+
+
+def snippets() -> list[tuple[str, int, str]]:
+    return [(rel(p), i, code) for p in PAGES for i, code in enumerate(RUNNABLE.findall(read(p)))]
+
+
+def test_readme_is_a_front_door_with_the_space_front_matter():
+    text = read(README)
+    assert text.count("\n") <= 300, f"README.md has {text.count(chr(10))} lines: move the detail into docs/"
+    m = re.match(r"---\n(.*?)\n---\n", text, re.S)
+    assert m, "README.md must start with the Hugging Face Space front matter (a --- YAML block)"
+    meta = dict(ln.split(":", 1) for ln in m.group(1).splitlines() if ":" in ln and not ln.startswith(" "))
+    meta = {k.strip(): v.strip().strip('"') for k, v in meta.items()}
+    assert meta.get("sdk") == "gradio" and meta.get("app_file") == "app.py", meta
+    pin = re.search(r"^gradio==(\S+)", read(os.path.join(ROOT, "requirements.txt")), re.M).group(1)
+    assert meta.get("sdk_version") == pin, f"front matter sdk_version {meta.get('sdk_version')} != gradio=={pin}"
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    blocks = re.findall(r"```bash\n(.*?)```", read(README), re.S)
+    readme = next(b for b in blocks if "pytest" in b).strip()
+    ci = read(os.path.join(ROOT, ".ci", "run")).split("# The README's test command", 1)[1].split("\n", 1)[1]
+    ci = ci.replace("pip install -q ", "pip install ").strip()
+
+    def steps(cmd: str) -> list[str]:
+        return [s.strip() for s in re.split(r"&&|\n", cmd) if s.strip()]
+
+    assert steps(readme) == steps(ci)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_relative_links_reach_a_file_and_a_heading(page):
+    bad = []
+    for target in links(read(page)):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+        if not os.path.exists(dest):
+            bad.append(f"{target}: no file {rel(dest)}")
+        elif anchor and dest.endswith(".md") and anchor not in anchors(read(dest)):
+            bad.append(f"{target}: no heading #{anchor} in {rel(dest)}")
+    assert not bad, f"{rel(page)}: " + "; ".join(bad)
+
+
+def test_the_anchor_rule_follows_github():
+    text = "# The embedded model's curves\n```\n# not a heading\n```\n## In-LLM: FastV, DART\n## Tests\n## Tests\n"
+    assert anchors(text) == {"the-embedded-models-curves", "in-llm-fastv-dart", "tests", "tests-1"}
+    assert links("[a](b.md#c) `[x](nope.md)` ![i](../p.png)\n```\n[y](nope2.md)\n```") == ["b.md#c", "../p.png"]
+
+
+def test_the_readme_has_a_runnable_example():
+    assert any(page == "README.md" for page, _, _ in snippets())
+
+
+@pytest.mark.parametrize("page,index,code", snippets(), ids=lambda v: v if isinstance(v, (str, int)) else "")
+def test_runnable_snippet_runs_offline(page, index, code):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{page}, runnable snippet {index + 1}:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
