@@ -88,7 +88,8 @@ def save_tiny(path: str, seed: int = 0, video: dict | None = None) -> str:
         json.dump({"processor_class": "InternVLProcessor", "image_seq_length": SEQ}, f)
     vcfg = dict(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, resample=3, do_rescale=True, rescale_factor=1 / 255,
                 do_normalize=True, image_mean=MEAN, image_std=STD, do_sample_frames=False, initial_shift=True,
-                video_processor_type="InternVLVideoProcessor", **(video or {}))
+                video_processor_type="InternVLVideoProcessor")
+    vcfg.update(video or {})
     with open(os.path.join(path, "video_preprocessor_config.json"), "w") as f:
         json.dump(vcfg, f)
     return path
