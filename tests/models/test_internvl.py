@@ -290,3 +290,59 @@ def test_internvl_errors(internvl, tmp_path):
     tok.context_image_token = None
     with pytest.raises(ValueError, match="context_image_token"):
         _processor(internvl.image_processor, tok, {}, None)
+
+
+@pytest.mark.parametrize("positions", ["compact", "original"])
+@pytest.mark.parametrize("kind", ["wide", "images", "video"])
+def test_internvl_batch_equals_one_by_one(internvl, encoded, kind, positions):
+    """Several selections of one encoding as one left-padded batch give the one-by-one answers
+    (batch_check's tie rule); the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
+    from mipruner.batch import answer_batch, use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    from .batch_check import Scores, check_logits, compare_all, one_by_one
+
+    a, e = internvl, encoded[kind]
+    n = e.n_visual
+    g = torch.Generator().manual_seed(3)
+    sels = [None, mipruner.select(a, e, "mi", max(1, n // 4), lam=0.5),
+            mipruner.select(a, e, "visionzip", max(2, n // 3))]
+    sels += [torch.randperm(n, generator=g)[:k] for k in (1, n - 1)]
+    ref = one_by_one(a, e, sels, 6, positions=positions)
+    scores = Scores()
+    got = answer_batch(a, e, sels, max_new_tokens=6, positions=positions, logits_processor=[scores])
+    check_logits(scores, ref)
+    done, total = compare_all(got, ref)
+    assert done >= 0.5 * total, (done, total)  # tokens compared up to each row's first near-tie
+    try:
+        use_decode_path(a, bucket=16, static_cache=True)
+        assert a.generate(e, max_new_tokens=6, positions=positions).token_ids == ref[0][0].token_ids
+    finally:
+        a.decode_path = PLAIN
+
+
+def official_processor(a, video_processor=None):
+    """transformers' InternVLProcessor built by its own __init__ on the adapter's parts."""
+    import transformers as tf
+
+    from .official import processor_class
+
+    return processor_class(tf.InternVLProcessor)(
+        image_processor=a.image_processor, tokenizer=a.tokenizer, video_processor=video_processor or object(),
+        image_seq_length=a.processor.image_seq_length, chat_template=a.tokenizer.chat_template)
+
+
+def test_internvl_several_images_as_the_official_chat_template(internvl):
+    """transformers' processor through `apply_chat_template` reads three images of one message as three
+    <img> blocks, each tiled: the adapter gives the same ids, pixels and logits."""
+    from .official import messages
+
+    a = internvl
+    ims = [scene(40, 20, seed=1), scene(30, 60, seed=2), scene(50, 50, seed=3)]
+    ref = official_processor(a).apply_chat_template(messages("image", [{"image": i} for i in ims], PROMPT),
+                                                    add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                    return_tensors="pt")
+    e = a.encode(ims, PROMPT)
+    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0]) and e.n_visual == 7 * SEQ
+    assert torch.equal(e.state["ref"]["pixel_values"], ref["pixel_values"])
+    torch.testing.assert_close(a.prefill_logits(e), a.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
