@@ -8,8 +8,7 @@ Qwen2_5_VLVisionText2TextModelTester, Qwen3VLVisionText2TextModelTester), so the
 geometries we did not choose (CLIP patch 2, pinpoints [[32, 32]], Qwen spatial merge 1, patch 16,
 interleaved M-RoPE). What does not fit a real tokenizer is ours: vocabulary size and special-token ids
 come from the byte-level tokenizers of tiny_llava.py / tiny_qwen.py (InternVL: tiny_internvl.py's word-level
-one), and the image processors are
-sized to each tester's vision input. Weights are random (seeded).
+one), and the image processors are sized to each tester's vision input. Weights are random (seeded).
 
 Video settings: the Qwen2-VL checkpoint ships no video_preprocessor_config.json (like hub checkpoints
 that predate video processors: transformers then reads preprocessor_config.json and every frame);

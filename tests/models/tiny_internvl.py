@@ -8,9 +8,9 @@ tied embeddings. Ours: 1024 positions instead of 512 (8 video frames take 512 vi
 the tokenizer: a word-level one with InternVL's special tokens (<img>, </img>, <IMG_CONTEXT>, <video>)
 named as the hub tokenizer names them (start_image_token, end_image_token, context_image_token,
 video_token), and the chat template transformers' conversion script writes (an image is
-"<IMG_CONTEXT>\\n", a video "<video>\\n"). The image processor is transformers' GotOcr2 one (PIL) at
-64 px, up to 6 tiles (the hub checkpoints allow 12 at 448 px), with ImageNet normalisation as the
-hub checkpoints ship it.
+"<IMG_CONTEXT>\\n", a video "<video>\\n"): `mipruner.bench.random_internvl.build_tokenizer`. The
+image processor is transformers' GotOcr2 one (PIL) at 64 px, up to 6 tiles (the hub checkpoints allow
+12 at 448 px), with ImageNet normalisation as the hub checkpoints ship it.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from mipruner.bench.random_internvl import build_tokenizer
+
 IMAGE_SIZE, PATCH, MAX_TILES = 64, 4, 6
 SEQ = (IMAGE_SIZE // PATCH // 2) ** 2  # tokens per tile after the 0.5 pixel shuffle
 TEXT = dict(hidden_size=128, intermediate_size=37, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -26,38 +28,6 @@ TEXT = dict(hidden_size=128, intermediate_size=37, num_hidden_layers=4, num_atte
 VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=IMAGE_SIZE,
               patch_size=PATCH, num_channels=3, hidden_act="quick_gelu", use_absolute_position_embeddings=True)
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
-    "{% for content in message['content'] %}{% if content['type'] == 'image' %}{{ '<IMG_CONTEXT>\n' }}"
-    "{% elif content['type'] == 'video' %}{{ '<video>\n' }}"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{{'<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}"
-)
-WORDS = ("what is in the image video describe a red green blue square circle ball on background how many "
-         "objects are there yes no one two three four left right top bottom colour color of moves from to "
-         "frame by Frame user assistant system : ? . , 0 1 2 3 4 5 6 7 8 9").split()
-SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
-
-
-def build_tokenizer():
-    """A word-level fast tokenizer (with offsets) over a small vocabulary and InternVL's special tokens."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
-    tok.normalizer = normalizers.Lowercase()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        extra_special_tokens={"start_image_token": "<img>", "end_image_token": "</img>",
-                              "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
-    fast.add_special_tokens({"additional_special_tokens": SPECIALS[2:]})
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 def build(seed: int = 0):
