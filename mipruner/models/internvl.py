@@ -58,7 +58,8 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     at torch.arange(shift, total, total / k).int() with shift = total / k / 2 when `initial_shift` is
     True (the middle of each of k equal segments). With `do_sample_frames` off (the hub default, where
     transformers reads every frame, too many for any real clip) k = `default`. Every frame where
-    transformers would refuse (k > total, or sampling with neither num_frames nor fps); at least one."""
+    transformers would refuse (k > total, a numeric shift past the clip, or sampling with neither
+    num_frames nor fps); at least one."""
     if total <= 0:
         return []
     k = default
@@ -71,10 +72,10 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
             k = max(1, int(total / video_fps * float(s["fps"])))
         else:
             return list(range(total))
-    if k >= total:
-        return list(range(total))
     shift = s["initial_shift"]
     shift = total / k / 2 if shift is True else float(shift or 0)
+    if k > total or shift >= total:
+        return list(range(total))
     return torch.arange(shift, total, total / k).int().tolist()
 
 

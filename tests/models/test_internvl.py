@@ -346,3 +346,30 @@ def test_internvl_several_images_as_the_official_chat_template(internvl):
     assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0]) and e.n_visual == 7 * SEQ
     assert torch.equal(e.state["ref"]["pixel_values"], ref["pixel_values"])
     torch.testing.assert_close(a.prefill_logits(e), a.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("shift", [True, False, 1.5])
+def test_internvl_frame_rule_equals_transformers_everywhere(shift):
+    """`frame_indices` against the installed `InternVLVideoProcessor.sample_frames` for every clip length
+    up to 40 and every count up to 12 it accepts (more frames asked than the clip has: every frame)."""
+    from types import SimpleNamespace
+
+    from transformers.video_utils import VideoMetadata
+
+    from .official import installed
+
+    sample = installed("models/internvl/video_processing_internvl.py", "InternVLVideoProcessor.sample_frames")
+    compared = 0
+    for total in range(1, 41):
+        for k in range(1, 13):
+            s = dict(do_sample_frames=True, num_frames=k, fps=None, initial_shift=shift)
+            ours = frame_indices(total, 4.0, s, 8)
+            try:
+                want = sample(SimpleNamespace(num_frames=None, initial_shift=True),
+                              VideoMetadata(total_num_frames=total, fps=4.0), num_frames=k, initial_shift=shift)
+            except (ValueError, RuntimeError):  # k > total, or a shift past the clip: transformers refuses
+                assert (k > total or shift is not True and shift >= total) and ours == list(range(total))
+                continue
+            assert ours == want.tolist(), (total, k)
+            compared += 1
+    assert compared == sum(min(12, t) for t in range(1, 41)) - (1 if shift == 1.5 else 0)
