@@ -120,6 +120,8 @@ def test_internvl_token_counts_and_layout(internvl, encoded):
     toks = internvl.tokenizer.convert_ids_to_tokens(video.state["input_ids"].tolist())
     assert toks.count("<img>") == toks.count("</img>") == 8 and toks.count("frame") == 8
     assert encoded["images"].text_tokens.count("<img>") == 2 and encoded["images"].scoring_tokens[0] == "what"
+    question = ["what", "colour", "is", "the", "square", "?"]  # scoring text: the question, not "frame 1 :"
+    assert all(encoded[k].scoring_tokens == question for k in KINDS)
 
 
 def test_internvl_pixel_shuffle_groups_2x2_patches(internvl):
