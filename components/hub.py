@@ -32,6 +32,8 @@ SUGGESTED = (
     "LanguageBind/Video-LLaVA-7B-hf",
     "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
     "llava-hf/llava-onevision-qwen2-7b-ov-hf",
+    "OpenGVLab/InternVL3-1B-hf",
+    "OpenGVLab/InternVL3-8B-hf",
     "Qwen/Qwen2-VL-2B-Instruct",
     "Qwen/Qwen2.5-VL-3B-Instruct",
     "Qwen/Qwen3-VL-2B-Instruct",

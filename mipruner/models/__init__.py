@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "llava_next": "llava_next:LlavaNextAdapter",
     "video_llava": "video_llava:VideoLlavaAdapter",
     "llava_onevision": "llava_onevision:LlavaOnevisionAdapter",
+    "internvl": "internvl:InternVLAdapter",
     "qwen2_vl": "qwen2_vl:Qwen2VLAdapter",
     "qwen2_5_vl": "qwen2_vl:Qwen2VLAdapter",
     "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",

@@ -173,6 +173,9 @@ class LlavaFamilyAdapter(Adapter):
         plain = self.tokenizer(templated, return_offsets_mapping=True)
         self._check_length(len(plain["input_ids"]))
         out = self._encode_visual(media, templated, need_attention)
+        source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
+        if "expanded" in out:
+            plain = self.tokenizer(source, return_offsets_mapping=True)
         ids = out["input_ids"][0].to(self.device)  # (L,)
         self._check_length(int(ids.numel()))
         vis_mask = self._visual_mask(ids)  # (L,) bool
@@ -189,7 +192,7 @@ class LlavaFamilyAdapter(Adapter):
             raise RuntimeError("the tokenizer and the processor disagree on the prompt's text tokens")
         offsets = [tuple(plain["offset_mapping"][i]) for i in keep_tok]
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids)
-        tmask = text_mask(tokens, offsets, templated, prompt, text_mode)
+        tmask = text_mask(tokens, offsets, source, prompt, text_mode)
         cuda_sync(self.device)
         state = dict(input_ids=ids, visual_positions=torch.nonzero(vis_mask).flatten(), ref=out.get("ref", {}),
                      templated=templated, **out.get("state", {}))

@@ -70,6 +70,7 @@ def class_attributes(relpath: str, cls: str) -> dict:
 
 
 QWEN2_VIDEO = "models/qwen2_vl/video_processing_qwen2_vl.py"
+INTERNVL_VIDEO = "models/internvl/video_processing_internvl.py"
 QWEN3_VIDEO = "models/qwen3_vl/video_processing_qwen3_vl.py"
 
 
@@ -89,7 +90,8 @@ def processor_class(cls):
 class VideoFunctions:
     """Stand-in for a video processor: transformers' functions in the official processor's order.
 
-    kind: "qwen2" (Qwen2VLVideoProcessor, also Qwen2.5-VL), "qwen3", or "clip" (Video-LLaVA: frames
+    kind: "qwen2" (Qwen2VLVideoProcessor, also Qwen2.5-VL), "qwen3", "onevision", "internvl" (frames
+    from `InternVLVideoProcessor.sample_frames`, pixels as the OneVision ones), or "clip" (Video-LLaVA: frames
     from `BaseVideoProcessor.sample_frames`, i.e. `default_sample_indices_fn`, pixels from the image
     processor, which Video-LLaVA checkpoints configure like the video processor). settings: the
     resolved processor settings (the adapter's); sample=False reads every frame (do_sample_frames off).
@@ -109,6 +111,10 @@ class VideoFunctions:
         s = self.s
         if self.kind in ("clip", "onevision"):
             return functools.partial(default_sample_indices_fn, num_frames=self.num_frames) if self.sample else None
+        if self.kind == "internvl":  # InternVLVideoProcessor.sample_frames (middle of k segments)
+            fn = installed(INTERNVL_VIDEO, "InternVLVideoProcessor.sample_frames")
+            return functools.partial(fn, SimpleNamespace(num_frames=None, initial_shift=s["initial_shift"]),
+                                     num_frames=self.num_frames) if self.sample else None
         if not (self.sample and s["do_sample_frames"]):
             return None
         if self.kind == "qwen2":
@@ -134,7 +140,7 @@ class VideoFunctions:
             images = [Image.fromarray(f) for f in frames]
             pixels = self.image_processor(images=images, return_tensors="pt", return_legacy_image_output=False)
             return BatchFeature({"pixel_values_videos": pixels["pixel_values"][None]})
-        if self.kind == "onevision":
+        if self.kind in ("onevision", "internvl"):  # the same steps: resize to size, rescale, normalise
             return BatchFeature({"pixel_values_videos": self.onevision_pixels([Image.fromarray(f) for f in frames])})
         pixels, grid = self.qwen_pixels([Image.fromarray(f) for f in frames])
         return BatchFeature({"pixel_values_videos": pixels, "video_grid_thw": grid, "video_metadata": [meta]})

@@ -100,6 +100,12 @@ def official_setup(fam: str, ad):
             num_image_tokens=ad.processor.num_image_tokens, vision_feature_select_strategy="full",
             chat_template=tok.chat_template)
         return ad, proc
+    if fam == "internvl":
+        vp = VideoFunctions("internvl", ad.video, num_frames=ad.default_frames)
+        proc = processor_class(tf.InternVLProcessor)(
+            image_processor=ad.image_processor, tokenizer=tok, video_processor=vp,
+            image_seq_length=ad.processor.image_seq_length, chat_template=tok.chat_template)
+        return ad, proc
     cls = {"qwen2_vl": tf.Qwen2VLProcessor, "qwen2_5_vl": tf.Qwen2_5_VLProcessor, "qwen3_vl": tf.Qwen3VLProcessor}[fam]
     vp = VideoFunctions("qwen3" if fam == "qwen3_vl" else "qwen2", ad.video_config)
     proc = processor_class(cls)(image_processor=ad.image_processor, tokenizer=tok, video_processor=vp,
@@ -159,7 +165,7 @@ def test_same_as_transformers(families, inputs, fam, name):
         return
     ref, video = official_inputs(fam, proc, name, media)
     if video is not None:
-        every = ("llava", "video_llava", "llava_onevision", "qwen2_5_vl")
+        every = ("llava", "video_llava", "llava_onevision", "internvl", "qwen2_5_vl")
         expect = "every frame" if name == "video_1_frame" and fam in every else "sampled"
         assert video[0] == expect, video
     with torch.no_grad():
@@ -183,9 +189,9 @@ def assert_same_pixels(fam, enc, ref, is_video):
         # videos: normalised in another order than the image processor does it (float rounding)
         torch.testing.assert_close(ours, ref[key], atol=1e-6 if is_video else 0, rtol=0)
         return
-    if fam == "llava_onevision" and is_video:  # the same steps, float rounding of rescale/normalise aside
-        torch.testing.assert_close(enc.state["ref"]["pixel_values_videos"].float(), ref["pixel_values_videos"].float(),
-                                   atol=1e-5, rtol=0)
+    if fam in ("llava_onevision", "internvl") and is_video:  # the same steps, float rounding of rescale/normalise aside
+        key = "pixel_values" if fam == "internvl" else "pixel_values_videos"  # InternVL: frames as images
+        torch.testing.assert_close(enc.state["ref"][key].float(), ref[key].float(), atol=1e-5, rtol=0)
         return
     key = "pixel_values_videos" if fam == "video_llava" and is_video else "pixel_values"
     assert torch.equal(enc.state["ref"][key].float(), ref[key if key in ref else image_key(ref)].float())

@@ -2,12 +2,13 @@
 
 The vision and text settings below are those of the `*VisionText2TextModelTester` classes in
 huggingface/transformers, tests/models/<family>/test_modeling_<family>.py (LlavaVisionText2TextModelTester,
-LlavaNextVisionText2TextModelTester, VideoLlavaVisionText2TextModelTester, LlavaOnevisionVisionText2TextModelTester, Qwen2VLVisionText2TextModelTester,
+LlavaNextVisionText2TextModelTester, VideoLlavaVisionText2TextModelTester,
+LlavaOnevisionVisionText2TextModelTester, InternVLVisionText2TextModelTester, Qwen2VLVisionText2TextModelTester,
 Qwen2_5_VLVisionText2TextModelTester, Qwen3VLVisionText2TextModelTester), so the adapters are checked on
 geometries we did not choose (CLIP patch 2, pinpoints [[32, 32]], Qwen spatial merge 1, patch 16,
 interleaved M-RoPE). What does not fit a real tokenizer is ours: vocabulary size and special-token ids
-come from the byte-level tokenizers of tiny_llava.py / tiny_qwen.py, and the image processors are
-sized to each tester's vision input. Weights are random (seeded).
+come from the byte-level tokenizers of tiny_llava.py / tiny_qwen.py (InternVL: tiny_internvl.py's word-level
+one), and the image processors are sized to each tester's vision input. Weights are random (seeded).
 
 Video settings: the Qwen2-VL checkpoint ships no video_preprocessor_config.json (like hub checkpoints
 that predate video processors: transformers then reads preprocessor_config.json and every frame);
@@ -21,9 +22,9 @@ import os
 
 import torch
 
-from . import tiny_llava, tiny_onevision, tiny_qwen
+from . import tiny_internvl, tiny_llava, tiny_onevision, tiny_qwen
 
-FAMILIES = ["llava", "llava_next", "video_llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+FAMILIES = ["llava", "llava_next", "video_llava", "llava_onevision", "internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 
 CLIP = dict(hidden_size=32, projection_dim=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 LLAMA = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, hidden_act="gelu")
@@ -61,6 +62,8 @@ def build(family: str, root: str) -> str:
     torch.manual_seed(0)
     if family == "llava_onevision":  # the tester's settings, in tiny_onevision.py
         return tiny_onevision.save_tiny(path)
+    if family == "internvl":  # InternVLVisionText2TextModelTester's settings, in tiny_internvl.py
+        return tiny_internvl.save_tiny(path)
     (_build_qwen if family.startswith("qwen") else _build_llava)(family, path)
     return path
 

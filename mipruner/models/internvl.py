@@ -1,0 +1,224 @@
+"""InternVL (transformers `InternVLForConditionalGeneration`, model_type "internvl": InternVL3 and
+InternVL2.5 "-hf" checkpoints): InternViT + pixel shuffle (0.5) + 2-layer MLP + Qwen2.5 (or InternLM2 /
+Llama), one image, several images, video.
+
+Tokens in LLM order and their geometry are described in `_internvl_layout.py`. In short, each image
+becomes "<img>" + (tiles [+ thumbnail]) x image_seq_length <IMG_CONTEXT> tokens + "</img>" (tiles:
+the image stretched to the c x r canvas of S px tiles the GotOcr2 image processor picks, up to
+max_patches; the thumbnail: the whole image at S x S, only when there are several tiles); several
+images are several such blocks; a video is one block per frame, "Frame{i}: <img>...</img>" joined by
+newlines. <img>, </img> and the "Frame{i}: " words are text tokens; only <IMG_CONTEXT> rows are visual.
+
+Inputs: hub checkpoints name a video processor whose class needs torchvision, so `AutoProcessor`
+cannot be built here. The adapter assembles transformers' `InternVLProcessor` from the checkpoint's
+tokenizer, image processor (GotOcr2, the PIL backend) and processor_config.json without its `__init__`
+(`_processor`), and calls its own `__call__` for images and videos, so input ids and pixel values are
+the processor's. Its video slot holds `_Frames`, which hands over frames prepared as
+`InternVLVideoProcessor` prepares them: sampled by its `sample_frames` rule (`frame_indices`), each
+resized to its size (PIL bicubic where transformers uses torchvision's: pixels differ by interpolation
+rounding), rescaled and normalised with its settings.
+
+Attention (need_attention=True). InternViT puts a [CLS] in front of every view; the "default" feature
+strategy drops it before the pixel shuffle, so it never reaches the LLM. `has_cls` is True and
+`attention` is (N_V+1, N_V+1), [CLS] first: row 0 = the attention each token's four patches receive
+from their view's [CLS] (summed), the token block = the feature layer's attention (head mean) pooled
+to tokens (a token's row: the mean over its patches of the attention summed over each other token's
+patches), 0 across views (tiles, thumbnail, images, frames). `keys` (N_V+1, d_head): view 0's [CLS]
+key, then each token's mean patch key. `cls` is None: the projector reads four patches' features
+side by side (4 x width), so a [CLS] row has no image in the LLM's input space. Hence "attention"
+ranks by [CLS] attention, VisionZip keeps dominant tokens by it and merges the rest with no [CLS]
+prefix, VisPruner takes it for its important tokens, MI-Attention as its prior; FastV, DART and
+SparseVLM read the decoder through `llm_inputs` (positions 0..L-1, as the model's forward).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+import torch
+
+from ..media import MediaError, Video, is_video_path, load_media, load_video
+from . import _internvl_layout as L
+from . import _llava_common as C
+from ._clip_attention import feature_layer_index
+from ._onevision_layout import Layout
+from ._qwen_video import read_json, video_processor_dict
+from .llava_onevision import _chat_template, video_pixels
+
+# InternVLVideoProcessor's class defaults (transformers 5.x)
+VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
+                      do_normalize=True, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                      image_std=[0.26862954, 0.26130258, 0.27577711], do_sample_frames=False, num_frames=None,
+                      fps=None, initial_shift=True)
+
+
+def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[int]:
+    """The frames `InternVLVideoProcessor.sample_frames` reads: k = num_frames (or int(duration * fps)),
+    at torch.arange(shift, total, total / k).int() with shift = total / k / 2 when `initial_shift` is
+    True (the middle of each of k equal segments). With `do_sample_frames` off (the hub default, where
+    transformers reads every frame, too many for any real clip) k = `default`. Every frame where
+    transformers would refuse (k > total, a numeric shift past the clip, or sampling with neither
+    num_frames nor fps); at least one."""
+    if total <= 0:
+        return []
+    k = default
+    if s["do_sample_frames"]:
+        if s["num_frames"] is not None:
+            k = int(s["num_frames"])
+        elif s["fps"] is not None:
+            if not video_fps:
+                raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
+            k = max(1, int(total / video_fps * float(s["fps"])))
+        else:
+            return list(range(total))
+    shift = s["initial_shift"]
+    shift = total / k / 2 if shift is True else float(shift or 0)
+    if k > total or shift >= total:
+        return list(range(total))
+    return torch.arange(shift, total, total / k).int().tolist()
+
+
+def video_settings(cfg: dict) -> dict:
+    s = {k: cfg.get(k, v) for k, v in VIDEO_DEFAULTS.items()}
+    size = dict(s["size"] or {})
+    if "height" not in size:
+        edge = size.get("shortest_edge")
+        if not edge:
+            raise ValueError(f"the video processor's size needs height/width, got {size}")
+        size = {"height": edge, "width": edge}
+    s["size"] = size
+    return s
+
+
+class _Frames:
+    """The processor's video slot: frames already sampled, resized and normalised (F, 3, H, W)."""
+
+    def __call__(self, videos, **kwargs):
+        from transformers.feature_extraction_utils import BatchFeature
+
+        return BatchFeature({"pixel_values_videos": torch.stack(list(videos))})
+
+
+def _processor(ip, tok, pcfg: dict, chat_template):
+    """transformers' InternVLProcessor on the checkpoint's parts, `_Frames` in its video slot."""
+    from transformers import InternVLProcessor
+
+    p = object.__new__(InternVLProcessor)
+    names = ("start_image_token", "end_image_token", "context_image_token", "video_token")
+    missing = [n for n in names if getattr(tok, n, None) is None]
+    if missing:
+        raise ValueError(f"the tokenizer does not name InternVL's special tokens {missing} (tokenizer_config.json's "
+                         "extra_special_tokens); is this an InternVL '-hf' checkpoint?")
+    p.__dict__.update(
+        image_processor=ip, tokenizer=tok, video_processor=_Frames(), chat_template=chat_template,
+        image_seq_length=int(pcfg.get("image_seq_length", 256)), start_image_token=tok.start_image_token,
+        end_image_token=tok.end_image_token, start_image_token_id=tok.convert_tokens_to_ids(tok.start_image_token),
+        end_image_token_id=tok.convert_tokens_to_ids(tok.end_image_token), image_token=tok.context_image_token,
+        video_token=tok.video_token, image_token_id=tok.convert_tokens_to_ids(tok.context_image_token))
+    p.multimodal_pattern = re.compile(f"(?P<image>{re.escape(p.image_token)})|(?P<video>{re.escape(p.video_token)})")
+    return p
+
+
+class InternVLAdapter(C.LlavaFamilyAdapter):
+    family = "internvl"
+    model_class_name = "InternVLForConditionalGeneration"
+    default_frames = 8
+
+    def __init__(self, *args, video_config: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.video = video_settings(video_config or {})
+        if self.config.vision_feature_select_strategy != "default":
+            raise ValueError("InternVL's pixel shuffle needs a square patch grid: only vision_feature_select_strategy "
+                             f"'default' (drop the [CLS]) works, the config says "
+                             f"{self.config.vision_feature_select_strategy!r}")
+        vc = self.config.vision_config
+        self.tile_hw = L.tile_size(self.image_processor)
+        self.g = int(vc.image_size[0]) // int(vc.patch_size[0])
+        self.owner = L.shuffle_owner(self.model, self.g)  # (h*h, 4) patches behind each token of a view
+        if self.owner.shape[0] != self.processor.image_seq_length:
+            raise ValueError(f"image_seq_length {self.processor.image_seq_length} in processor_config.json does not "
+                             f"match the model's {self.owner.shape[0]} tokens a tile")
+
+    def _media(self, media):
+        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+            return load_video(media, sample=lambda total, fps: frame_indices(total, fps, self.video,
+                                                                             self.default_frames))
+        return load_media(media, num_frames=self.default_frames)
+
+    @classmethod
+    def _load_processor(cls, path: str):
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        ip = AutoImageProcessor.from_pretrained(path)
+        return _processor(ip, tok, read_json(path, "processor_config.json"), _chat_template(path, tok)), tok, ip
+
+    @classmethod
+    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs) -> "InternVLAdapter":
+        return super().from_pretrained(path, device, dtype, video_config=video_processor_dict(str(path)), **kwargs)
+
+    def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
+        return super()._template(prompt, kind, 1 if kind == "video" else n_media)
+
+    def _visual_token_ids(self) -> list[int]:
+        return [int(self.config.image_token_id)]
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def _capture(self, need_attention: bool):
+        if not need_attention:
+            return contextlib.nullcontext({})
+        tower = self.model.model.vision_tower
+        n = len(tower.encoder.layer)
+        return L.capture(tower, feature_layer_index(self.config.vision_feature_layer, n))
+
+    def _expanded(self, templated: str, replacements: list[str]) -> str:
+        """The prompt with each placeholder replaced by its expansion (the text the processor tokenizes)."""
+        it = iter(replacements)
+        return self.processor.multimodal_pattern.sub(lambda _m: next(it), templated)
+
+    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+        p = self.processor
+        if isinstance(media, Video):
+            frames = list(media.frames)
+            if not frames:
+                raise MediaError("a video with no frames")
+            pixels = video_pixels(frames, self.video)  # (F, 3, H, W)
+            inputs = p(text=templated, videos=[pixels], return_tensors="pt")
+            lay = Layout(len(frames), self.g * self.g)
+            L.video_views(lay, len(frames), self.owner, self.g, frames[0].size, pixels.shape[-2:])
+            expanded = self._expanded(templated, [p.replace_video_token({"pixel_values_videos": [pixels]}, 0)])
+            shown = frames
+        else:
+            images = media if isinstance(media, list) else [media]
+            inputs = p(images=images, text=templated, return_tensors="pt")
+            lay = Layout(int(inputs["pixel_values"].shape[0]), self.g * self.g)
+            view = frame = 0
+            counts, shown = [], []
+            for im in images:
+                grid = L.tile_grid(self.image_processor, (im.height, im.width), tiled=True)
+                dv, df = L.image_views(lay, view, frame, self.owner, self.g, im.size, grid, self.tile_hw)
+                view, frame = view + dv, frame + df
+                counts.append(dv)
+                shown += [im] * df
+            if view != inputs["pixel_values"].shape[0]:
+                raise RuntimeError(f"{view} tiles expected, the processor made {inputs['pixel_values'].shape[0]}")
+            expanded = self._expanded(templated, [p.replace_image_token({"num_patches": counts}, i)
+                                                  for i in range(len(images))])
+        pixels = inputs["pixel_values"].to(self.device, self.dtype)
+        with self._capture(need_attention) as cap:
+            out = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
+        visual = out.pooler_output.flatten(0, 1)  # (views * h*h, d)
+        geometry = lay.geometry()
+        if len(geometry) != visual.shape[0]:
+            raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
+        res = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=shown, expanded=expanded,
+                   is_video=isinstance(media, Video),
+                   ref=dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                            pixel_values=inputs["pixel_values"]))
+        if need_attention:
+            att, keys = L.cls_attention(lay, cap["attention"].cpu(), cap["keys"].cpu())
+            res.update(attention=att, keys=keys, has_cls=True, cls=None,
+                       state={"attention_all": cap["attention"].cpu()})
+        return res
