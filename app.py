@@ -2,12 +2,16 @@
 
     python app.py [--model ID|PATH] [--device cpu|cuda] [--dtype bf16|fp16|fp32] [--host H] [--port P] [--share]
                   [--allow-models IDS] [--max-model-gb GB] [--model-dirs DIRS] [--cache-mb MB] [--files-mb MB]
+                  [--plugins MODULES]
 
 Without --model (or when it cannot be loaded) the embedded model `shapes-llava` (assets/) is used,
 so the app works offline. On a Hugging Face Space this file is the entry point (README front matter).
 Hosted (a Space, --share, or a non-loopback --host), visitors may load only the dropdown's models
 unless --allow-models says otherwise; anywhere, checkpoints above --max-model-gb (read from the
 hub's metadata before downloading) and local folders outside --model-dirs are refused.
+Methods from outside the package (installed plug-ins, MIPRUNER_PLUGINS, --plugins) are imported
+once, at start-up, before the page is built; then loading ends (`mipruner.plugins.freeze`), so no
+request can import code, hosted or not. A plug-in left out is named on the page's status lines.
 """
 from __future__ import annotations
 
@@ -46,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cached encodings of all sessions together, least recently used dropped first (default 1024)")
     p.add_argument("--files-mb", type=int, default=1024,
                    help="rendered panels and exports kept on disk, oldest removed first (default 1024)")
+    p.add_argument("--plugins", default=None,
+                   help="modules or .py files registering more methods, comma-separated, imported at start-up "
+                        "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
     p.add_argument("--max-sessions", type=int, default=1000,
                    help="browser sessions whose state the server keeps, least recently used dropped (default 1000)")
     return p.parse_args(argv)
@@ -75,16 +82,22 @@ def build(args: argparse.Namespace):
     from components.spaces_gpu import gpu
     from components.ui import build_demo
     from mipruner.engine import FileBudget
+    from mipruner.plugins import freeze, load_for_cli
 
     # Gradio's files (uploads, rendered panels, exports) in a folder of this app's own, kept under --files-mb
     os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "gradio-mipruner"))
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     hub = ModelHub(args.model, device=args.device, dtype=dtype, policy=model_policy(args),
                    cache_bytes=args.cache_mb << 20)
+    problems = load_for_cli(args.plugins)  # also printed to stderr
+    freeze("the app loads plug-ins only at start-up, from its own flags and environment")
     print(hub.load_default(), flush=True)
+    notes = " ".join(problems)
+    hub.startup_message = " ".join(m for m in (hub.startup_message, notes) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
     files = FileBudget([get_upload_folder()], args.files_mb << 20)
-    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports)
+    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
+                     notes=notes)
     return build_demo(logic, auto_answers=hub.default == hub.fallback)
 
 

@@ -126,8 +126,9 @@ class AppLogic:
     """The handlers; one instance per app, shared by all sessions (it holds no user state)."""
 
     def __init__(self, hub: ModelHub, *, max_new_tokens: int = 32, gpu=None, files: FileBudget | None = None,
-                 export_root: str | None = None):
+                 export_root: str | None = None, notes: str = ""):
         self.hub = hub
+        self.notes = notes  # start-up problems every encode's status line repeats (plug-ins left out)
         self.max_new_tokens = max_new_tokens
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
@@ -192,7 +193,7 @@ class AppLogic:
         if removed:
             status += f" {removed} control character{'s' * (removed != 1)} removed from the prompt."
         warning = unknown_words_warning(engine.model_name, engine.prompt_words(prompt.strip()))
-        return state, " ".join(p for p in (note, status, warning) if p)
+        return state, " ".join(p for p in (note, status, warning, self.notes) if p)
 
     # -- view ------------------------------------------------------------------------------
 

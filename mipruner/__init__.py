@@ -10,11 +10,16 @@ transformers, are imported on first use of `mipruner.load`. Gradio is never impo
     ans = mipruner.answer(adapter, enc, sel)
     ref, ans = mipruner.answer_batch(adapter, enc, [None, sel])  # several selections, one batch
     sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
+
+Methods from outside the package (plug-ins: installed packages declaring the entry-point group
+`mipruner.pruners`, MIPRUNER_PLUGINS, `mipruner.load_plugins("my_module")`): `mipruner.plugins`;
+checking one against the contract the built-ins pass: `mipruner.testing.check_pruner(name)`.
 """
 from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, register_pruner
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
 from .methods import answer, needs_attention, select
 from .batch import answer_batch  # noqa: E402
+from .plugins import load_plugins  # noqa: E402  (installed plug-ins load on the registry's first use)
 
 __version__ = "0.2.0"
 
@@ -26,5 +31,5 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Param", "PrunerSpec", "Selection", "answer", "answer_batch", "get_pruner", "list_pruners", "load", "needs_attention",
+__all__ = ["Param", "PrunerSpec", "Selection", "answer", "answer_batch", "get_pruner", "list_pruners", "load", "load_plugins", "needs_attention",
            "prune", "register_pruner", "select", "__version__"]

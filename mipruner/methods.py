@@ -17,9 +17,9 @@ import inspect
 from typing import Iterable
 
 from .models.base import Answer, Encoded
-from .pruners._registry import INPUTS, PrunerSpec, get_pruner, prune
+from .pruners._registry import INPUTS, PrunerSpec, check_plugin_selection, get_pruner, prune
 from .pruners.lam_rule import resolve_lam
-from .pruners.selection import Selection
+from .pruners.selection import Selection, resolve_budget
 
 _LLM_CACHE = "llm"  # the in-LLM methods share one sub-cache: the same prefix serves FastV and DART at one K
 
@@ -70,6 +70,9 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
             raise ValueError(f"{method!r} selects inside the LLM: pass the adapter that made the encoding")
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
         sel = spec.fn(adapter, encoded, budget, cache=sub, **kw)
+        if spec.origin:  # a plug-in's selection is checked before anything reads it
+            check_plugin_selection(spec, sel, encoded.n_visual, resolve_budget(budget, encoded.n_visual),
+                                   encoded.visual.device)
         sel.method = method
     else:
         sel = prune(method, visual=encoded.visual, text=encoded.scoring_text if spec.needs_text else None,

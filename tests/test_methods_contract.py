@@ -9,6 +9,9 @@ import torch
 import mipruner
 from mipruner.pruners import Param, Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 
+from mipruner.pruners.selection import selection_failures
+from mipruner.testing import select_failures, spec_failures
+
 from .conftest import TEST_DEVICE
 from .models.tiny_llava import save_tiny, scene
 
@@ -38,12 +41,8 @@ def test_select_contract(model, name, budget):
     sel = mipruner.select(ad, enc, name, budget, cache={})
     k = budget if isinstance(budget, int) else round(budget * n)
     n_prefix = 0 if sel.prefix is None else sel.prefix.shape[0]  # rows with no position (VisionZip's [CLS])
-    assert sel.method == name and sel.keep.dtype == torch.long and sel.keep.shape == (k - n_prefix,)
-    assert sel.budget == k
-    assert torch.equal(sel.keep, torch.unique(sel.keep)), "keep must be ascending and unique"
-    assert 0 <= int(sel.keep.min()) and int(sel.keep.max()) < n
-    assert torch.equal(torch.sort(sel.order).values, sel.keep)
-    assert sel.scores.shape == (n,) and sel.scores.dtype == torch.float32
+    assert selection_failures(sel, n=n, k=k) == []  # the checks `mipruner.testing` runs on a plug-in
+    assert sel.method == name and sel.keep.shape == (k - n_prefix,) and sel.budget == k
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -52,6 +51,13 @@ def test_select_keep_all_and_determinism(model, name):
     assert mipruner.select(ad, enc, name, enc.n_visual).keep.tolist() == list(range(enc.n_visual))
     a, b = mipruner.select(ad, enc, name, 6), mipruner.select(ad, enc, name, 6, cache={})
     assert torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_checker_for_authors_passes_on_select(model, name):
+    """`mipruner.testing`'s select checks and spec checks (what `python -m mipruner.check_pruner` runs)."""
+    ad, enc = model
+    assert spec_failures(name) == [] and select_failures(name, ad, enc) == []
 
 
 @pytest.mark.parametrize("name", ALL)

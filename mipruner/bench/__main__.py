@@ -1,8 +1,11 @@
-"""Entry point: `python -m mipruner.bench <command> [options]`."""
+"""Entry point: `python -m mipruner.bench <command> [options] [--plugins MODULES]` (--plugins, or env
+MIPRUNER_PLUGINS: modules or .py files registering more methods, loaded before the command runs)."""
 from __future__ import annotations
 
 import importlib
 import sys
+
+from mipruner.plugins import load_for_cli, take_plugins_arg
 
 COMMANDS = {
     "pruners": ("mipruner.bench.pruners", "each pruner's median time vs. a V @ T.T + topk floor"),
@@ -16,12 +19,14 @@ COMMANDS = {
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, plugins = take_plugins_arg(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m mipruner.bench <command> [--help]\n\ncommands:")
+        print("usage: python -m mipruner.bench <command> [--help] [--plugins MODULES]\n\ncommands:")
         for name, (_, doc) in COMMANDS.items():
             print(f"  {name:<10} {doc}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    load_for_cli(plugins)
     importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
     return 0
 

@@ -7,6 +7,8 @@ Examples:
       --methods mi,random,similarity --budgets 64,32 --json pope.json
   python -m mipruner.eval --model shapes-llava --task shapes-pope --n 60 --methods mi,fastv,dart --budgets 8,16 --layer 2
 Sweeps (one parameter over a question set, CSV + JSON + PNG curves): python -m mipruner.eval sweep --help
+Methods from outside the package: --plugins my_module,./my_file.py (or env MIPRUNER_PLUGINS; installed
+plug-ins load by themselves), e.g. --plugins my_pruners --methods center,mi
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import json
 import sys
 
 import mipruner
+from mipruner.plugins import load_for_cli, take_plugins_arg
 
 from .cli_options import add_param_options, param_values
 from .runner import evaluate, format_rows
@@ -43,6 +46,8 @@ def build_items(a):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    argv, plugins = take_plugins_arg(argv)  # before the parameter options: a plug-in's Params get theirs
+    load_for_cli(plugins)
     if argv[:1] == ["sweep"]:
         from .sweep_cli import main as sweep_main
 
@@ -56,6 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=60, help="items (per split for POPE tasks)")
     p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
     p.add_argument("--methods", default="mi,random,similarity")
+    p.add_argument("--plugins", help="modules or .py files registering more methods, comma-separated (env MIPRUNER_PLUGINS)")
     p.add_argument("--budgets", default="8,16,32", help="ints are tokens, floats in (0,1] shares")
     add_param_options(p)
     p.add_argument("--text-mode", choices=("question", "nostop", "prompt"), default="question")

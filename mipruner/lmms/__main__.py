@@ -45,6 +45,10 @@ def expand_model_args(model_args: str) -> list[tuple[str, str]]:
         raise ValueError(f"--model_args must be key=value[,key=value...], got {model_args!r}")
     keys = [k.strip() for k, _ in pairs]
     options = [v.split("|") for _, v in pairs]
+    if "plugins" in keys:  # their methods and parameters take part in the expansion below
+        from .model import load_plugins_once
+
+        load_plugins_once(":".join(options[keys.index("plugins")]))
     methods = options[keys.index("method")] if "method" in keys else [NONE]
     known = {k for m in methods if m in method_names() for k in _method_params(m)}
     varying = [k for k, o in zip(keys, options) if len(o) > 1]

@@ -11,6 +11,8 @@ model_args (besides the method's own settings, e.g. lam, tau, aggregation, norma
   dtype        float16 | bfloat16 | float32 (default: the adapter's choice)
   device       default: the device accelerate gives this process (cuda:<local rank>, or cpu)
   cache_dir    per-sample answer cache: a killed or interrupted run resumes there (`cache.py`)
+  plugins      modules or .py files registering more methods, ":"-separated (model_args are split at
+               commas), e.g. plugins=my_pruners,method=center; installed plug-ins load by themselves
 
 Which prompt tokens MI scores. lmms-eval builds each prompt as the question plus the task's
 instruction, e.g. POPE's "Is there a dog in the image?\\nAnswer the question using a single word
@@ -54,7 +56,7 @@ _ADAPTERS: dict[tuple, object] = {}  # (pretrained, device, dtype) -> adapter, p
 ABORT_ENV = "MIPRUNER_LMMS_ABORT_AFTER"
 # Set by `python -m mipruner.lmms` for a sweep ("|" alternatives or --config): every run's model_args (JSON list).
 SWEEP_ENV = "MIPRUNER_LMMS_SWEEP"
-_NOT_METHOD = ("pretrained", "dtype", "device", "cache_dir", "batch_size", "max_batch_size")
+_NOT_METHOD = ("pretrained", "dtype", "device", "cache_dir", "batch_size", "max_batch_size", "plugins")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float32": torch.float32, "fp32": torch.float32}
 
@@ -68,6 +70,17 @@ def load_adapter(pretrained: str, device: str, dtype: str | None):
         _ADAPTERS[key] = mipruner.load(pretrained, device=device, dtype=_DTYPES.get(dtype))
         log.warning("mipruner: loaded %s on %s (kept for the next runs of this process)", pretrained, device)
     return _ADAPTERS[key]
+
+
+def load_plugins_once(plugins) -> list[str]:
+    """Import the `plugins=` modules (a sweep's runs name the same ones: imported once); the problems."""
+    from mipruner.plugins import load_plugins, problems
+
+    if plugins:
+        load_plugins(str(plugins), source="model_args plugins=")
+    else:
+        mipruner.list_pruners()  # the installed plug-ins and MIPRUNER_PLUGINS
+    return problems()
 
 
 def to_media(visuals):
@@ -90,10 +103,13 @@ class MiPruner(lmms):
 
     def __init__(self, pretrained: str = "shapes-llava", method: str = "none", budget=None,
                  text_mode: str = "question", dtype: str | None = None, device: str | None = None,
-                 cache_dir: str | None = None, batch_size=1, max_batch_size=None, **method_params) -> None:
+                 cache_dir: str | None = None, batch_size=1, max_batch_size=None, plugins: str | None = None,
+                 **method_params) -> None:
         super().__init__()
         from accelerate import Accelerator
 
+        for problem in load_plugins_once(plugins):
+            log.warning("mipruner: %s", problem)
         self.config = MethodConfig.parse(method, budget, text_mode, **method_params)
         acc = Accelerator()
         self.accelerator = acc

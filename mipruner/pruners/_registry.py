@@ -28,9 +28,12 @@ from typing import Any, Callable
 
 import torch
 
-from .selection import Selection, check_matrix, resolve_budget
+from .selection import Selection, check_matrix, resolve_budget, selection_failures
 
 _REGISTRY: dict[str, "PrunerSpec"] = {}
+# Run once, before the first lookup (list, get, parameters, prune): `mipruner.plugins` puts its lazy
+# discovery of installed plug-ins here, so they register after the built-ins and only when needed.
+_FIRST_USE: list[Callable[[], None]] = []
 
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
@@ -43,6 +46,19 @@ def did_you_mean(what: str, name: Any, known: list[str]) -> ValueError:
     close = difflib.get_close_matches(str(name), known, n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return ValueError(f"Unknown {what} ({name!r}).{hint} Known: {', '.join(sorted(known))}")
+
+
+class DuplicateNameError(ValueError):
+    """A method name registered a second time (`name`: which)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"pruner {name!r} is registered twice")
+        self.name = name
+
+
+def _first_use() -> None:
+    while _FIRST_USE:
+        _FIRST_USE.pop(0)()  # popped first: a hook that looks a method up does not run itself again
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,7 @@ class PrunerSpec:
     is_mi: bool = False  # returns PMI matrices and pivot words
     answer: Callable | None = field(default=None, compare=False)  # stage "llm": answers on its selection
     score_label: str | None = "score"  # Selection.scores as "quantity (unit)"; None: meaningless
+    origin: str = ""  # the plug-in that registered it (`mipruner.plugins`); "" for the built-ins
 
     @property
     def needs_text(self) -> bool:
@@ -170,7 +187,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
         if name in _REGISTRY:
-            raise ValueError(f"pruner {name!r} is registered twice")
+            raise DuplicateNameError(name)
         if stage not in STAGES:
             raise ValueError(f"{name!r}: stage must be one of {STAGES}, got {stage!r}")
         bad = sorted(set(needs) - set(NEEDS))
@@ -214,11 +231,13 @@ def unregister_pruner(name: str) -> None:
 
 def list_pruners(stage: str | None = None) -> list[str]:
     """Names of the registered methods (all, or those of one stage), sorted."""
+    _first_use()
     return sorted(n for n, s in _REGISTRY.items() if stage is None or s.stage == stage)
 
 
 def get_pruner(name: str) -> PrunerSpec:
     """The registry entry for `name`; unknown names raise ValueError with "did you mean"."""
+    _first_use()
     if not isinstance(name, str) or name not in _REGISTRY:
         raise did_you_mean("pruner", name, list(_REGISTRY))
     return _REGISTRY[name]
@@ -226,6 +245,7 @@ def get_pruner(name: str) -> PrunerSpec:
 
 def all_params() -> dict[str, Param]:
     """Every registered parameter by name (one definition per name), in registration order."""
+    _first_use()
     out: dict[str, Param] = {}
     for spec in _REGISTRY.values():
         for p in spec.params:
@@ -268,5 +288,22 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
                              "both must live in the LLM's input space")
     k = resolve_budget(budget, n_v)
     sel = spec.fn(visual=visual, text=text, budget=k, **inputs, **kw)
+    if spec.origin:  # a plug-in's selection is checked before anything reads it
+        check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = name
     return sel
+
+
+class ContractError(ValueError):
+    """A plug-in method's selection breaks the contract (`failure`: what, one sentence)."""
+
+    def __init__(self, spec: "PrunerSpec", failure: str):
+        super().__init__(f"{spec.name!r}, a method of plug-in {spec.origin}, broke the selection contract: {failure}")
+        self.failure = failure
+
+
+def check_plugin_selection(spec: "PrunerSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
+    """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`)."""
+    bad = selection_failures(sel, n=n, k=k, device=device)
+    if bad:
+        raise ContractError(spec, bad[0])

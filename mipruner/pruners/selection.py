@@ -79,6 +79,46 @@ class Selection:
                          extras={k: move(v) for k, v in self.extras.items()}, method=self.method)
 
 
+def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None = None) -> list[str]:
+    """What is wrong with `sel` as a selection of `k` of `n` visual tokens (empty: nothing), one
+    sentence each: its type, the shapes and dtypes of keep / order / scores / tokens, duplicate or
+    out-of-range indices, and (given `device`) tensors off the inputs' device. Never raises."""
+    if not isinstance(sel, Selection):
+        return [f"it returned {type(sel).__name__}, not a Selection"]
+    out = []
+    for name in ("keep", "order", "scores"):
+        if not isinstance(getattr(sel, name), torch.Tensor):
+            out.append(f"its {name} is {type(getattr(sel, name)).__name__}, not a tensor")
+    if out:
+        return out
+    keep, order, scores = sel.keep, sel.order, sel.scores
+    n_keep = k - (0 if sel.prefix is None else int(sel.prefix.shape[0]))  # rows with no position count
+    if keep.dtype != torch.long or order.dtype != torch.long:
+        out.append(f"keep and order must be int64, got {keep.dtype} and {order.dtype}")
+    if tuple(keep.shape) != (n_keep,):
+        out.append(f"keep has shape {tuple(keep.shape)} for a budget of {k} tokens (expected ({n_keep},))")
+    elif "meta" in (keep.device.type, order.device.type):
+        out.append("keep or order is a meta tensor (a tensor was made without device=)")
+    elif n_keep:
+        keep_cpu = keep.detach().cpu()
+        if not bool((keep_cpu[1:] > keep_cpu[:-1]).all()):
+            out.append("keep is not ascending and unique (duplicate or unsorted indices)")
+        if int(keep_cpu.min()) < 0 or int(keep_cpu.max()) >= n:
+            out.append(f"keep has indices outside [0, {n}) (min {int(keep_cpu.min())}, max {int(keep_cpu.max())})")
+        if tuple(order.shape) != (n_keep,) or not torch.equal(torch.sort(order.detach().cpu()).values, keep_cpu):
+            out.append("order is not the kept indices in pick order (sorted, it must equal keep)")
+    if tuple(scores.shape) != (n,) or scores.dtype != torch.float32:
+        out.append(f"scores must be ({n},) float32, got {tuple(scores.shape)} {scores.dtype}")
+    if sel.tokens is not None and (not isinstance(sel.tokens, torch.Tensor) or sel.tokens.shape[0] != n_keep):
+        out.append(f"tokens must have one row per kept index ({n_keep})")
+    if device is not None:
+        off = [nm for nm in ("keep", "order", "scores", "tokens", "pmi", "pivot")
+               if isinstance(getattr(sel, nm), torch.Tensor) and getattr(sel, nm).device != torch.device(device)]
+        if off:
+            out.append(f"{', '.join(off)} {'is' if len(off) == 1 else 'are'} not on the inputs' device ({device})")
+    return out
+
+
 def check_matrix(name: str, x: Any, *, ndim: int = 2) -> None:
     """A float tensor of `ndim` dims with finite values, else ValueError naming `name`."""
     if not isinstance(x, torch.Tensor):

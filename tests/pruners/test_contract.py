@@ -1,9 +1,12 @@
-"""Contract tests parametrised over the registry: a new pruner is tested here for free."""
+"""Contract tests parametrised over the registry: a new pruner is tested here for free. The checks are
+`mipruner.testing`'s (what `python -m mipruner.check_pruner` runs on a plug-in)."""
 import pytest
 import torch
 
 import mipruner
 from mipruner.pruners import get_pruner
+from mipruner.pruners.selection import selection_failures
+from mipruner.testing import tensor_failures
 
 from ..conftest import TEST_DEVICE
 
@@ -35,17 +38,20 @@ def test_selection_contract(name, budget):
     spec = get_pruner(name)
     sel = mipruner.prune(name, budget=budget, **inputs(spec))
     k = budget if isinstance(budget, int) else round(budget * N_V)
-    assert sel.keep.dtype == torch.long and sel.keep.shape == (k,)
-    assert sel.keep.tolist() == sorted(set(sel.keep.tolist())), "keep must be ascending and unique"
-    assert 0 <= int(sel.keep.min()) and int(sel.keep.max()) < N_V
-    assert sorted(sel.order.tolist()) == sel.keep.tolist()
-    assert sel.scores.shape == (N_V,) and sel.scores.dtype == torch.float32
-    assert sel.method == name
+    assert selection_failures(sel, n=N_V, k=k, device=TEST_DEVICE) == []
+    assert sel.keep.shape == (k,) and sel.method == name
     if spec.is_mi:
         assert sel.pmi.shape == (N_V, N_T) and sel.pivot.shape == (N_V,)
         assert bool(torch.isfinite(sel.pmi).all())
     if sel.tokens is not None:
         assert sel.tokens.shape == (k, D)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_checker_for_authors_passes(name):
+    """`mipruner.testing.tensor_failures`: budgets, keep-all, determinism, every choice, low precision,
+    zero rows, no tensor made without device= (the checks a plug-in's author runs)."""
+    assert tensor_failures(name, TEST_DEVICE) == []
 
 
 @pytest.mark.parametrize("name", ALL)

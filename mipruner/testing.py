@@ -1,0 +1,230 @@
+"""The selection contract every method passes, as functions an author can run on their own method.
+
+    failures = mipruner.testing.check_pruner("center")   # [] when it passes; else one sentence each
+    python -m mipruner.check_pruner center --plugins my_module
+
+What is checked (the built-ins pass the same checks, in tests/pruners/test_contract.py and
+tests/test_methods_contract.py):
+- the spec: every `Param` default validates and has a one-line doc; the score label (the app's colour
+  bar: "quantity (unit)", or None when the scores mean nothing) is one short line;
+- pre-LLM methods through `mipruner.prune` on random tensors: budgets as ints (1, 7, N_V) and shares
+  (0.25, 1.0); keep (K,) int64 ascending and unique within [0, N_V); order a permutation of keep;
+  scores (N_V,) float32; tokens one row per kept index; PMI shapes for MI methods; the keep-all case;
+  the same selection twice for a fixed seed; every choice of every choice parameter (a rule may
+  keep fewer than the budget, as MI's adaptive K does, never more); float16 and
+  bfloat16 inputs and all-zero rows giving finite scores; every tensor on the inputs' device and none
+  made without `device=` (run under `torch.set_default_device("meta")`, the result must not change);
+- every method through `mipruner.select` on a model's encoding (the embedded `shapes-llava` unless an
+  adapter is given): budgets 1, 5, 0.25, keep-all, determinism with and without a cache, the meta
+  device, a budget above N_V and an unknown parameter refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .methods import select
+from .pruners._registry import ContractError, get_pruner, prune
+from .pruners.selection import Selection, selection_failures
+
+N_V, D, N_T = 48, 16, 5
+SCORE_LABEL_CHARS = 60  # a colour bar's caption
+
+
+@contextlib.contextmanager
+def meta_default():
+    """Tensors made without `device=` land on the meta device (and break what mixes them with data)."""
+    before = torch.get_default_device()
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.set_default_device(before)
+
+
+def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
+    """Random inputs for a pre-LLM method: visual (n, D), text (N_T, D), and the vision encoder's
+    attention / keys ([CLS] first) when it reads them."""
+    g = torch.Generator().manual_seed(seed)
+    kw = dict(visual=torch.randn(n, D, generator=g).to(dtype), text=torch.randn(N_T, D, generator=g).to(dtype))
+    if spec.needs_attention or {"attention", "keys"} & set(spec.needs):
+        kw.update(attention=torch.softmax(torch.randn(n + 1, n + 1, generator=g) * 3, dim=-1),
+                  keys=torch.randn(n + 1, 12, generator=g))
+    return {k: v.to(device) for k, v in kw.items()}
+
+
+def _fixed_seed(spec) -> dict:
+    return {"seed": 0} if "seed" in spec.param_names else {}
+
+
+def _try(what: str, out: list[str], fn: Callable):
+    """fn(), or None after noting what it raised (a ContractError: the broken part only)."""
+    try:
+        return fn()
+    except ContractError as e:
+        out.append(f"{what}, {e.failure}")
+    except Exception as e:  # the method's own error: reported, the other checks still run
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        out.append(f"{what}, it raised {type(e).__name__}" + (f": {text}" if text else ""))
+    return None
+
+
+def _same(a, b) -> bool:
+    return torch.equal(a.keep.cpu(), b.keep.cpu()) and torch.equal(a.order.cpu(), b.order.cpu())
+
+
+def spec_failures(name: str) -> list[str]:
+    """The registration's own contract: parameters and score label."""
+    spec, out = get_pruner(name), []
+    for p in spec.params:
+        if not p.doc.strip():
+            out.append(f"parameter {p.name!r} has no doc (the app shows it under its control)")
+    label = spec.score_label
+    if label is not None and (not isinstance(label, str) or not label.strip() or "\n" in label
+                              or len(label) > SCORE_LABEL_CHARS):
+        out.append(f"score_label must be None or one line of at most {SCORE_LABEL_CHARS} characters "
+                   f"(\"quantity (unit)\" for the app's colour bar), got {label!r}")
+    return out
+
+
+def quick_failures(name: str, device="cpu") -> list[str]:
+    """The core of the tensor contract, cheap enough to run when a plug-in loads: int and share
+    budgets, keep-all, determinism for a fixed seed, no tensor off the inputs' device."""
+    spec, out = get_pruner(name), []
+    kw = {**tensor_inputs(spec, device=device), **_fixed_seed(spec)}
+    dev = kw["visual"].device
+    for budget in (1, 7, 0.25, 1.0):
+        k = max(1, math.floor(budget * N_V + 0.5)) if isinstance(budget, float) else budget
+        sel = _try(f"with budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
+        if sel is None:
+            continue
+        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev)]
+        if isinstance(budget, float) and budget == 1.0 and not out and sel.keep.cpu().tolist() != list(range(N_V)):
+            out.append("with budget 1.0 (keep all), it does not keep every token")
+    if out:
+        return out
+    a = _try("run twice with budget 7", out, lambda: prune(name, budget=7, **kw))
+    b = _try("run twice with budget 7", out, lambda: prune(name, budget=7, **kw))
+    if a is not None and b is not None and not _same(a, b):
+        out.append("two runs with the same inputs and seed select different tokens, it must be deterministic")
+    with meta_default():
+        m = _try("under torch.set_default_device('meta')", out, lambda: prune(name, budget=7, **kw))
+    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=7, device=dev) or not _same(m, a)):
+        out.append("it creates a tensor without device=, so under torch.set_default_device('meta') its selection "
+                   "changes or leaves the inputs' device")
+    return out
+
+
+def tensor_failures(name: str, device="cpu") -> list[str]:
+    """The whole tensor contract of a pre-LLM method through `mipruner.prune` (see the module docstring)."""
+    spec = get_pruner(name)
+    out = quick_failures(name, device)
+    kw = {**tensor_inputs(spec, device=device), **_fixed_seed(spec)}
+    dev = kw["visual"].device
+    sel = _try(f"with budget {N_V}", out, lambda: prune(name, budget=N_V, **kw))
+    if sel is not None and sel.keep.cpu().tolist() != list(range(N_V)):
+        out.append(f"with budget {N_V} (keep all, in tokens), it does not keep every token")
+    sel = _try("with budget 7", out, lambda: prune(name, budget=7, **kw))
+    if sel is not None:
+        if sel.method != name:
+            out.append(f"the selection's method is {sel.method!r}, not {name!r}")
+        if spec.is_mi and (sel.pmi is None or tuple(sel.pmi.shape) != (N_V, N_T) or sel.pivot is None
+                           or tuple(sel.pivot.shape) != (N_V,) or not bool(torch.isfinite(sel.pmi).all())):
+            out.append(f"an MI method returns pmi ({N_V}, {N_T}) finite and pivot ({N_V},)")
+        if sel.tokens is not None and tuple(sel.tokens.shape) != (7, D):
+            out.append(f"tokens must be (K, d) = (7, {D}), got {tuple(sel.tokens.shape)}")
+    for p in spec.params:
+        for c in (p.choices if p.kind == "choice" else ()):
+            s = _try(f"with {p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
+            if s is not None:  # a rule may keep fewer (MI's adaptive K), never more
+                k = s.budget if isinstance(s, Selection) and 1 <= s.budget <= 7 else 7
+                out += [f"with {p.name}={c!r}, {f}" for f in selection_failures(s, n=N_V, k=k, device=dev)]
+    for dtype in (torch.float16, torch.bfloat16):
+        low = {**tensor_inputs(spec, dtype=dtype, device=device), **_fixed_seed(spec)}
+        s = _try(f"with {dtype} inputs", out, lambda low=low: prune(name, budget=9, **low))
+        if s is not None and (s.keep.numel() != 9 or not bool(torch.isfinite(s.scores).all())):
+            out.append(f"with {dtype} inputs, it must keep 9 tokens with finite scores")
+    zero = {**kw, "visual": kw["visual"].clone()}
+    zero["visual"][:5] = 0.0
+    s = _try("with all-zero visual rows", out, lambda: prune(name, budget=9, **zero))
+    if s is not None and not bool(torch.isfinite(s.scores).all()):
+        out.append("all-zero visual rows give non-finite scores")
+    return out
+
+
+def select_failures(name: str, adapter, encoded) -> list[str]:
+    """The contract through `mipruner.select` on one encoding (any stage; in-LLM methods included)."""
+    out, n = [], encoded.n_visual
+    dev = encoded.visual.device
+    for budget in (1, 5, 0.25):
+        k = max(1, math.floor(budget * n + 0.5)) if isinstance(budget, float) else budget
+        sel = _try(f"select with budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
+        if sel is not None:
+            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=k)]
+            if sel.budget != k:
+                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}")
+    sel = _try(f"select with budget {n} (keep all)", out, lambda: select(adapter, encoded, name, n))
+    if sel is not None and sel.keep.cpu().tolist() != list(range(n)):
+        out.append(f"select with budget {n} (keep all) does not keep every token")
+    a = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6))
+    b = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6, cache={}))
+    if a is not None and b is not None and not _same(a, b):
+        out.append("select: two runs (without and with a cache) select different tokens")
+    with meta_default():
+        m = _try("select under torch.set_default_device('meta')", out, lambda: select(adapter, encoded, name, 6))
+    if a is not None and m is not None and b is not None and _same(a, b) and (m.keep.device.type == "meta" or not _same(m, a)):
+        out.append("select: it creates a tensor without device= (its selection changes under the meta default)")
+    if a is not None and get_pruner(name).stage != "llm" and a.keep.device != dev:
+        out.append(f"select: keep is on {a.keep.device}, the encoding on {dev}")
+    for what, kw, err in ((f"a budget of N_V + 1 = {n + 1}", {"budget": n + 1}, ValueError),
+                          ("an unknown parameter", {"budget": 3, "bogus_parameter": 1}, TypeError)):
+        try:
+            select(adapter, encoded, name, **kw)
+            out.append(f"select: {what} must raise {err.__name__}")
+        except err:
+            pass
+        except Exception as e:
+            out.append(f"select: {what} raised {type(e).__name__}, not {err.__name__}")
+    return out
+
+
+def embedded_encoding(model: str = "shapes-llava", device=None):
+    """(adapter, encoding) of a red square on noise with attention, on the embedded model."""
+    from PIL import Image
+
+    from .models import load
+
+    adapter = load(model, device=device or "cpu")
+    rng = np.random.default_rng(0)
+    arr = np.zeros((112, 112, 3), dtype=np.uint8)
+    arr[..., 2] = 200
+    arr[..., :2] = rng.integers(0, 40, size=(112, 112, 2), dtype=np.uint8)
+    arr[20:60, 30:70] = (255, 0, 0)
+    return adapter, adapter.encode(Image.fromarray(arr), "What colour is the square?", need_attention=True)
+
+
+def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "shapes-llava",
+                 device=None) -> list[str]:
+    """Every contract check on method `name`: [] when it passes, else one sentence per failure.
+    adapter/encoded: the encoding `select` is checked on (default: the embedded model's, loaded
+    here; model=None skips the select checks for a pre-LLM method)."""
+    try:
+        spec = get_pruner(name)
+    except ValueError as e:
+        return [str(e)]
+    out = spec_failures(name)
+    if spec.stage != "llm":
+        out += tensor_failures(name, device or "cpu")
+    if encoded is None and (model is not None or spec.stage == "llm"):
+        adapter, encoded = embedded_encoding(model or "shapes-llava", device)
+    if encoded is not None:
+        out += select_failures(name, adapter, encoded)
+    return out
+
+
+__all__ = ["check_pruner", "embedded_encoding", "meta_default", "quick_failures", "select_failures",
+           "spec_failures", "tensor_failures", "tensor_inputs"]
