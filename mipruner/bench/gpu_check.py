@@ -4,7 +4,7 @@ For each family of `mipruner.bench.zoo` (random weights at the real 7B / 2B-3B s
 few small layers, for CPU smoke runs) and each medium it takes (image; several images; a video of
 8 frames), ONE encoding, then the keep-all anchor and every registered method (pre-LLM and in-LLM)
 at two budgets given as shares of that encoding's N_V (`--shares`, default 0.25 and 0.1: K =
-max(1, round(share * N_V)), so budgets scale with the shape): select, answer one by one, answer
+max(1, floor(share * N_V + 0.5)), so budgets scale with the shape): select, answer one by one, answer
 batched as the app does (rows and columns: `mipruner/bench/gpu_check_rows.py`). A failing row is
 recorded with its error and the run goes on; models are freed between families.
 
@@ -71,7 +71,8 @@ def parse_args(argv):
     g.add_argument("--protocol", dest="protocol", action="store_true", default=None,
                    help="time the paper's protocol too (default on CUDA)")
     g.add_argument("--no-protocol", dest="protocol", action="store_false")
-    p.add_argument("--budget-s", type=float, default=200.0, help="seconds the protocol may take (cells beyond: skipped)")
+    p.add_argument("--budget-s", type=float, default=200.0,
+                   help="seconds the protocol may take (cells that would not fit: skipped, listed in the report)")
     p.add_argument("--repeats", type=int, default=5, help="protocol: timed runs per cell")
     p.add_argument("--warmup", type=int, default=2, help="protocol: untimed runs per cell")
     p.add_argument("--threads", type=int, default=None, help="torch threads")

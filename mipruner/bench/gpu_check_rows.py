@@ -5,7 +5,7 @@ the unpruned answer, then
   keep-all   every visual token kept (kept indices 0..N_V-1 through `adapter.generate`): ok only when
              its greedy tokens equal the unpruned answer's (the anchor: pruning code that keeps all
              is the unpruned model);
-  <method>   for each budget share f: K = max(1, round(f * N_V)) tokens; `mipruner.select` with a
+  <method>   for each budget share f: K = max(1, floor(f * N_V + 0.5)) tokens; `mipruner.select` with a
              fresh per-encoding cache (select_ms: the cold selection, what one slider move of a new
              method costs), then `mipruner.answer` one by one (answer_ms), then the app's batched
              path: `mipruner.batch.answer_items` of [(encoding, unpruned), (encoding, selection)]
@@ -109,8 +109,7 @@ def keep_all_row(adapter, enc, ref, row: dict, clock: Clock, new_tokens: int) ->
 
 def method_row(adapter, enc, ref, method: str, share: float, row: dict, clock: Clock, new_tokens: int) -> dict:
     """One method at one budget share: select (cold cache), answer one by one, answer batched."""
-    k = max(1, round(share * enc.n_visual))
-    resolve_budget(k, enc.n_visual)  # in range
+    k = resolve_budget(share, enc.n_visual)  # floor(share * N_V + 0.5), at least 1
     cache: dict = {}
     base = clock.start_peak()
     t0 = clock.now()
