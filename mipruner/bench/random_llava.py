@@ -41,10 +41,13 @@ def build_tokenizer(video: bool = False):
 def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: int = 24, vision_width: int = 1024,
                        llm_layers: int = 4, llm_width: int = 4096, llm_ffn: int = 11008,
                        dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "llava",
-                       device: str | torch.device = "cpu", text_init: float | None = None):
+                       device: str | torch.device = "cpu", text_init: float | None = None,
+                       vocab_size: int | None = None):
     """(adapter, description) for a random-weight model of the given shape, in eval mode, built on
     `device` (LlavaAdapter; LlavaNextAdapter for family="llava_next"). text_init: the Llama's
-    initializer std (None: its config default, 0.02; tiny models need more for input-dependent answers)."""
+    initializer std (None: its config default, 0.02; tiny models need more for input-dependent answers).
+    vocab_size: embedding / LM head rows (None: the tokenizer's; the checkpoint's own, e.g. 32064 for
+    llava-hf/llava-1.5-7b-hf, gives the real head's cost per decoded token)."""
     import transformers as tf
 
     from mipruner.models.llava_hf import LlavaAdapter
@@ -56,7 +59,7 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
                                  image_size=image_size, patch_size=patch)
     text = tf.LlamaConfig(hidden_size=llm_width, intermediate_size=llm_ffn, num_hidden_layers=llm_layers,
                           num_attention_heads=llm_width // 128, num_key_value_heads=llm_width // 128,
-                          vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
+                          vocab_size=vocab_size or len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
                           pad_token_id=3, **({} if text_init is None else {"initializer_range": text_init}))
     common = dict(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
                   vision_feature_layer=-2, vision_feature_select_strategy="default")

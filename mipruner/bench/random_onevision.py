@@ -64,7 +64,8 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
         image, patch = int(vision.image_size), int(vision.patch_size)
         text = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                     num_key_value_heads=4)
-    text_cfg = tf.Qwen2Config(**text, vocab_size=len(tok), max_position_embeddings=32768, rope_theta=1e6,
+    vocab = len(tok) if tiny else int(default.text_config.vocab_size)  # Qwen2's 151,936 rows: the real head's cost
+    text_cfg = tf.Qwen2Config(**text, vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = tf.LlavaOnevisionConfig(vision_config=vision, text_config=text_cfg, image_grid_pinpoints=pins,
                                      image_token_id=tok.convert_tokens_to_ids("<image>"),

@@ -42,7 +42,8 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
         t = default.text_config
         text = dict(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                     num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads)
-    text_cfg = tf.LlamaConfig(**text, num_key_value_heads=text["num_attention_heads"], vocab_size=len(tok),
+    vocab = len(tok) if tiny else int(default.text_config.vocab_size)  # Llama's 32,000 rows: the real head's cost
+    text_cfg = tf.LlamaConfig(**text, num_key_value_heads=text["num_attention_heads"], vocab_size=vocab,
                               max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = tf.VideoLlavaConfig(vision_config=vision, text_config=text_cfg, vision_feature_layer=-2,

@@ -22,10 +22,11 @@ from PIL import Image
 
 MEDIA = ("image", "images", "video")
 # LLaVA-1.5 / NeXT: tiny widths as `bench gpu --tiny`, 2 Llama layers drawn with std 0.2 (answers that
-# depend on the kept tokens); real: LLaVA-1.5-7B's tower and all 32 Llama-7B layers.
+# depend on the kept tokens); real: LLaVA-1.5-7B's tower, all 32 Llama-7B layers and its 32,064-row
+# vocabulary (llava-hf/llava-1.5-7b-hf's config.json; the word-level tokenizer uses the first few rows).
 LLAVA_TINY = dict(image_size=56, patch=14, vision_layers=2, vision_width=64, llm_layers=2, llm_width=128, llm_ffn=256,
                   text_init=0.2)
-LLAVA_REAL = dict(llm_layers=32)
+LLAVA_REAL = dict(llm_layers=32, vocab_size=32064)
 
 
 def _llava(family: str) -> Callable:
