@@ -136,7 +136,9 @@ def test_media_that_fail_to_encode_fail_their_rows(tiny_llava):
 def test_protocol_cells_and_time_budget(tiny_llava):
     from mipruner.bench.gpu_check_protocol import run_protocol
 
-    p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), log=lambda *_: None)
+    seen = []
+    p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), log=lambda *_: None,
+                     progress=lambda rep: seen.append(len(rep["cells"])))
     sel = [c for c in p["cells"] if c.get("cell") == "select"]
     assert [c["method"] for c in sel] == list_pruners() and all(c["median_ms"] > 0 for c in sel)
     timed = {(c["phase"], c["kind"], c["method"], c["batch"]) for c in p["cells"] if "phase" in c}
@@ -144,6 +146,8 @@ def test_protocol_cells_and_time_budget(tiny_llava):
             ("eager", "throughput", "none", 2), ("eager", "throughput", "mi:lam=1", 2)} <= timed
     assert p["budget_tokens"] == 4  # a quarter of the tiny model's 16 visual tokens
     assert all(c["new_tokens"] == 2 for c in p["cells"] if "phase" in c)
+    n_sel = len(list_pruners())
+    assert seen == list(range(n_sel + 1, len(p["cells"]) + 1))  # the report so far, after every timed cell
     assert p["skipped"] == [{"phase": "compiled", "why": "compiled cells run on CUDA only (or compiled=True)"}]
     g = p["goals"]
     assert g["mi_vs_generate_eager"] > 0 and g["six_answers_vs_one"] > 0 and g["mi_vs_generate_compiled"] is None

@@ -138,24 +138,25 @@ def run(a, log=print) -> dict:
             report["families"].append(dict(info, description=desc))
             save()
         if protocol and name == "llava":
-            report["protocol"] = _protocol(adapter, a, log)
+            report["protocol"] = _protocol(adapter, a, log, lambda p: (report.update(protocol=p), save()))
             save()
         del adapter
         _free(device)
     if protocol and "llava" not in families:
         adapter, _ = get_family("llava").build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed)
-        report["protocol"] = _protocol(adapter, a, log)
+        report["protocol"] = _protocol(adapter, a, log, lambda p: (report.update(protocol=p), save()))
         del adapter
         _free(device)
     save()
     return report
 
 
-def _protocol(adapter, a, log) -> dict:
+def _protocol(adapter, a, log, progress) -> dict:
     from .gpu_check_protocol import run_protocol
 
     try:
-        return run_protocol(adapter, budget_s=a.budget_s, repeats=a.repeats, warmup=a.warmup, log=log)
+        return run_protocol(adapter, budget_s=a.budget_s, repeats=a.repeats, warmup=a.warmup, log=log,
+                            progress=progress)
     except Exception as e:  # noqa: BLE001  (the rows stand; the report says why the protocol is missing)
         log(f"protocol failed: {last_line(e)}")
         return {"error": last_line(e)}

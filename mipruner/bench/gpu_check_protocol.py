@@ -77,9 +77,12 @@ def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]
 
 
 def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2, new_tokens: int = 2,
-                 budget: int | None = None, batches=(1, 8, 32), compiled: bool | None = None, log=print) -> dict:
+                 budget: int | None = None, batches=(1, 8, 32), compiled: bool | None = None, log=print,
+                 progress=None) -> dict:
     """The protocol's cells on `adapter` (a LLaVA-family adapter), within `budget_s` seconds.
-    budget: kept tokens of the pruned cells (default 64, or N_V // 4 when that is smaller)."""
+    budget: kept tokens of the pruned cells (default 64, or N_V // 4 when that is smaller).
+    progress: called with the report so far after every cell (the caller saves it: a run stopped at
+    a time limit keeps the cells it finished)."""
     device = adapter.device
     compiled = device.type == "cuda" if compiled is None else compiled
     image = test_image(int(adapter.config.vision_config.image_size))
@@ -90,6 +93,8 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
     start = time.monotonic()
     cells: list[dict] = []
     skipped: list[dict] = []
+    report = {"repeats": repeats, "warmup": warmup, "new_tokens": new_tokens, "budget_tokens": budget,
+              "budget_s": budget_s, "spent_s": 0.0, "memory": mem.kind, "cells": cells, "skipped": skipped}
     last: dict = {}
     name, params = MI
     label = f"{name}:lam=1"
@@ -123,11 +128,16 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
         last[phase] = (batch, time.monotonic() - t0)
         r.update(phase=phase, kind=kind, method=method, budget=bud, batch=batch, wall_s=time.monotonic() - t0)
         cells.append(r)
+        report["spent_s"] = round(time.monotonic() - start, 1)
+        if progress is not None:
+            progress(report)
         log(f"  protocol {phase:>8} {kind:>10} {method:>10} {str(bud):>4} x{batch:<3} {r['median_ms']:.1f} ms "
             f"(mean {r['total_ms']:.1f} +- {r['std_ms']:.1f}), peak {r['peak_mb']:.0f} MB")
 
     with torch.inference_mode():
         cells += _select_cells(adapter, image, budget, repeats, sync)
+        log("  protocol select (median ms at " + f"{budget} of {cells[0]['n_visual']} tokens): " +
+            ", ".join(f"{c['method']} {c['median_ms']:.2f}" for c in cells))
         for c in plan("eager"):
             cell("eager", *c)
         one, six, n = _six_runs(adapter, image, budget, new_tokens)
@@ -144,9 +154,7 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
                 skipped.append({"phase": "compiled", "why": f"failed: {type(e).__name__}: {e}"})
             finally:
                 use_decode_path(adapter)
-    report = {"repeats": repeats, "warmup": warmup, "new_tokens": new_tokens, "budget_tokens": budget,
-              "budget_s": budget_s, "spent_s": round(time.monotonic() - start, 1), "memory": mem.kind,
-              "cells": cells, "skipped": skipped}
+    report["spent_s"] = round(time.monotonic() - start, 1)
     report["goals"] = goals(cells, label)
     return report
 
