@@ -159,6 +159,23 @@ def test_protocol_cells_and_time_budget(tiny_llava):
     assert all("s of the budget left" in s["why"] for s in none["skipped"][:-1])
 
 
+def test_protocol_compiled_phase(tiny_llava):
+    """The compiled phase's cells (on the CPU the static path runs, `generate` does not compile), the
+    plain path restored afterwards, and a budget below the compile allowance skips the phase's cells."""
+    from mipruner.bench.gpu_check_protocol import run_protocol
+
+    p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), compiled=True,
+                     log=lambda *_: None)
+    comp = [(c["kind"], c["method"], c["batch"]) for c in p["cells"] if c.get("phase") == "compiled"]
+    assert comp == [("latency", "none", 1), ("latency", "mi:lam=1", 1), ("throughput", "none", 2),
+                    ("throughput", "mi:lam=1", 2)]
+    assert p["skipped"] == [] and p["goals"]["mi_vs_generate_compiled"] > 0 and tiny_llava.decode_path.plain
+    short = run_protocol(tiny_llava, budget_s=30, repeats=1, warmup=0, batches=(1,), compiled=True,
+                         log=lambda *_: None)
+    comp = [s for s in short["skipped"] if s["phase"] == "compiled"]  # at most 30 s left < the 60 s allowance
+    assert [s["method"] for s in comp] == ["none", "mi:lam=1"] and "about 60 s needed" in comp[0]["why"]
+
+
 @pytest.mark.parametrize("name", list(zoo.FAMILIES))
 def test_each_random_builder_encodes_and_answers(name):
     fam = zoo.get_family(name)

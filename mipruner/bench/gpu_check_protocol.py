@@ -12,8 +12,9 @@ cells in priority order, each `warmup` untimed runs then `repeats` timed runs (m
   compiled the same latency and batch 8 / 32 cells on the GPU decoding path (`--static-cache
            --compile` of `bench gpu`: lengths bucketed to 64, static KV cache, compiled decoding
            step; the warm-up runs absorb the compilation of each new shape). CUDA only.
-A cell starts only when the budget left covers its estimate (the wall time of the phase's last cell
-scaled by batch size; + 60 s of compiling for the first compiled cell); the others
+A cell starts only when the budget left covers its estimate (one timed run of the phase's last cell
+scaled by batch size, times warmup + repeats; + 60 s of compiling for each new batch size of the
+compiled phase); the others
 are listed under "skipped" with the reason. Goals (the issue's ratios) are computed from the cells.
 """
 from __future__ import annotations
@@ -114,10 +115,15 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
             yield "throughput", label, budget, b, lambda b=b: make_batch_run(adapter, image, name, budget, new_tokens,
                                                                              params, b)
 
+    compiled_batches: set = set()
+
     def cell(phase, kind, method, bud, batch, make):
-        # estimate: the phase's last cell scaled by batch size (first compiled cell: + 60 s of compiling)
-        prev_batch, prev_s = last.get(phase, (1, 0.0))
-        guess = prev_s * batch / prev_batch + (60.0 if phase == "compiled" and phase not in last else 0.0)
+        # estimate: one timed run of the phase's last cell scaled by batch size, times the runs, plus
+        # 60 s of compiling for a batch size the compiled phase has not run yet
+        prev_batch, prev_run_s = last.get(phase, (1, 0.0))
+        guess = prev_run_s * batch / prev_batch * (warmup + repeats)
+        if phase == "compiled" and batch not in compiled_batches:
+            guess += 60.0
         left = budget_s - (time.monotonic() - start)
         if left <= 0 or guess > left:
             skipped.append({"phase": phase, "kind": kind, "method": method, "budget": bud, "batch": batch,
@@ -125,7 +131,9 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
             return
         t0 = time.monotonic()
         r = measure_cell(make(), repeats, warmup, mem, sync)
-        last[phase] = (batch, time.monotonic() - t0)
+        last[phase] = (batch, r["total_ms"] / 1e3)
+        if phase == "compiled":
+            compiled_batches.add(batch)
         r.update(phase=phase, kind=kind, method=method, budget=bud, batch=batch, wall_s=time.monotonic() - t0)
         cells.append(r)
         report["spent_s"] = round(time.monotonic() - start, 1)

@@ -162,6 +162,8 @@ def check_media(adapter, family: str, kind: str, media, prompt: str, methods: li
             r["ok"] = True
         except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
             r["ok"], r["error"] = False, last_line(e)
+            if clock.cuda:  # e.g. out of memory: give the cached blocks back before the next row
+                torch.cuda.empty_cache()
     bad = [r for r in rows if not r["ok"]]
     log(f"  {family} {kind}: N_V {enc.n_visual}, encode {info['encode_ms']:.0f} ms, {len(rows) - len(bad)}/{len(rows)} "
         f"rows ok" + "".join(f"\n    FAIL {r['method']} {r['budget']}: {r['error']}" for r in bad))
