@@ -182,7 +182,7 @@ def test_each_random_builder_encodes_and_answers(name):
     adapter, desc = fam.build(tiny=True, device="cpu", dtype=torch.float32, seed=0)
     assert desc.startswith("random-weight") and adapter.family == name
     for kind in fam.media:
-        enc = adapter.encode(zoo.make_media(kind, True), zoo.PROMPTS[kind], need_attention=True)
+        enc = adapter.encode(zoo.make_media(kind, True, fam.video_frames), zoo.PROMPTS[kind], need_attention=True)
         assert enc.n_visual > 0 and enc.is_video == (kind == "video")
         assert enc.attention is not None and len(enc.frames) >= (2 if kind != "image" else 1)
         full = adapter.generate(enc, None, max_new_tokens=3)
@@ -191,6 +191,22 @@ def test_each_random_builder_encodes_and_answers(name):
         assert 1 <= len(full.token_ids) <= 3 and 1 <= len(half.token_ids) <= 3
         assert sel.budget == int(0.5 * enc.n_visual + 0.5) and half.input_tokens == full.input_tokens - (
             enc.n_visual - sel.budget)
+
+
+# parameters of the full-size random models, in billions: the hub checkpoints' own counts (LLaVA-1.5-7B
+# 7.06, Qwen2-VL-2B 2.21, Qwen2.5-VL-3B 3.75, Qwen3-VL-2B 2.13, OneVision-qwen2-7b 8.03; Video-LLaVA with
+# Llama's default 32,000 vocabulary rows 7.37)
+REAL_B = {"llava": 7.06, "llava_next": 7.06, "video_llava": 7.37, "qwen2_vl": 2.21, "qwen2_5_vl": 3.75,
+          "qwen3_vl": 2.13, "llava_onevision": 8.03}
+
+
+@pytest.mark.parametrize("name", list(REAL_B))
+def test_real_shapes_build_on_the_meta_device(name):
+    """The full-size configs construct (on the meta device: no memory, no weights) at the checkpoints' sizes."""
+    adapter, desc = zoo.get_family(name).build(tiny=False, device="meta", dtype=torch.bfloat16, seed=0)
+    n = sum(p.numel() for p in adapter.model.parameters()) / 1e9
+    assert n == pytest.approx(REAL_B[name], abs=0.01) and "bfloat16" in desc
+    assert all(p.dtype == torch.bfloat16 for p in adapter.model.parameters())
 
 
 def test_command_line():

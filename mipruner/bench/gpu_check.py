@@ -132,8 +132,9 @@ def run(a, log=print) -> dict:
             continue
         log(f"{name}: {desc} (built in {time.monotonic() - t0:.1f} s)")
         for k in kinds:
-            rows, info = check_media(adapter, name, k, make_media(k, a.tiny), PROMPTS[k], methods, shares,
-                                     a.new_tokens, clock, log=log)
+            medium = make_media(k, a.tiny, fam.video_frames)
+            rows, info = check_media(adapter, name, k, medium, PROMPTS[k], methods, shares, a.new_tokens, clock,
+                                     log=log)
             report["rows"] += rows
             report["families"].append(dict(info, description=desc))
             save()

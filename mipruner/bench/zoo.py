@@ -8,8 +8,10 @@ adapter reads:
   images   several pictures in one prompt, where the adapter takes a list of images as images
            (LLaVA-1.5: one <image> each; LLaVA-OneVision: one base view each). Qwen adapters read a
            list as a video's frames, Video-LLaVA as a video, LLaVA-NeXT takes one image only;
-  video    8 frames as a `mipruner.media.Video` (LLaVA-1.5 reads each frame as its own image).
-`make_media(kind, tiny)` returns that input. Adding a family is one line in `FAMILIES` (a builder
+  video    `video_frames` frames (8) as a `mipruner.media.Video`. LLaVA-1.5 reads each frame as its own
+           image (576 tokens each at full size), so it gets 4: 8 frames would be 4,608 tokens, past
+           its 4,096-position context, where the in-LLM methods refuse the prompt.
+`make_media(kind, tiny, frames)` returns that input. Adding a family is one line in `FAMILIES` (a builder
 with the same keyword signature, its title and its media).
 """
 from __future__ import annotations
@@ -50,12 +52,13 @@ def _module(module: str, fn: str = "build") -> Callable:
 @dataclass(frozen=True)
 class Family:
     """name: the adapter family (config model_type); title: for people; build: the random model;
-    media: the kinds of input (of MEDIA) its adapter takes."""
+    media: the kinds of input (of MEDIA) its adapter takes; video_frames: frames of its video."""
 
     name: str
     title: str
     build: Callable
     media: tuple[str, ...]
+    video_frames: int = 8
 
     def __post_init__(self):
         bad = [m for m in self.media if m not in MEDIA]
@@ -64,7 +67,7 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
-    Family("llava", "LLaVA-1.5-7B", _llava("llava"), ("image", "images", "video")),
+    Family("llava", "LLaVA-1.5-7B", _llava("llava"), ("image", "images", "video"), video_frames=4),
     Family("llava_next", "LLaVA-NeXT-7B", _llava("llava_next"), ("image",)),
     Family("video_llava", "Video-LLaVA-7B", _module("random_video_llava"), ("image", "video")),
     Family("qwen2_vl", "Qwen2-VL-2B", _module("random_qwen", "build_qwen2_vl"), ("image", "video")),
@@ -87,9 +90,9 @@ def picture(width: int, height: int, seed: int = 0) -> Image.Image:
     return Image.fromarray(a)
 
 
-def make_media(kind: str, tiny: bool):
-    """The input of `kind`: 448 x 336 pictures (tiny: 112 x 84), 2 of them for "images", 8 frames
-    for "video"."""
+def make_media(kind: str, tiny: bool, frames: int = 8):
+    """The input of `kind`: 448 x 336 pictures (tiny: 112 x 84), 2 of them for "images", `frames`
+    frames for "video"."""
     from mipruner.media import Video
 
     w, h = (112, 84) if tiny else (448, 336)
@@ -98,8 +101,8 @@ def make_media(kind: str, tiny: bool):
     if kind == "images":
         return [picture(w, h, seed=1), picture(h, w, seed=2)]
     if kind == "video":
-        frames = [picture(w, h, seed=10 + i) for i in range(8)]
-        return Video(frames=frames, indices=list(range(8)), fps=4.0, total_frames=8)
+        pics = [picture(w, h, seed=10 + i) for i in range(frames)]
+        return Video(frames=pics, indices=list(range(frames)), fps=4.0, total_frames=frames)
     raise ValueError(f"unknown media {kind!r}; choose from {MEDIA}")
 
 
