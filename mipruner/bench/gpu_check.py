@@ -60,8 +60,10 @@ def parse_args(argv):
     p.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on cuda, fp32 elsewhere")
     p.add_argument("--families", default="all", help=f"'all' or some of {','.join(FAMILIES)}")
     p.add_argument("--media", default="all", help="'all' or some of image,images,video (where a family takes it)")
-    p.add_argument("--methods", default="all", help="'all' (every registered method) or names")
-    p.add_argument("--shares", default="0.25,0.1", help="budgets as shares of each encoding's N_V (two by default)")
+    p.add_argument("--methods", default="all", help="'all' (every registered method, plug-ins loaded with "
+                   "--plugins included) or names")
+    p.add_argument("--shares", default="0.25,0.1", help="budgets as shares of each encoding's N_V: 25%% and 10%% "
+                   "by default, K = max(1, floor(share * N_V + 0.5)), so they scale with the shape")
     p.add_argument("--new-tokens", type=int, default=4, help="greedy answer length of the rows (at most)")
     p.add_argument("--static-cache", action="store_true", help="answer the rows on the GPU decoding path "
                    "(lengths bucketed to 64, static KV cache), not the plain path the app uses")
