@@ -107,6 +107,16 @@ def test_a_failing_method_is_recorded_and_the_run_goes_on(tmp_path, capsys):
     assert "failing rows:" in printed and printed.count("gpu_check_broken") >= 4
 
 
+def test_static_cache_rows(tmp_path):
+    """--static-cache: the rows answer on the GPU decoding path (bucketed lengths, static KV cache)."""
+    out = tmp_path / "r.json"
+    rc = gpu_check.main(["--tiny", "--device", "cpu", "--families", "llava,qwen3_vl", "--media", "video",
+                         "--methods", "mi,fastv", "--json", str(out), "--static-cache"])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["static_cache"] is True and len(report["rows"]) == 2 * (1 + 2 * 2)
+    assert all(r["ok"] for r in report["rows"])
+
+
 def test_keep_all_anchor_fails_when_the_answers_differ(tiny_llava, monkeypatch):
     """An adapter whose keep-all answer is not its unpruned answer fails the anchor row only."""
     real = type(tiny_llava).generate
