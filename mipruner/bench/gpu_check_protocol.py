@@ -14,13 +14,14 @@ cells in priority order, each `warmup` untimed runs then `repeats` timed runs (m
            step; the warm-up runs absorb the compilation of each new shape). CUDA only.
 A cell starts only when the budget left covers its estimate (one timed run of the phase's last cell
 scaled by batch size, times warmup + repeats; + 60 s of compiling for each new batch size of the
-compiled phase); the others
-are listed under "skipped" with the reason. Goals (the issue's ratios) are computed from the cells.
+compiled phase); the others are listed under "skipped" with the reason, as are cells that raised
+(the others go on). Goals (the issue's ratios) are computed from the cells.
 """
 from __future__ import annotations
 
 import statistics
 import time
+import traceback
 
 import torch
 
@@ -130,7 +131,16 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
                             "why": f"{left:.0f} s of the budget left, about {guess:.0f} s needed"})
             return
         t0 = time.monotonic()
-        r = measure_cell(make(), repeats, warmup, mem, sync)
+        try:
+            r = measure_cell(make(), repeats, warmup, mem, sync)
+        except Exception as e:  # noqa: BLE001  (recorded; the other cells go on)
+            skipped.append({"phase": phase, "kind": kind, "method": method, "budget": bud, "batch": batch,
+                            "why": "failed: " + traceback.format_exception_only(type(e), e)[-1].strip()})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return
+        if r["new_tokens"] != new_tokens:
+            r["warning"] = f"decoded {r['new_tokens']} tokens, not {new_tokens}"
         last[phase] = (batch, r["total_ms"] / 1e3)
         if phase == "compiled":
             compiled_batches.add(batch)

@@ -59,8 +59,8 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
                                  image_size=image_size, patch_size=patch)
     text = tf.LlamaConfig(hidden_size=llm_width, intermediate_size=llm_ffn, num_hidden_layers=llm_layers,
                           num_attention_heads=llm_width // 128, num_key_value_heads=llm_width // 128,
-                          vocab_size=vocab_size or len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                          pad_token_id=3, **({} if text_init is None else {"initializer_range": text_init}))
+                          vocab_size=vocab_size or len(tok), max_position_embeddings=4096, bos_token_id=1,
+                          eos_token_id=2, pad_token_id=3, **({} if text_init is None else {"initializer_range": text_init}))
     common = dict(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
                   vision_feature_layer=-2, vision_feature_select_strategy="default")
     size = dict(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
