@@ -14,6 +14,8 @@ COMMANDS = {
     "gpu": ("mipruner.bench.gpu", "paper protocol at LLaVA-1.5/NeXT-7B shapes: batch-1 latency vs plain generate, items/s at batch 1/8/32"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
+    "gpu-check": ("mipruner.bench.gpu_check", "GPU acceptance: every family x media x method x 2 budgets + keep-all anchor, "
+                  "the paper's protocol; one JSON report"),
     "browser": ("mipruner.bench.browser", "slider move -> every panel updated in Chromium (p50/p95), embedded model"),
 }
 
@@ -24,11 +26,11 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print("usage: python -m mipruner.bench <command> [--help] [--plugins MODULES]\n\ncommands:")
         for name, (_, doc) in COMMANDS.items():
-            print(f"  {name:<10} {doc}")
+            print(f"  {name:<11} {doc}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     load_for_cli(plugins)
-    importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
-    return 0
+    rc = importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

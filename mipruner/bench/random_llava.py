@@ -20,19 +20,20 @@ WORDS = ("what is in the image describe a red square circle on blue background h
          "there yes no one two three left right top bottom colour color of USER ASSISTANT : ? . ,").split()
 
 
-def build_tokenizer():
-    """A word-level fast tokenizer (with offsets) over a small vocabulary, plus <image>."""
+def build_tokenizer(video: bool = False):
+    """A word-level fast tokenizer (with offsets) over a small vocabulary, plus <image> (and <video>)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+    specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"] + (["<video>"] if video else [])
     vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("<image>", "isolated"),
-                                                 pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation()])
+    splits = [pre_tokenizers.Split(s, "isolated") for s in specials[4:]]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(),
+                                                          pre_tokenizers.Punctuation()])
+    media = {"image_token": "<image>", **({"video_token": "<video>"} if video else {})}
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", extra_special_tokens={"image_token": "<image>"})
+                                   pad_token="<pad>", extra_special_tokens=media)
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -40,9 +41,13 @@ def build_tokenizer():
 def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: int = 24, vision_width: int = 1024,
                        llm_layers: int = 4, llm_width: int = 4096, llm_ffn: int = 11008,
                        dtype: torch.dtype = torch.bfloat16, seed: int = 0, family: str = "llava",
-                       device: str | torch.device = "cpu"):
+                       device: str | torch.device = "cpu", text_init: float | None = None,
+                       vocab_size: int | None = None):
     """(adapter, description) for a random-weight model of the given shape, in eval mode, built on
-    `device` (LlavaAdapter; LlavaNextAdapter for family="llava_next")."""
+    `device` (LlavaAdapter; LlavaNextAdapter for family="llava_next"). text_init: the Llama's
+    initializer std (None: its config default, 0.02; tiny models need more for input-dependent answers).
+    vocab_size: embedding / LM head rows (None: the tokenizer's; the checkpoint's own, e.g. 32064 for
+    llava-hf/llava-1.5-7b-hf, gives the real head's cost per decoded token)."""
     import transformers as tf
 
     from mipruner.models.llava_hf import LlavaAdapter
@@ -54,8 +59,8 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
                                  image_size=image_size, patch_size=patch)
     text = tf.LlamaConfig(hidden_size=llm_width, intermediate_size=llm_ffn, num_hidden_layers=llm_layers,
                           num_attention_heads=llm_width // 128, num_key_value_heads=llm_width // 128,
-                          vocab_size=len(tok), max_position_embeddings=4096, bos_token_id=1, eos_token_id=2,
-                          pad_token_id=3)
+                          vocab_size=vocab_size or len(tok), max_position_embeddings=4096, bos_token_id=1,
+                          eos_token_id=2, pad_token_id=3, **({} if text_init is None else {"initializer_range": text_init}))
     common = dict(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids("<image>"),
                   vision_feature_layer=-2, vision_feature_select_strategy="default")
     size = dict(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})

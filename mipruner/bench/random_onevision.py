@@ -6,7 +6,8 @@ tokens per view), width 1152, FFN 4304, 16 heads, 26 layers (the released tower 
 block: features are read at layer -1), anyres_max_9 over the default pinpoints (384 .. 2304 px);
 Qwen2-7B: 28 layers of width 3584, FFN 18944, 28 heads, 4 KV heads, rope theta 1e6.
 tiny=True: the same geometry scaled down (64 px, patch 16: a 4 x 4 grid per view, the pinpoints
-scaled alike), 2 SigLIP layers of width 32, 2 Qwen2 layers of width 64.
+scaled alike), 2 SigLIP layers of width 32, 2 Qwen2 layers of width 64 drawn with std 0.2 (at 0.02 a tiny LLM
+repeats one token whatever it sees).
 The tokenizer is a small word-level one with <image> and <video>; answers mean nothing.
 """
 from __future__ import annotations
@@ -56,14 +57,15 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
         vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                        num_attention_heads=4, image_size=image, patch_size=patch)
         text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2)
+                    num_key_value_heads=2, initializer_range=0.2)
         pins = [[h * image // 384, w * image // 384] for h, w in pins]
     else:
         vision = default.vision_config
         image, patch = int(vision.image_size), int(vision.patch_size)
         text = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                     num_key_value_heads=4)
-    text_cfg = tf.Qwen2Config(**text, vocab_size=len(tok), max_position_embeddings=32768, rope_theta=1e6,
+    vocab = len(tok) if tiny else int(default.text_config.vocab_size)  # Qwen2's 151,936 rows: the real head's cost
+    text_cfg = tf.Qwen2Config(**text, vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = tf.LlavaOnevisionConfig(vision_config=vision, text_config=text_cfg, image_grid_pinpoints=pins,
                                      image_token_id=tok.convert_tokens_to_ids("<image>"),

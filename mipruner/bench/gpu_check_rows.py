@@ -1,0 +1,184 @@
+"""The rows of `python -m mipruner.bench gpu-check`: one (family, media) encoding, every method x budget.
+
+Per (family, media): ONE encoding (with the vision encoder's attention, which some methods read),
+the unpruned answer, then
+  keep-all   every visual token kept (kept indices 0..N_V-1 through `adapter.generate`): ok only when
+             its greedy tokens equal the unpruned answer's (the anchor: pruning code that keeps all
+             is the unpruned model);
+  <method>   for each budget share f: K = max(1, floor(f * N_V + 0.5)) tokens; `mipruner.select` with a
+             fresh per-encoding cache (select_ms: the cold selection, what one slider move of a new
+             method costs), then `mipruner.answer` one by one (answer_ms), then the app's batched
+             path: `mipruner.batch.answer_items` of [(encoding, unpruned), (encoding, selection)]
+             as one batch (batch_ms; in-LLM selections answer one by one inside it).
+A row is ok when nothing raised, the selection keeps 1..K tokens (prefix rows counted), the one-by-one
+answer has 1..new_tokens tokens and the batched call returns both rows. `batch_equal` says whether the
+batched tokens equal the one-by-one ones; it does not decide `ok`: a left-padded batch is not
+bit-identical to one prompt alone, so greedy tokens may differ where two logits nearly tie (random
+weights in bf16 tie often). On CUDA every timing is bracketed by `torch.cuda.synchronize`; peak_mb is
+`torch.cuda.max_memory_allocated` above the allocation before the row (select + both answers);
+None on other devices. A row that raises keeps the last line of its traceback in `error`.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import torch
+
+import mipruner
+from mipruner.batch import answer_items
+from mipruner.pruners import resolve_budget
+
+KEEP_ALL = "keep-all"
+FIELDS = ("family", "media", "method", "budget", "kept", "n_visual", "ok", "error", "select_ms", "answer_ms",
+          "batch_ms", "batch_equal", "peak_mb")
+
+
+def last_line(e: BaseException) -> str:
+    """The last line of the exception's traceback: `Type: message`."""
+    return traceback.format_exception_only(type(e), e)[-1].strip()
+
+
+def empty_row(family: str, media: str, method: str, budget, error: str | None = None) -> dict:
+    return dict(family=family, media=media, method=method, budget=budget, kept=None, n_visual=None, ok=False,
+                error=error, select_ms=None, answer_ms=None, batch_ms=None, batch_equal=None, peak_mb=None)
+
+
+def planned_rows(family: str, media: str, methods: list[str], shares: list[float], error: str | None = None):
+    """The rows of one (family, media), not yet run: the keep-all anchor, then each method x share."""
+    return [empty_row(family, media, m, s, error) for m, s in [(KEEP_ALL, 1.0)] + [(m, s) for m in methods
+                                                                                     for s in shares]]
+
+
+class Clock:
+    """Wall-clock milliseconds with the device synchronised at both ends, and CUDA peak memory."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def start_peak(self) -> int:
+        if not self.cuda:
+            return 0
+        self.sync()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def peak_mb(self, base: int) -> float | None:
+        if not self.cuda:
+            return None
+        self.sync()
+        return round((torch.cuda.max_memory_allocated(self.device) - base) / 2 ** 20, 1)
+
+
+def _ms(t0: float, t1: float) -> float:
+    return round((t1 - t0) * 1e3, 3)
+
+
+def _check_answer(ans, new_tokens: int, what: str) -> None:
+    n = len(ans.token_ids)
+    if not 1 <= n <= new_tokens:
+        raise RuntimeError(f"{what} has {n} tokens, not 1..{new_tokens}")
+
+
+def keep_all_row(adapter, enc, ref, row: dict, clock: Clock, new_tokens: int) -> dict:
+    """The anchor: every visual token kept gives the unpruned answer's tokens."""
+    keep = torch.arange(enc.n_visual)
+    base = clock.start_peak()
+    t0 = clock.now()
+    one = adapter.generate(enc, keep=keep, max_new_tokens=new_tokens)
+    t1 = clock.now()
+    both = answer_items(adapter, [(enc, None), (enc, keep)], max_new_tokens=new_tokens)
+    t2 = clock.now()
+    row.update(kept=enc.n_visual, select_ms=0.0, answer_ms=_ms(t0, t1), batch_ms=_ms(t1, t2),
+               peak_mb=clock.peak_mb(base),
+               batch_equal=[a.token_ids for a in both] == [ref.token_ids, ref.token_ids])
+    if one.token_ids != ref.token_ids:
+        raise RuntimeError(f"keep-all answer {one.token_ids} != unpruned answer {ref.token_ids}")
+    _check_answer(one, new_tokens, "the keep-all answer")
+    return row
+
+
+def method_row(adapter, enc, ref, method: str, share: float, row: dict, clock: Clock, new_tokens: int) -> dict:
+    """One method at one budget share: select (cold cache), answer one by one, answer batched."""
+    k = resolve_budget(share, enc.n_visual)  # floor(share * N_V + 0.5), at least 1
+    cache: dict = {}
+    base = clock.start_peak()
+    t0 = clock.now()
+    sel = mipruner.select(adapter, enc, method, k, cache=cache, strict=False)
+    t1 = clock.now()
+    one = mipruner.answer(adapter, enc, sel, max_new_tokens=new_tokens, cache=cache)
+    t2 = clock.now()
+    both = answer_items(adapter, [(enc, None), (enc, sel)], max_new_tokens=new_tokens)
+    t3 = clock.now()
+    row.update(kept=sel.budget, select_ms=_ms(t0, t1), answer_ms=_ms(t1, t2), batch_ms=_ms(t2, t3),
+               peak_mb=clock.peak_mb(base), batch_equal=[a.token_ids for a in both] == [ref.token_ids, one.token_ids])
+    if not 1 <= sel.budget <= k:
+        raise RuntimeError(f"the selection keeps {sel.budget} tokens, not 1..{k}")
+    _check_answer(one, new_tokens, "the answer")
+    if len(both) != 2:
+        raise RuntimeError(f"the batched call returned {len(both)} answers for 2 rows")
+    _check_answer(both[1], new_tokens, "the batched answer")
+    return row
+
+
+def check_media(adapter, family: str, kind: str, media, prompt: str, methods: list[str], shares: list[float],
+                new_tokens: int, clock: Clock, log=print) -> tuple[list[dict], dict]:
+    """Every row of one (family, media): (rows, info with n_visual and the encode time)."""
+    rows = planned_rows(family, kind, methods, shares)
+    info: dict = {"family": family, "media": kind}
+    try:
+        with torch.inference_mode():
+            t0 = clock.now()
+            enc = adapter.encode(media, prompt, need_attention=True)
+            t1 = clock.now()
+            ref = adapter.generate(enc, None, max_new_tokens=new_tokens)
+            t2 = clock.now()
+        _check_answer(ref, new_tokens, "the unpruned answer")
+    except Exception as e:  # noqa: BLE001  (every row of this media fails with the reason)
+        err = f"encode / unpruned answer failed: {last_line(e)}"
+        log(f"  {family} {kind}: {err}")
+        for r in rows:
+            r["error"] = err
+        return rows, dict(info, error=err)
+    info.update(n_visual=enc.n_visual, encode_ms=_ms(t0, t1), unpruned_answer_ms=_ms(t1, t2),
+                unpruned_tokens=list(ref.token_ids))
+    for r in rows:
+        r["n_visual"] = enc.n_visual
+        try:
+            with torch.inference_mode():
+                if r["method"] == KEEP_ALL:
+                    keep_all_row(adapter, enc, ref, r, clock, new_tokens)
+                else:
+                    method_row(adapter, enc, ref, r["method"], r["budget"], r, clock, new_tokens)
+            r["ok"] = True
+        except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
+            r["ok"], r["error"] = False, last_line(e)
+            if clock.cuda:  # e.g. out of memory: give the cached blocks back before the next row
+                torch.cuda.empty_cache()
+    bad = [r for r in rows if not r["ok"]]
+    log(f"  {family} {kind}: N_V {enc.n_visual}, encode {info['encode_ms']:.0f} ms, {len(rows) - len(bad)}/{len(rows)} "
+        f"rows ok" + "".join(f"\n    FAIL {r['method']} {r['budget']}: {r['error']}" for r in bad))
+    del enc
+    return rows, info
+
+
+def format_rows(rows: list[dict]) -> str:
+    from .timing import table
+
+    def f(x, d=1):
+        return "-" if x is None else f"{x:.{d}f}"
+
+    body = [[r["family"], r["media"], r["method"], str(r["budget"]), str(r["kept"]), "ok" if r["ok"] else "FAIL",
+             f(r["select_ms"], 2), f(r["answer_ms"]), f(r["batch_ms"]), "-" if r["batch_equal"] is None
+             else "=" if r["batch_equal"] else "differs", f(r["peak_mb"])] for r in rows]
+    return table(body, ["family", "media", "method", "budget", "kept", "ok", "select ms", "answer ms", "batch ms",
+                        "batch vs one", "peak MB"])
