@@ -204,10 +204,10 @@ def test_each_random_builder_encodes_and_answers(name):
 
 
 # parameters of the full-size random models, in billions: the hub checkpoints' own counts (LLaVA-1.5-7B
-# 7.06, Qwen2-VL-2B 2.21, Qwen2.5-VL-3B 3.75, Qwen3-VL-2B 2.13, OneVision-qwen2-7b 8.03; Video-LLaVA with
+# 7.06, Qwen2-VL-2B 2.21, Qwen2.5-VL-3B 3.75, Qwen3-VL-2B 2.13, OneVision-qwen2-7b 8.03, InternVL3-8B 7.94; Video-LLaVA with
 # Llama's default 32,000 vocabulary rows 7.37)
 REAL_B = {"llava": 7.06, "llava_next": 7.06, "video_llava": 7.37, "qwen2_vl": 2.21, "qwen2_5_vl": 3.75,
-          "qwen3_vl": 2.13, "llava_onevision": 8.03}
+          "qwen3_vl": 2.13, "llava_onevision": 8.03, "internvl": 7.94}
 
 
 @pytest.mark.parametrize("name", list(REAL_B))

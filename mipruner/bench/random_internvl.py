@@ -5,7 +5,7 @@ tiny=False: the shape of OpenGVLab/InternVL3-8B-hf (shape="8B", the default) or 
 448 px, patch 14, layer norm, qkv bias; `InternVLVisionConfig`'s defaults restate it), pixel shuffle
 0.5 (256 tokens a tile), tiles of 448 px up to 12 plus the thumbnail; Qwen2.5-7B (28 layers of width
 3584, FFN 18944, 28 heads, 4 KV heads) or Qwen2.5-0.5B (24 x 896, FFN 4864, 14 heads, 2 KV heads,
-tied embeddings), rope theta 1e6. tiny=True: the same layout scaled down (64 px tiles, patch 8: 8 x 8
+tied embeddings), rope theta 1e6, 151,674 vocabulary rows. tiny=True: the same layout scaled down (64 px tiles, patch 8: 8 x 8
 patches, 16 tokens a tile, up to 6 tiles), 2 InternViT layers of width 32, 2 Qwen2 layers of width 64.
 The tokenizer is a small word-level one with InternVL's special tokens; answers mean nothing.
 """
@@ -25,6 +25,7 @@ WORDS = ("what is in the image video describe a red green blue square circle bal
          "objects are there yes no one two three four left right top bottom colour color of moves from to "
          "frame by user assistant system : ? . , 0 1 2 3 4 5 6 7 8 9").split()
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
+VOCAB = 151674  # the checkpoints' embedding rows (the LM head's cost per token); the tokenizer uses the first few
 TEXT_SHAPES = {
     "8B": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, tie_word_embeddings=False),
@@ -72,7 +73,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B"):
         image, patch, tiles = 448, 14, 12
         vision = tf.InternVLVisionConfig(attention_bias=True)  # InternViT-300M-448px: the class defaults
         text = TEXT_SHAPES[shape]
-    text_cfg = tf.Qwen2Config(**text, vocab_size=len(tok), max_position_embeddings=32768, rope_theta=1e6,
+    text_cfg = tf.Qwen2Config(**text, vocab_size=len(tok) if tiny else VOCAB, max_position_embeddings=32768, rope_theta=1e6,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = tf.InternVLConfig(vision_config=vision, text_config=text_cfg, downsample_ratio=0.5,
                                image_seq_length=(image // patch // 2) ** 2, vision_feature_layer=-1,

@@ -74,6 +74,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("qwen2_5_vl", "Qwen2.5-VL-3B", _module("random_qwen", "build_qwen2_5_vl"), ("image", "video")),
     Family("qwen3_vl", "Qwen3-VL-2B", _module("random_qwen", "build_qwen3_vl"), ("image", "video")),
     Family("llava_onevision", "LLaVA-OneVision-7B", _module("random_onevision"), ("image", "images", "video")),
+    Family("internvl", "InternVL3-8B", _module("random_internvl"), ("image", "images", "video")),
 ]}
 
 
