@@ -1,6 +1,7 @@
 """LLaVA-1.5 (transformers `LlavaForConditionalGeneration`, model_type "llava").
 
-Images, several images, and videos read as `default_frames` (8) frames sampled at i * n // 8
+Images, several images, and videos read as `default_frames` (8) frames sampled at i * n // 8 (fewer
+when 8 images would not fit the LLM's context: `video_frames`, 6 for LLaVA-1.5-7B)
 (transformers' `default_sample_indices_fn`, `mipruner.media.sample_indices`), each frame one image with its own <image> placeholder (LLaVA-1.5 has no video token; the embedded
 shapes-llava answers about clips this way). Tokens are image after image; `frame` in the geometry
 is the image's index. With several images the attention is one (N_V+1, N_V+1) matrix: row 0 is each
@@ -20,16 +21,33 @@ import contextlib
 
 import torch
 
-from ..media import Video
+from ..media import Video, load_media
 from . import _clip_attention as A
 from . import _llava_common as C
 from . import _llava_geometry as G
+
+
+TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the answer (at most 1/8 of the context)
 
 
 class LlavaAdapter(C.LlavaFamilyAdapter):
     family = "llava"
     model_class_name = "LlavaForConditionalGeneration"
     default_frames = 8  # a video is read as this many evenly sampled frames, each one an image
+
+    def _media(self, media):
+        return load_media(media, num_frames=self.video_frames())
+
+    def video_frames(self) -> int:
+        """Frames read from a video file: `default_frames` (8), or as many whole images as fit the LLM's
+        context with TEXT_ROOM positions (at most an eighth of it) left for the prompt and the answer (LLaVA-1.5-7B: 576 tokens an
+        image, 4,096 positions: 6 frames; 8 would be 4,608 tokens)."""
+        v = self.config.vision_config
+        per_image = (int(v.image_size) // int(v.patch_size)) ** 2 + (self.config.vision_feature_select_strategy == "full")
+        if not self.max_positions:
+            return self.default_frames
+        room = min(TEXT_ROOM, self.max_positions // 8)
+        return max(1, min(self.default_frames, (self.max_positions - room) // per_image))
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         """One <image> per image; a video's frames are `n_media` images (LLaVA has no video token)."""

@@ -287,6 +287,29 @@ def test_errors(adapters, encoded, tmp_path, fam):
             a.encode([scene(), scene(seed=1)], PROMPT)
 
 
+def test_llava_reads_as_many_frames_as_fit_the_context(adapters, encoded, video_path, monkeypatch):
+    """8 frames of LLaVA-1.5-7B (576 tokens an image) would pass its 4,096 positions: it reads 6; a small
+    context reads fewer frames, still evenly sampled."""
+    import transformers as tf
+    from types import SimpleNamespace
+
+    from mipruner.media import load_video, sample_indices
+    from mipruner.models.llava_hf import TEXT_ROOM, LlavaAdapter
+
+    real = SimpleNamespace(config=tf.LlavaConfig(), max_positions=4096, default_frames=8)  # llava-1.5-7b-hf
+    assert LlavaAdapter.video_frames(real) == 6
+    assert LlavaAdapter.video_frames(SimpleNamespace(**(real.__dict__ | {"max_positions": 0}))) == 8
+    a, per = adapters["llava"], encoded["llava", "image"].n_visual
+    assert a.video_frames() == 8  # the tiny context holds 8
+    monkeypatch.setattr(a, "max_positions", 4 * TEXT_ROOM)  # room 512 left: 1536 // per frames at most
+    assert a.video_frames() == min(8, 3 * TEXT_ROOM // per)
+    monkeypatch.setattr(a, "max_positions", 64)  # an eighth (8) left: 56 // 16 = 3 frames of the tiny tower
+    assert per == 16 and a.video_frames() == 3
+    video, clip = a._media(video_path), load_video(video_path, 3)  # what encode reads (the prompt then is too long)
+    assert clip.indices == sample_indices(12, 3) and video.indices == clip.indices and all(
+        f.tobytes() == g.tobytes() for f, g in zip(video.frames, clip.frames))
+
+
 def test_text_mask_marks_the_question(encoded):
     e = encoded["llava", "image"]
     assert "".join(e.scoring_tokens).replace("\u0120", " ").strip() == PROMPT
