@@ -217,3 +217,24 @@ def test_an_answer_syncs_a_constant_number_of_times_per_step(syncs, models, fam,
         assert len((out[0] if isinstance(out, list) else out).token_ids) == NEW + 3  # the steps really ran
     finally:
         ad.decode_path = PLAIN
+
+
+def test_a_slider_move_syncs_a_constant_number_of_times(syncs, models, tmp_path):
+    """`Engine.view` (one slider move: every method selects and its panel is drawn): its host copies
+    (kept indices for the mask, scores for the heat map, one comparison with the last drawn scores)
+    are per panel, never per token."""
+    from mipruner.engine import Engine
+
+    ad = models[0]["llava"]
+    engine = Engine(ad)
+    session = engine.new_session()
+    counts = {}
+    for nf in (2, 8):
+        frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(nf)]
+        key = engine.encode(session, write_video(frames, str(tmp_path / f"v{nf}.mp4")), "What colour is the square?",
+                            need_attention=True)
+        n = engine.encoded(session, key).n_visual
+        for k in (4, 12):
+            counts[n, k] = syncs.count(lambda: engine.view(session, key, list_pruners(), k))
+    assert len(set(counts.values())) == 1, counts
+    assert counts[32, 4] <= 8 * len(list_pruners()), counts  # a handful per panel
