@@ -12,6 +12,8 @@ does it:
     tensors, and FastV, DART and SparseVLM run decoder layers to select);
   * no `torch.compile` there: the app decodes on the plain path (`mipruner.batch.use_decode_path`
     is never called by the app).
+Open: a decorated call runs in a forked worker that receives its arguments and returns its result
+pickled; the handlers' `UIState` does not pickle yet (docs/gpu-review.md).
 `gpu(fn)` returns `spaces.GPU(duration=...)(fn)` on a Space and `fn` itself everywhere else, so the app
 runs unchanged locally.
 """
