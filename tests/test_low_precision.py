@@ -10,8 +10,9 @@ CI runs float32 elsewhere; the dtype rules of low precision differ (bf16 Cholesk
       dtype: keeping every visual token gives exactly (torch.equal) the unpruned model's logits
       and greedy tokens at that dtype, for an image and, where the family takes one, a video;
   (c) the in-LLM methods (FastV, DART, SparseVLM) select and answer at that dtype: their keep-all
-      answer is the unpruned answer, a 25% selection answers; the batched answers and the GPU
-      decoding path (bucketed lengths + static cache) run at that dtype, keep-all row included.
+      answer is the unpruned answer, a 25% selection answers; the app's batch (the keep-all row and
+      pruned rows of different lengths) answers on the plain and the GPU decoding path (bucketed
+      lengths + static cache), the keep-all row's first token being the unpruned one.
 Every op these paths use has a CPU kernel for both dtypes in the torch we pin (none is skipped).
 """
 from __future__ import annotations
