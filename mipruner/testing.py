@@ -38,13 +38,15 @@ SCORE_LABEL_CHARS = 60  # a colour bar's caption
 
 @contextlib.contextmanager
 def meta_default():
-    """Tensors made without `device=` land on the meta device (and break what mixes them with data)."""
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    try:
+    """Tensors made without `device=` land on the meta device (and break what mixes them with data).
+
+    `with torch.device("meta")` pushes a default-device mode and pops it on exit. Restoring with
+    `torch.set_default_device(torch.get_default_device())` instead would leave a "cpu" default-device
+    mode installed in the calling thread for good, which routes every later torch call through
+    Python (`__torch_function__`): about 2.7x the per-op overhead on the CPU here, e.g. after a
+    plug-in's quick check in a bench or eval process."""
+    with torch.device("meta"):
         yield
-    finally:
-        torch.set_default_device(before)
 
 
 def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:

@@ -47,6 +47,7 @@ class SyncCounter:
 
     def __init__(self, monkeypatch):
         self.active = False
+        self.depth = 0
         self.counts: collections.Counter = collections.Counter()
         for name in SYNCS:
             original = getattr(torch.Tensor, name)
@@ -54,9 +55,14 @@ class SyncCounter:
 
     def _wrap(self, name, original):
         def counted(tensor, *args, **kwargs):
-            if self.active:
-                self.counts[name] += 1
-            return original(tensor, *args, **kwargs)
+            if not self.active or self.depth:  # a call made by a counted one (through a torch-function mode)
+                return original(tensor, *args, **kwargs)
+            self.counts[name] += 1
+            self.depth += 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self.depth -= 1
         counted.__name__ = name
         return counted
 

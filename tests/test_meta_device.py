@@ -11,7 +11,6 @@ With MIPRUNER_TEST_DEVICE=cuda the last test also checks that CUDA selects what 
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 import pytest
@@ -20,20 +19,13 @@ import torch
 import mipruner
 from mipruner.pruners import get_pruner, list_pruners
 from mipruner.pruners import mi as mi_mod
+from mipruner.testing import meta_default
 
 from .conftest import TEST_DEVICE
 from .models.tiny_llava import save_tiny, scene
 
 N_V, D, N_T, K = 40, 16, 5, 20  # K > D: CDPruner's kernel runs out of rank and its fallback runs too
 
-@contextlib.contextmanager
-def meta_default():
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    try:
-        yield
-    finally:
-        torch.set_default_device(before)
 
 
 def tensor_inputs(spec, seed: int = 0) -> dict:
@@ -134,6 +126,19 @@ def test_the_meta_default_catches_a_tensor_made_without_device():
         with pytest.raises((RuntimeError, NotImplementedError)):
             torch.arange(6).tolist()
         assert torch.zeros(6, device=x.device).device == x.device
+
+
+def test_the_meta_default_leaves_no_mode_behind():
+    """After the block the calling thread's torch-function modes are what they were (a leftover
+    default-device mode would route every later torch call through Python)."""
+    from mipruner.testing import quick_failures
+    from torch.overrides import _get_current_function_mode_stack as modes
+
+    before = list(modes())
+    with meta_default():
+        assert torch.zeros(1).device.type == "meta" and len(modes()) == len(before) + 1
+    assert list(modes()) == before and torch.zeros(1).device.type == "cpu"
+    assert quick_failures("mi") == [] and list(modes()) == before  # what a plug-in's load runs
 
 
 def test_selection_to_moves_every_tensor():
