@@ -19,6 +19,10 @@ import argparse
 import os
 import tempfile
 
+from components.spaces_gpu import prepare
+
+prepare()  # on a ZeroGPU Space `spaces` patches torch: before anything imports it (components/spaces_gpu.py)
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 

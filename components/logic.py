@@ -22,6 +22,7 @@ from mipruner.media import is_video_path
 from .hub import ModelHub
 from .messages import clean_prompt, plain, unknown_words_warning
 from .settings import Settings
+from .spaces_gpu import VIEW_SECONDS
 
 MAX_PANELS = 6
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
@@ -132,9 +133,11 @@ class AppLogic:
         self.max_new_tokens = max_new_tokens
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
-        if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: only the model-running handlers
+        if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: every handler that runs the model's tensors
             self.encode = gpu(self.encode)
             self.generate = gpu(self.generate)
+            self.view = gpu(self.view, VIEW_SECONDS)  # selections; FastV, DART, SparseVLM run decoder layers
+            self.inspect = gpu(self.inspect, VIEW_SECONDS)  # the same selections (export calls view)
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ tests/test_methods_contract.py):
   scores (N_V,) float32; tokens one row per kept index; PMI shapes for MI methods; the keep-all case;
   the same selection twice for a fixed seed; every choice of every choice parameter (a rule may
   keep fewer than the budget, as MI's adaptive K does, never more); float16 and
-  bfloat16 inputs and all-zero rows giving finite scores; every tensor on the inputs' device and none
+  bfloat16 inputs (attention and keys too) keeping that contract (`low_precision_failures`), and
+  all-zero rows giving finite scores; every tensor on the inputs' device and none
   made without `device=` (run under `torch.set_default_device("meta")`, the result must not change);
 - every method through `mipruner.select` on a model's encoding (the embedded `shapes-llava` unless an
   adapter is given): budgets 1, 5, 0.25, keep-all, determinism with and without a cache, the meta
@@ -37,24 +38,26 @@ SCORE_LABEL_CHARS = 60  # a colour bar's caption
 
 @contextlib.contextmanager
 def meta_default():
-    """Tensors made without `device=` land on the meta device (and break what mixes them with data)."""
-    before = torch.get_default_device()
-    torch.set_default_device("meta")
-    try:
+    """Tensors made without `device=` land on the meta device (and break what mixes them with data).
+
+    `with torch.device("meta")` pushes a default-device mode and pops it on exit. Restoring with
+    `torch.set_default_device(torch.get_default_device())` instead would leave a "cpu" default-device
+    mode installed in the calling thread for good, which routes every later torch call through
+    Python (`__torch_function__`): about 2.7x the per-op overhead on the CPU here, e.g. after a
+    plug-in's quick check in a bench or eval process."""
+    with torch.device("meta"):
         yield
-    finally:
-        torch.set_default_device(before)
 
 
 def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
     """Random inputs for a pre-LLM method: visual (n, D), text (N_T, D), and the vision encoder's
     attention / keys ([CLS] first) when it reads them."""
     g = torch.Generator().manual_seed(seed)
-    kw = dict(visual=torch.randn(n, D, generator=g).to(dtype), text=torch.randn(N_T, D, generator=g).to(dtype))
+    kw = dict(visual=torch.randn(n, D, generator=g), text=torch.randn(N_T, D, generator=g))
     if spec.needs_attention or {"attention", "keys"} & set(spec.needs):
         kw.update(attention=torch.softmax(torch.randn(n + 1, n + 1, generator=g) * 3, dim=-1),
                   keys=torch.randn(n + 1, 12, generator=g))
-    return {k: v.to(device) for k, v in kw.items()}
+    return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}  # a bf16 model's outputs are all bf16
 
 
 def _fixed_seed(spec) -> dict:
@@ -144,15 +147,42 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
                 k = s.budget if isinstance(s, Selection) and 1 <= s.budget <= 7 else 7
                 out += [f"with {p.name}={c!r}, {f}" for f in selection_failures(s, n=N_V, k=k, device=dev)]
     for dtype in (torch.float16, torch.bfloat16):
-        low = {**tensor_inputs(spec, dtype=dtype, device=device), **_fixed_seed(spec)}
-        s = _try(f"with {dtype} inputs", out, lambda low=low: prune(name, budget=9, **low))
-        if s is not None and (s.keep.numel() != 9 or not bool(torch.isfinite(s.scores).all())):
-            out.append(f"with {dtype} inputs, it must keep 9 tokens with finite scores")
+        out += low_precision_failures(name, dtype, device, budgets=(9,))
     zero = {**kw, "visual": kw["visual"].clone()}
     zero["visual"][:5] = 0.0
     s = _try("with all-zero visual rows", out, lambda: prune(name, budget=9, **zero))
     if s is not None and not bool(torch.isfinite(s.scores).all()):
         out.append("all-zero visual rows give non-finite scores")
+    return out
+
+
+def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int = N_V,
+                           budgets: tuple = (1, 7, N_V)) -> list[str]:
+    """The selection contract of a pre-LLM method on inputs of `dtype` (every input, attention and
+    keys included, as a bf16 / fp16 model gives them): keep ascending, unique, in range, of the
+    budget's size; scores (N_V,) float32 and finite (pmi too); the same selection twice; every
+    choice of every choice parameter at the first budget but one."""
+    spec, out = get_pruner(name), []
+    kw = {**tensor_inputs(spec, n=n, dtype=dtype, device=device), **_fixed_seed(spec)}
+    dev, what = kw["visual"].device, f"with {str(dtype).replace('torch.', '')} inputs"
+    runs = [(b, {}) for b in budgets]
+    runs += [(budgets[min(1, len(budgets) - 1)], {p.name: c}) for p in spec.params if p.kind == "choice"
+             for c in p.choices if c != p.default]
+    for budget, extra in runs:
+        at = f"{what} and budget {budget}" + "".join(f", {k}={v!r}" for k, v in extra.items())
+        a = _try(at, out, lambda b=budget, e=extra: prune(name, budget=b, **{**kw, **e}))
+        if a is None:
+            continue
+        k = a.budget if extra and isinstance(a, Selection) and 1 <= a.budget <= budget else budget  # adaptive K
+        bad = selection_failures(a, n=n, k=k, device=dev)
+        if not bad and not bool(torch.isfinite(a.scores).all()):
+            bad.append("its scores are not all finite")
+        if not bad and a.pmi is not None and not bool(torch.isfinite(a.pmi).all()):
+            bad.append("its pmi is not all finite")
+        b = _try(at + ", run twice", out, lambda b=budget, e=extra: prune(name, budget=b, **{**kw, **e}))
+        if not bad and b is not None and not _same(a, b):
+            bad.append("two runs with the same inputs and seed select different tokens")
+        out += [f"{at}, {f}" for f in bad]
     return out
 
 
@@ -226,5 +256,5 @@ def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "
     return out
 
 
-__all__ = ["check_pruner", "embedded_encoding", "meta_default", "quick_failures", "select_failures",
-           "spec_failures", "tensor_failures", "tensor_inputs"]
+__all__ = ["check_pruner", "embedded_encoding", "low_precision_failures", "meta_default", "quick_failures",
+           "select_failures", "spec_failures", "tensor_failures", "tensor_inputs"]

@@ -27,6 +27,7 @@ from .models.tiny_llava import save_tiny, scene
 
 N_V, K = 40, 20  # K > D (16, the width of mipruner.testing.tensor_inputs): CDPruner's kernel runs out of rank and its fallback runs too
 
+
 def tensor_inputs(spec, seed: int = 0) -> dict:
     return _tensor_inputs(spec, n=N_V, seed=seed, device=TEST_DEVICE)
 
@@ -120,6 +121,19 @@ def test_the_meta_default_catches_a_tensor_made_without_device():
         with pytest.raises((RuntimeError, NotImplementedError)):
             torch.arange(6).tolist()
         assert torch.zeros(6, device=x.device).device == x.device
+
+
+def test_the_meta_default_leaves_no_mode_behind():
+    """After the block the calling thread's torch-function modes are what they were (a leftover
+    default-device mode would route every later torch call through Python)."""
+    from mipruner.testing import quick_failures
+    from torch.overrides import _get_current_function_mode_stack as modes
+
+    before = list(modes())
+    with meta_default():
+        assert torch.zeros(1).device.type == "meta" and len(modes()) == len(before) + 1
+    assert list(modes()) == before and torch.zeros(1).device.type == "cpu"
+    assert quick_failures("mi") == [] and list(modes()) == before  # what a plug-in's load runs
 
 
 def test_selection_to_moves_every_tensor():

@@ -9,6 +9,11 @@ their positions 0 (never attended); the visual rows of all rows go, in row order
 `mm_encoder_outputs` entry per modality (the model scatters them into the placeholders in
 row-major order, which is the same order), and likewise each deepstack layer's rows.
 
+With a static cache the attention mask has the cache's width from the prefill on (zeros for the
+slots not written yet, one more set per step), as `generate` gives its compiled step a mask of
+the cache's size: a mask growing by one column a step would be a new input shape every step, and
+a step compiled with `dynamic=False` would recompile at each one.
+
 Decoding continues every row at ITS unpruned max position + 1 (`next_position`: rows of
 different encodings have different starts, and `rope_deltas` is never used because positions are
 always passed). Finished rows are fed the pad token, as `generate` does; the loop stops when every
@@ -114,7 +119,10 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     ids, mask = b["input_ids"], b["attention_mask"]
     n_rows, width = ids.shape
     device = ids.device
-    cache = _cache(adapter, path, n_rows, cache_length(rows, width, max_new_tokens, path.bucket))
+    slots = cache_length(rows, width, max_new_tokens, path.bucket)
+    cache = _cache(adapter, path, n_rows, slots)
+    if path.static_cache:  # one mask of the cache's width for every step: a compiled step sees one shape
+        mask = torch.cat([mask, mask.new_zeros(n_rows, slots - width)], dim=1)
     eos_t = torch.tensor(eos, dtype=torch.long, device=device)
     pad = ids.new_full((n_rows,), b["pad"])
 
@@ -138,7 +146,10 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     for step in range(1, int(max_new_tokens)):
         if eos and bool(done.all()):
             break
-        mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
+        if path.static_cache:
+            mask[:, width + step - 1] = 1  # the slot the previous token was written to
+        else:
+            mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
         pos = (starts + (step - 1)).view(1, n_rows, 1).expand(3, n_rows, 1)
         out = step_fn(input_ids=torch.where(done, pad, token)[:, None], position_ids=pos, attention_mask=mask,
                       past_key_values=cache, use_cache=True)

@@ -45,7 +45,9 @@ def capture_attention(tower, layer_index: int):
         if weights is None:
             raise RuntimeError("the vision tower returned no attention probabilities: load the model with "
                                "vision_attn='eager' to capture attention")
-        out["attention"] = weights.detach().float().mean(dim=1)  # (B, H, N+1, N+1) -> (B, N+1, N+1)
+        # (B, H, N+1, N+1) -> (B, N+1, N+1), accumulated in float32 without a float32 copy of every head's
+        # map (a bf16 tower's per-head maps, e.g. LLaVA-NeXT's 5 views x 16 heads x 577^2, would double)
+        out["attention"] = weights.detach().mean(dim=1, dtype=torch.float32)
 
     def on_keys(_module, _inputs, output):
         b, n, _ = output.shape

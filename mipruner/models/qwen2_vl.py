@@ -358,11 +358,11 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     family = "qwen2_5_vl"
 
     def _attention_block(self) -> int:
-        """The attention-layer target moved to the nearest full-attention block at or before it."""
-        target = super()._attention_block()
-        full = sorted(self.config.vision_config.fullatt_block_indexes)
+        """The target moved to the nearest full-attention block at or before it that the tower has (none: its windows)."""
+        target, depth = super()._attention_block(), len(self.model.model.visual.blocks)
+        full = sorted(b for b in self.config.vision_config.fullatt_block_indexes if b < depth)
         before = [b for b in full if b <= target]
-        return before[-1] if before else full[0]
+        return before[-1] if before else (full[0] if full else target)
 
     def _attention_order(self, grid: torch.Tensor):
         from transformers.vision_utils import get_vision_window_index

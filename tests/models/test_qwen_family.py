@@ -310,3 +310,16 @@ def test_qwen2_5_video_temporal_positions(encoded, adapters):
     enc2 = encoded["qwen2_vl", "video"]
     pos2 = enc2.state["positions"][:, 0, enc2.state["visual_positions"]]
     assert (pos2[0, per] - pos2[0, 0]).item() == 1
+
+
+def test_attention_block_exists_when_the_config_lists_blocks_past_the_depth(tmp_path):
+    """Qwen2.5-VL's tester config keeps the default full-attention blocks [7, 15, 23, 31] on a 2-block
+    tower: the captured block is one the tower has (none listed: the target block, its windows)."""
+    from . import tester_models
+
+    ad = mipruner.load(tester_models.build("qwen2_5_vl", str(tmp_path)))
+    depth = len(ad.model.model.visual.blocks)
+    assert min(ad.config.vision_config.fullatt_block_indexes) >= depth
+    assert 0 <= ad._attention_block() < depth
+    enc = ad.encode(scene(), PROMPT, need_attention=True)
+    assert enc.attention.shape == (enc.n_visual, enc.n_visual) and bool(torch.isfinite(enc.attention).all())
