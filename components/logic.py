@@ -22,7 +22,7 @@ from mipruner.media import is_video_path
 from .hub import ModelHub
 from .messages import clean_prompt, plain, unknown_words_warning
 from .settings import Settings
-from .spaces_gpu import VIEW_SECONDS
+from .spaces_gpu import GPU_SECONDS, VIEW_SECONDS
 
 MAX_PANELS = 6
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
@@ -134,12 +134,18 @@ class AppLogic:
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
         if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: every handler that runs the model's tensors
-            self.encode = gpu(self.encode)
-            self.generate = gpu(self.generate)
-            self.view = gpu(self.view, VIEW_SECONDS)  # selections; FastV, DART, SparseVLM run decoder layers
-            self.inspect = gpu(self.inspect, VIEW_SECONDS)  # the same selections (export calls view)
+            self.encode = gpu(self.encode, GPU_SECONDS, adopt=self._adopt)
+            self.generate = gpu(self.generate, GPU_SECONDS, adopt=self._adopt)
+            # selections; FastV, DART and SparseVLM run decoder layers (export calls view)
+            self.view = gpu(self.view, VIEW_SECONDS, adopt=self._adopt)
+            self.inspect = gpu(self.inspect, VIEW_SECONDS, adopt=self._adopt)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _adopt(self, state: UIState) -> None:
+        """A state back from a ZeroGPU worker: its session goes under the app's byte cap again."""
+        if isinstance(state, UIState) and state.session is not None and state.session.budget is None:
+            self.hub.get(None)[0].adopt(state.session)
 
     def _engine(self, state: UIState):
         engine, _ = self.hub.get(state.model)

@@ -70,6 +70,13 @@ class Settings:
     def __setattr__(self, name, value):
         raise AttributeError("Settings are immutable: make a new one (Settings.replace)")
 
+    def __getstate__(self) -> dict:  # pickled (a ZeroGPU worker receives its handler's settings)
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
     @property
     def params(self) -> dict[str, Any]:
         """{parameter: value} for every registered parameter (a fresh dict)."""

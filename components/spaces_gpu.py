@@ -12,15 +12,25 @@ does it:
     tensors, and FastV, DART and SparseVLM run decoder layers to select);
   * no `torch.compile` there: the app decodes on the plain path (`mipruner.batch.use_decode_path`
     is never called by the app).
-Open: a decorated call runs in a forked worker that receives its arguments and returns its result
-pickled; the handlers' `UIState` does not pickle yet (docs/gpu-review.md).
-`gpu(fn)` returns `spaces.GPU(duration=...)(fn)` on a Space and `fn` itself everywhere else, so the app
-runs unchanged locally.
+A decorated call runs in a forked worker that receives its arguments and returns its result
+pickled (spaces/zero/wrappers.py): `gpu` sends the handler's `UIState` (its session's encodings on
+the host: `Session` pickles without its lock and byte cap), moves its tensors onto the worker's GPU,
+runs the handler, and sends (state, result) back with every tensor on the host; the caller's state
+object then takes the returned fields in place and the session goes under the byte cap again
+(`adopt`). Each call moves the session's encodings both ways (a few MB per encoding at 7B shapes).
+`gpu(fn)` returns that wrapper on a ZeroGPU Space and `fn` itself everywhere else (locally, and on a
+Space with a dedicated GPU, where `spaces.GPU` leaves functions as they are), so the app runs
+unchanged there.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import types
 from typing import Callable
+
+import numpy as np
+from PIL import Image
 
 GPU_SECONDS = 120  # per call: encode or generate on a 7B model fits well inside
 VIEW_SECONDS = 30  # per slider move: selections, and at most the first K decoder layers once per K
@@ -39,12 +49,102 @@ def prepare() -> bool:
     return True
 
 
-def gpu(fn: Callable, duration: int = GPU_SECONDS) -> Callable:
+def on_zero_gpu() -> bool:
+    """True on a ZeroGPU Space (where the sweep area, which runs the model many times, is refused)."""
+    if not has_spaces():
+        return False
+    try:
+        from spaces.config import Config
+    except ImportError:
+        return False
+    return bool(getattr(Config, "zero_gpu", False))
+
+
+def gpu(fn: Callable, duration: int = GPU_SECONDS, adopt: Callable | None = None) -> Callable:
+    """`fn(state, ...)` as a ZeroGPU task (see the module's docstring); `fn` itself off ZeroGPU.
+    adopt(state): what the caller's process re-attaches to a state that came back (the byte cap)."""
     if not has_spaces():
         return fn
     import spaces
 
-    return spaces.GPU(duration=duration)(fn)
+    task = spaces.GPU(duration=duration)(in_worker(fn))
+    if not hasattr(task, "zerogpu"):  # not a ZeroGPU Space: spaces.GPU returned the function as it was
+        return fn
+    return in_caller(task, adopt)
 
 
-__all__ = ["GPU_SECONDS", "VIEW_SECONDS", "gpu", "has_spaces", "prepare"]
+def in_worker(fn: Callable) -> Callable:
+    """The worker's side: the arguments' tensors onto its GPU, then (state, result) onto the host."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        import torch
+
+        if torch.cuda.is_available():
+            args, kwargs = move_tensors((list(args), kwargs), torch.device("cuda"))
+        out = fn(*args, **kwargs)
+        return move_tensors((args[0] if args else None, out), torch.device("cpu"))
+    return run
+
+
+def in_caller(task: Callable, adopt: Callable | None) -> Callable:
+    """The caller's side: `task` returns (state, result); the caller's own state object takes the
+    returned state's fields, so what the worker cached stays with the browser session."""
+    @functools.wraps(task)
+    def call(state, *args, **kwargs):
+        progress = kwargs.pop("progress", None)  # Gradio's progress object stays in the caller's process
+        if progress is not None:
+            progress((0, 1), desc="on the GPU")
+        after, out = task(state, *args, **kwargs)
+        if state is not None and after is not None and after is not state:
+            state.__dict__.update(after.__dict__)
+            if isinstance(out, tuple) and out and out[0] is after:
+                out = (state, *out[1:])
+            after = state
+        if isinstance(out, tuple) and out and after is None and hasattr(out[0], "session"):
+            after = out[0]  # encode made the state
+        if adopt is not None and after is not None:
+            adopt(after)
+        return out
+    return call
+
+
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), np.ndarray, Image.Image, type, types.ModuleType,
+           types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial, set, frozenset)
+
+
+def move_tensors(obj, device):
+    """`obj` with every tensor reachable through lists, dicts, tuples, dataclasses and plain objects
+    moved to `device`: lists, dicts and objects changed in place, tuples rebuilt; models, arrays,
+    images and functions are left alone. Returns `obj` (or its rebuilt tuple)."""
+    import torch
+
+    seen: dict[int, object] = {}
+
+    def go(x):
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        if isinstance(x, _OPAQUE) or isinstance(x, torch.nn.Module):
+            return x
+        if id(x) in seen:
+            return seen[id(x)]
+        seen[id(x)] = x
+        if isinstance(x, dict):
+            for k, v in list(x.items()):
+                x[k] = go(v)
+        elif isinstance(x, list):
+            x[:] = [go(v) for v in x]
+        elif isinstance(x, tuple):
+            items = [go(v) for v in x]
+            if any(a is not b for a, b in zip(items, x)):
+                seen[id(x)] = type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        elif hasattr(x, "__dict__"):
+            for k, v in list(vars(x).items()):
+                moved = go(v)
+                if moved is not v:
+                    object.__setattr__(x, k, moved)
+        return seen[id(x)]
+
+    return go(obj)
+
+
+__all__ = ["GPU_SECONDS", "VIEW_SECONDS", "gpu", "has_spaces", "in_caller", "in_worker", "move_tensors", "on_zero_gpu", "prepare"]

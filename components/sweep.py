@@ -21,6 +21,7 @@ from . import controls as C
 from . import sweep_logic as SL
 from .events import named
 from .logic import UserError
+from .spaces_gpu import on_zero_gpu
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",
@@ -133,6 +134,10 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         request, progress = rest[13 + n_ctl:]
         st = st if isinstance(st, SL.SweepState) else SL.SweepState()
         try:
+            if on_zero_gpu():
+                raise UserError("sweeps are not available on a ZeroGPU Space (they run the model for minutes, "
+                                "outside one GPU call): run the app locally or on a dedicated GPU, or use "
+                                "python -m mipruner.eval sweep")
             sw = make(fields, vals)
             items, set_name = SL.question_set(fields[4], fields[5], fields[6], fields[7], fields[8])
             engine, note = logic.hub.get((path or "").strip() or model)
@@ -167,6 +172,10 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
     def on_strip(ui, *rest):
         fields, vals = rest[:9], rest[9:9 + n_ctl]
         try:
+            if on_zero_gpu():
+                raise UserError("sweeps are not available on a ZeroGPU Space (they run the model for minutes, "
+                                "outside one GPU call): run the app locally or on a dedicated GPU, or use "
+                                "python -m mipruner.eval sweep")
             sw = make(fields, vals)
             return SL.mask_strip(logic, ui, sw)
         except UserError as e:

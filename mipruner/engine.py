@@ -148,6 +148,13 @@ class Engine:
         """Which pieces of `prompt` this model cannot read (see `prompt_words`)."""
         return prompt_words(getattr(self.adapter, "tokenizer", None), prompt)
 
+    def adopt(self, session: Session) -> None:
+        """Put a session that came back from another process (unpickled: no byte cap) under this
+        engine's cap again, charging each of its entries."""
+        session.budget = self.cache
+        for key in session.keys():
+            self._account(session, key)
+
     def _account(self, session: Session, key: EncodingKey) -> None:
         """Report the entry's current size to the byte cap (which may drop other entries)."""
         if self._weights is None:  # the model's own tensors are shared, never charged to a session

@@ -126,6 +126,18 @@ class Session:
     def keys(self) -> list[EncodingKey]:
         return list(self.entries)
 
+    def __getstate__(self) -> dict:
+        """Pickled without its lock and byte cap (ZeroGPU hands a session to a worker process and back:
+        the process that keeps it re-attaches the cap, `Engine.adopt`)."""
+        state = dict(self.__dict__)
+        state.pop("lock", None)
+        state["budget"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
     def expire(self, now: float) -> None:
         with self.lock:
             for k in [k for k, e in self.entries.items() if now - e.last_used > self.max_age_s]:

@@ -10,7 +10,8 @@
                   in-LLM layer loop keeps the keep-all anchor;
   ZeroGPU         app.py imports `spaces` before torch, and every handler that runs the model's
                   tensors is wrapped in `spaces.GPU` (a stand-in `spaces` package records it); the
-                  state those handlers receive does not pickle yet (strict xfail: the open item).
+                  state those handlers receive pickles (tests/app/test_zerogpu.py runs every
+                  handler through a forked, pickling worker).
 """
 from __future__ import annotations
 
@@ -235,12 +236,11 @@ def test_every_handler_that_runs_the_model_is_wrapped(fake_spaces, monkeypatch):
                                              ("view", VIEW_SECONDS), ("inspect", VIEW_SECONDS)])
 
 
-@pytest.mark.xfail(strict=True, reason="ZeroGPU pickles a decorated handler's arguments for its forked worker; "
-                   "UIState's Session holds an RLock (docs/gpu-review.md, open)")
 def test_the_state_a_zerogpu_handler_receives_pickles():
     import pickle
 
     from components.logic import UIState
     from mipruner.session import Session
 
-    pickle.dumps(UIState(session=Session()))
+    back = pickle.loads(pickle.dumps(UIState(session=Session())))
+    assert isinstance(back.session, Session) and back.session.budget is None
