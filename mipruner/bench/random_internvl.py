@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .word_tokenizer import word_tokenizer
+
 CHAT_TEMPLATE = (  # transformers' conversion script's template (an image is <IMG_CONTEXT>, as the processor reads it)
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
@@ -37,22 +39,10 @@ TEXT_SHAPES = {
 def build_tokenizer():
     """A word-level fast tokenizer (lower-cased, with offsets; digits one by one, so "Frame12:" reads
     as frame 1 2 :) with InternVL's special tokens named as the hub tokenizers name them."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(),
-                                                 pre_tokenizers.Digits(individual_digits=True)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        extra_special_tokens={"start_image_token": "<img>", "end_image_token": "</img>",
-                              "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
-    fast.add_special_tokens({"additional_special_tokens": SPECIALS[2:]})
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
+    return word_tokenizer(SPECIALS, WORDS, chat_template=CHAT_TEMPLATE, additional=SPECIALS[2:], lowercase=True,
+                          digits=True, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          extra_special_tokens={"start_image_token": "<img>", "end_image_token": "</img>",
+                                                "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
 
 def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B"):
     """(adapter, description) of a random-weight InternVL3 on `device` in `dtype`, eval mode."""

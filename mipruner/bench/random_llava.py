@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .word_tokenizer import word_tokenizer
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
     "{% for c in message['content'] %}{% if c['type'] == 'image' %}<image>\n"
@@ -22,21 +24,10 @@ WORDS = ("what is in the image describe a red square circle on blue background h
 
 def build_tokenizer(video: bool = False):
     """A word-level fast tokenizer (with offsets) over a small vocabulary, plus <image> (and <video>)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     specials = ["<unk>", "<s>", "</s>", "<pad>", "<image>"] + (["<video>"] if video else [])
-    vocab = {w: i for i, w in enumerate(specials + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    splits = [pre_tokenizers.Split(s, "isolated") for s in specials[4:]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(),
-                                                          pre_tokenizers.Punctuation()])
     media = {"image_token": "<image>", **({"video_token": "<video>"} if video else {})}
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", extra_special_tokens=media)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
+    return word_tokenizer(specials, WORDS, split=specials[4:], chat_template=CHAT_TEMPLATE, unk_token="<unk>",
+                          bos_token="<s>", eos_token="</s>", pad_token="<pad>", extra_special_tokens=media)
 
 def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: int = 24, vision_width: int = 1024,
                        llm_layers: int = 4, llm_width: int = 4096, llm_ffn: int = 11008,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from .word_tokenizer import word_tokenizer
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}<|im_start|>user "
     "{% for c in message['content'] %}{% if c['type'] == 'image' %}<image>\n{% elif c['type'] == 'video' %}<video>\n"
@@ -27,21 +29,9 @@ SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "
 
 def build_tokenizer():
     """A word-level fast tokenizer (with offsets) over a small vocabulary, plus <image> and <video>."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    splits = [pre_tokenizers.Split(s, "isolated") for s in SPECIALS[2:]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(),
-                                                          pre_tokenizers.Punctuation()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>",
-                                   extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
-    fast.add_special_tokens({"additional_special_tokens": SPECIALS[2:]})
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
+    return word_tokenizer(SPECIALS, WORDS, split=SPECIALS[2:], chat_template=CHAT_TEMPLATE, additional=SPECIALS[2:],
+                          unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
 
 def build(*, tiny: bool, device, dtype, seed: int = 0):
     """(adapter, description) of a random-weight LLaVA-OneVision on `device` in `dtype`, eval mode."""

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .word_tokenizer import word_tokenizer
+
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
 CHAT_TEMPLATE = (
@@ -88,20 +90,8 @@ NAMES = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-
 
 def build_tokenizer():
     """A word-level fast tokenizer (with offsets) over a small vocabulary plus Qwen's special tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    splits = [pre_tokenizers.Split(s, "isolated") for s in SPECIALS[1:]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.WhitespaceSplit(),
-                                                          pre_tokenizers.Punctuation()])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": SPECIALS[2:]})
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
+    return word_tokenizer(SPECIALS, WORDS, split=SPECIALS[1:], chat_template=CHAT_TEMPLATE, additional=SPECIALS[2:],
+                          unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 def _build(family: str, *, tiny: bool, device, dtype, seed: int):
     import transformers as tf
