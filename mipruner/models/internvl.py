@@ -33,17 +33,17 @@ SparseVLM read the decoder through `llm_inputs` (positions 0..L-1, as the model'
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 
 import torch
 
-from ..media import MediaError, Video, is_video_path, load_media, load_video
+from ..media import MediaError, Video
 from . import _internvl_layout as L
 from . import _llava_common as C
 from ._clip_attention import feature_layer_index
 from ._onevision_layout import Layout
-from ._qwen_video import read_json, video_processor_dict
+from ._qwen_video import read_json
+from ._sampled_video import SampledVideo
 from .llava_onevision import _chat_template, video_pixels
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
@@ -120,14 +120,14 @@ def _processor(ip, tok, pcfg: dict, chat_template):
     return p
 
 
-class InternVLAdapter(C.LlavaFamilyAdapter):
+class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
     family = "internvl"
     model_class_name = "InternVLForConditionalGeneration"
-    default_frames = 8
+    frame_rule = staticmethod(frame_indices)
+    video_settings = staticmethod(video_settings)
 
     def __init__(self, *args, video_config: dict | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.video = video_settings(video_config or {})
+        super().__init__(*args, video_config=video_config, **kwargs)
         if self.config.vision_feature_select_strategy != "default":
             raise ValueError("InternVL's pixel shuffle needs a square patch grid: only vision_feature_select_strategy "
                              f"'default' (drop the [CLS]) works, the config says "
@@ -140,12 +140,6 @@ class InternVLAdapter(C.LlavaFamilyAdapter):
             raise ValueError(f"image_seq_length {self.processor.image_seq_length} in processor_config.json does not "
                              f"match the model's {self.owner.shape[0]} tokens a tile")
 
-    def _media(self, media):
-        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
-            return load_video(media, sample=lambda total, fps: frame_indices(total, fps, self.video,
-                                                                             self.default_frames))
-        return load_media(media, num_frames=self.default_frames)
-
     @classmethod
     def _load_processor(cls, path: str):
         from transformers import AutoImageProcessor, AutoTokenizer
@@ -153,10 +147,6 @@ class InternVLAdapter(C.LlavaFamilyAdapter):
         tok = AutoTokenizer.from_pretrained(path)
         ip = AutoImageProcessor.from_pretrained(path)
         return _processor(ip, tok, read_json(path, "processor_config.json"), _chat_template(path, tok)), tok, ip
-
-    @classmethod
-    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs) -> "InternVLAdapter":
-        return super().from_pretrained(path, device, dtype, video_config=video_processor_dict(str(path)), **kwargs)
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         return super()._template(prompt, kind, 1 if kind == "video" else n_media)

@@ -44,11 +44,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video, is_video_path, load_media, load_video, sample_indices
+from ..media import MediaError, Video, sample_indices
 from . import _clip_attention as A
 from . import _llava_common as C
 from . import _onevision_layout as L
-from ._qwen_video import read_json, video_processor_dict
+from ._qwen_video import read_json
+from ._sampled_video import SampledVideo
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -135,20 +136,11 @@ def _chat_template(path: str, tok):
     return read_json(path, "chat_template.json").get("chat_template") or getattr(tok, "chat_template", None)
 
 
-class LlavaOnevisionAdapter(C.LlavaFamilyAdapter):
+class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
     family = "llava_onevision"
     model_class_name = "LlavaOnevisionForConditionalGeneration"
-    default_frames = 8
-
-    def __init__(self, *args, video_config: dict | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.video = video_settings(video_config or {})
-
-    def _media(self, media):
-        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
-            return load_video(media, sample=lambda total, fps: frame_indices(total, fps, self.video,
-                                                                             self.default_frames))
-        return load_media(media, num_frames=self.default_frames)
+    frame_rule = staticmethod(frame_indices)
+    video_settings = staticmethod(video_settings)
 
     @classmethod
     def _load_processor(cls, path: str):
@@ -159,10 +151,6 @@ class LlavaOnevisionAdapter(C.LlavaFamilyAdapter):
         proc = _processor(ip, tok, read_json(path, "processor_config.json"), AutoConfig.from_pretrained(path),
                           _chat_template(path, tok))
         return proc, tok, ip
-
-    @classmethod
-    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs) -> "LlavaOnevisionAdapter":
-        return super().from_pretrained(path, device, dtype, video_config=video_processor_dict(str(path)), **kwargs)
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         return super()._template(prompt, kind, 1 if kind == "video" else n_media)

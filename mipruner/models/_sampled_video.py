@@ -1,0 +1,36 @@
+"""Families whose checkpoint's video config picks the frames (LLaVA-OneVision, InternVL).
+
+A family sets `frame_rule(total, fps, settings, default) -> indices` (its restatement of its video
+processor's `sample_frames`) and `video_settings(config) -> settings` (what it reads of the
+checkpoint's video_preprocessor_config.json); a video file is then read with that rule, images and
+in-memory clips as every family reads them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ..media import is_video_path, load_media, load_video
+from ._qwen_video import video_processor_dict
+
+
+class SampledVideo:
+    """Mixin before `LlavaFamilyAdapter`: `video_config=` at construction, read by `from_pretrained`."""
+
+    default_frames = 8
+    frame_rule: Callable[[int, float, dict, int], list[int]]
+    video_settings: Callable[[dict], dict]
+
+    def __init__(self, *args, video_config: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.video = type(self).video_settings(video_config or {})
+
+    def _media(self, media):
+        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+            rule = type(self).frame_rule
+            return load_video(media, sample=lambda total, fps: rule(total, fps, self.video, self.default_frames))
+        return load_media(media, num_frames=self.default_frames)
+
+    @classmethod
+    def from_pretrained(cls, path: str, device=None, dtype=None, **kwargs):
+        return super().from_pretrained(path, device, dtype, video_config=video_processor_dict(str(path)), **kwargs)
