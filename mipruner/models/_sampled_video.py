@@ -1,9 +1,9 @@
 """Families whose checkpoint's video config picks the frames (LLaVA-OneVision, InternVL).
 
 A family sets `frame_rule(total, fps, settings, default) -> indices` (its restatement of its video
-processor's `sample_frames`) and `video_settings(config) -> settings` (what it reads of the
-checkpoint's video_preprocessor_config.json); a video file is then read with that rule, images and
-in-memory clips as every family reads them.
+processor's `sample_frames`) and `video_defaults` (its video processor class's defaults, overridden
+by the checkpoint's video_preprocessor_config.json: `video_settings`); a video file is then read with
+that rule, images and in-memory clips as every family reads them.
 """
 from __future__ import annotations
 
@@ -14,16 +14,29 @@ from ..media import is_video_path, load_media, load_video
 from ._qwen_video import video_processor_dict
 
 
+def video_settings(cfg: dict, defaults: dict) -> dict:
+    """`defaults` overridden by the checkpoint's video config; size as {"height", "width"}."""
+    s = {k: cfg.get(k, v) for k, v in defaults.items()}
+    size = dict(s["size"] or {})
+    if "height" not in size:
+        edge = size.get("shortest_edge")
+        if not edge:
+            raise ValueError(f"the video processor's size needs height/width, got {size}")
+        size = {"height": edge, "width": edge}
+    s["size"] = size
+    return s
+
+
 class SampledVideo:
     """Mixin before `LlavaFamilyAdapter`: `video_config=` at construction, read by `from_pretrained`."""
 
     default_frames = 8
     frame_rule: Callable[[int, float, dict, int], list[int]]
-    video_settings: Callable[[dict], dict]
+    video_defaults: dict
 
     def __init__(self, *args, video_config: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.video = type(self).video_settings(video_config or {})
+        self.video = video_settings(video_config or {}, self.video_defaults)
 
     def _media(self, media):
         if isinstance(media, (str, os.PathLike)) and is_video_path(media):

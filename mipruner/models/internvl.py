@@ -79,18 +79,6 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     return torch.arange(shift, total, total / k).int().tolist()
 
 
-def video_settings(cfg: dict) -> dict:
-    s = {k: cfg.get(k, v) for k, v in VIDEO_DEFAULTS.items()}
-    size = dict(s["size"] or {})
-    if "height" not in size:
-        edge = size.get("shortest_edge")
-        if not edge:
-            raise ValueError(f"the video processor's size needs height/width, got {size}")
-        size = {"height": edge, "width": edge}
-    s["size"] = size
-    return s
-
-
 class _Frames:
     """The processor's video slot: frames already sampled, resized and normalised (F, 3, H, W)."""
 
@@ -124,7 +112,7 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
     family = "internvl"
     model_class_name = "InternVLForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)
-    video_settings = staticmethod(video_settings)
+    video_defaults = VIDEO_DEFAULTS
 
     def __init__(self, *args, video_config: dict | None = None, **kwargs):
         super().__init__(*args, video_config=video_config, **kwargs)

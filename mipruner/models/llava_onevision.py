@@ -78,18 +78,6 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     return sample_indices(total, n)
 
 
-def video_settings(cfg: dict) -> dict:
-    s = {k: cfg.get(k, v) for k, v in VIDEO_DEFAULTS.items()}
-    size = dict(s["size"] or {})
-    if "height" not in size:
-        edge = size.get("shortest_edge")
-        if not edge:
-            raise ValueError(f"the video processor's size needs height/width, got {size}")
-        size = {"height": edge, "width": edge}
-    s["size"] = size
-    return s
-
-
 def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
     """(F, 3, H, W) float32: each frame RGB, resized to size, rescaled and normalised."""
     h, w = int(s["size"]["height"]), int(s["size"]["width"])
@@ -140,7 +128,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
     family = "llava_onevision"
     model_class_name = "LlavaOnevisionForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)
-    video_settings = staticmethod(video_settings)
+    video_defaults = VIDEO_DEFAULTS
 
     @classmethod
     def _load_processor(cls, path: str):
