@@ -219,6 +219,22 @@ def test_real_shapes_build_on_the_meta_device(name):
     assert all(p.dtype == torch.bfloat16 for p in adapter.model.parameters())
 
 
+@pytest.mark.parametrize("name", list(REAL_B))
+def test_llm_layers_shorten_only_the_llm(name):
+    """--llm-layers N (the CPU proxy of a full-size run): N decoder layers, every other real shape kept."""
+    build = zoo.get_family(name).build
+    full, _ = build(tiny=False, device="meta", dtype=torch.bfloat16, seed=0)
+    short, desc = build(tiny=False, device="meta", dtype=torch.bfloat16, seed=0, llm_layers=2)
+    layers = short.model.model.language_model.layers
+    depth = len(full.model.model.language_model.layers)
+    assert len(layers) == 2 < depth and " 2x" in desc
+
+    def count(module):
+        return sum(p.numel() for p in module.parameters())
+
+    assert count(full.model) - count(short.model) == (depth - 2) * count(layers[0])
+
+
 def test_command_line():
     from mipruner.bench.__main__ import COMMANDS
 
@@ -229,5 +245,7 @@ def test_command_line():
         gpu_check.main(["--tiny", "--methods", "nosuch"])
     with pytest.raises(SystemExit, match="--shares"):
         gpu_check.main(["--tiny", "--device", "cpu", "--families", "llava", "--shares", "1.5"])
+    with pytest.raises(SystemExit, match="--llm-layers"):
+        gpu_check.main(["--tiny", "--device", "cpu", "--families", "llava", "--llm-layers", "0"])
     with pytest.raises(ValueError, match="media must be"):
         zoo.Family("x", "X", lambda **_: None, ("audio",))

@@ -16,7 +16,11 @@ models built on the GPU (seconds each), about 400 rows of a few 7B forward passe
 tokens), then the protocol's 200 s; the report is rewritten after every family, so a run stopped
 at the limit still leaves every finished row in `--json`.
 
-Report (`--json`): {"device": torch's device name, "torch", "transformers", "dtype", "tiny", "command",
+`--llm-layers N` keeps every real shape but gives the LLMs N decoder layers: the CPU proxy of a
+full-size run (the real towers, processors, token counts, widths and vocabularies; 7B LLMs at full
+depth do not fit in a small CPU machine's memory in fp32).
+
+Report (`--json`): {"device": torch's device name, "torch", "transformers", "dtype", "tiny", "llm_layers", "command",
 "families": [one per (family, media): N_V, encode ms, description], "rows": [...], "protocol": ...}.
 Exit code 0 when every row is ok, else 1 (the failing rows are printed).
 """
@@ -57,6 +61,9 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke runs; timings mean nothing)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--llm-layers", type=int, default=None, metavar="N",
+                   help="the LLMs' depth instead of the configs' (e.g. 2: the real towers, processors, widths and "
+                        "vocabularies on a CPU, where 7B models at full depth do not fit or take hours)")
     p.add_argument("--dtype", default=None, choices=tuple(DTYPES), help="default: bf16 on cuda, fp32 elsewhere")
     p.add_argument("--families", default="all", help=f"'all' or some of {','.join(FAMILIES)}")
     p.add_argument("--media", default="all", help="'all' or some of image,images,video (where a family takes it)")
@@ -97,11 +104,14 @@ def run(a, log=print) -> dict:
     families = _names(a.families, list(FAMILIES), "family")
     methods = _names(a.methods, list_pruners(), "method")
     media = _names(a.media, ["image", "images", "video"], "medium")
+    if a.llm_layers is not None and a.llm_layers < 1:
+        raise SystemExit(f"--llm-layers must be at least 1, got {a.llm_layers}")
     shares = [float(s) for s in a.shares.split(",") if s.strip()]
     if not shares or any(not 0 < s <= 1 for s in shares):
         raise SystemExit(f"--shares must be shares in (0, 1], got {a.shares!r}")
     report = {"device": device_name(device), "torch": torch.__version__, "transformers": transformers.__version__,
-              "dtype": dtype_name, "tiny": bool(a.tiny), "command": "python -m mipruner.bench gpu-check " +
+              "dtype": dtype_name, "tiny": bool(a.tiny), "llm_layers": a.llm_layers,
+              "command": "python -m mipruner.bench gpu-check " +
               " ".join(sys.argv[1:] if a.command is None else a.command), "shares": shares,
               "new_tokens": a.new_tokens, "static_cache": bool(a.static_cache), "methods": methods,
               "families": [], "rows": [], "protocol": None}
@@ -119,7 +129,8 @@ def run(a, log=print) -> dict:
         kinds = [k for k in fam.media if k in media]
         t0 = time.monotonic()
         try:
-            adapter, desc = fam.build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed)
+            adapter, desc = fam.build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed,
+                                      llm_layers=a.llm_layers)
             if a.static_cache:
                 from mipruner.batch import use_decode_path
 
@@ -146,7 +157,8 @@ def run(a, log=print) -> dict:
         del adapter
         _free(device)
     if protocol and "llava" not in families:
-        adapter, _ = get_family("llava").build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed)
+        adapter, _ = get_family("llava").build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed,
+                                              llm_layers=a.llm_layers)
         report["protocol"] = _protocol(adapter, a, log, lambda p: (report.update(protocol=p), save()))
         del adapter
         _free(device)

@@ -44,8 +44,9 @@ def build_tokenizer():
                           extra_special_tokens={"start_image_token": "<img>", "end_image_token": "</img>",
                                                 "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
 
-def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B"):
-    """(adapter, description) of a random-weight InternVL3 on `device` in `dtype`, eval mode."""
+def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B", llm_layers: int | None = None):
+    """(adapter, description) of a random-weight InternVL3 on `device` in `dtype`, eval mode;
+    llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
     from mipruner.models.internvl import InternVLAdapter, _processor
@@ -63,6 +64,8 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B"):
         image, patch, tiles = 448, 14, 12
         vision = tf.InternVLVisionConfig(attention_bias=True)  # InternViT-300M-448px: the class defaults
         text = TEXT_SHAPES[shape]
+    if llm_layers:
+        text = dict(text, num_hidden_layers=llm_layers)
     text_cfg = tf.Qwen2Config(**text, vocab_size=len(tok) if tiny else VOCAB, max_position_embeddings=32768, rope_theta=1e6,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     config = tf.InternVLConfig(vision_config=vision, text_config=text_cfg, downsample_ratio=0.5,

@@ -33,8 +33,9 @@ def build_tokenizer():
                           unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
                           extra_special_tokens={"image_token": "<image>", "video_token": "<video>"})
 
-def build(*, tiny: bool, device, dtype, seed: int = 0):
-    """(adapter, description) of a random-weight LLaVA-OneVision on `device` in `dtype`, eval mode."""
+def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    """(adapter, description) of a random-weight LLaVA-OneVision on `device` in `dtype`, eval mode;
+    llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
     from mipruner.models.llava_onevision import LlavaOnevisionAdapter, _processor
@@ -54,6 +55,8 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
         image, patch = int(vision.image_size), int(vision.patch_size)
         text = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                     num_key_value_heads=4)
+    if llm_layers:
+        text = dict(text, num_hidden_layers=llm_layers)
     vocab = len(tok) if tiny else int(default.text_config.vocab_size)  # Qwen2's 151,936 rows: the real head's cost
     text_cfg = tf.Qwen2Config(**text, vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6,
                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

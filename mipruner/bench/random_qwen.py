@@ -93,7 +93,7 @@ def build_tokenizer():
     return word_tokenizer(SPECIALS, WORDS, split=SPECIALS[1:], chat_template=CHAT_TEMPLATE, additional=SPECIALS[2:],
                           unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
-def _build(family: str, *, tiny: bool, device, dtype, seed: int):
+def _build(family: str, *, tiny: bool, device, dtype, seed: int, llm_layers: int | None = None):
     import transformers as tf
 
     from mipruner.models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
@@ -105,7 +105,8 @@ def _build(family: str, *, tiny: bool, device, dtype, seed: int):
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
     text = dict(shape["text"], vocab_size=len(tok) if tiny else VOCAB, tie_word_embeddings=True,
-                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                **({"num_hidden_layers": llm_layers} if llm_layers else {}))
     cls, adapter_cls = {"qwen2_vl": (tf.Qwen2VLConfig, Qwen2VLAdapter),
                         "qwen2_5_vl": (tf.Qwen2_5_VLConfig, Qwen2_5_VLAdapter),
                         "qwen3_vl": (tf.Qwen3VLConfig, Qwen3VLAdapter)}[family]
@@ -134,16 +135,16 @@ def _build(family: str, *, tiny: bool, device, dtype, seed: int):
     return adapter, desc
 
 
-def build_qwen2_vl(*, tiny: bool, device, dtype, seed: int = 0):
-    """(adapter, description) of a random-weight Qwen2-VL (2B shape, or tiny)."""
-    return _build("qwen2_vl", tiny=tiny, device=device, dtype=dtype, seed=seed)
+def build_qwen2_vl(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    """(adapter, description) of a random-weight Qwen2-VL (2B shape, or tiny); llm_layers: the LLM's depth."""
+    return _build("qwen2_vl", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
 
 
-def build_qwen2_5_vl(*, tiny: bool, device, dtype, seed: int = 0):
-    """(adapter, description) of a random-weight Qwen2.5-VL (3B shape, or tiny)."""
-    return _build("qwen2_5_vl", tiny=tiny, device=device, dtype=dtype, seed=seed)
+def build_qwen2_5_vl(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    """(adapter, description) of a random-weight Qwen2.5-VL (3B shape, or tiny); llm_layers: the LLM's depth."""
+    return _build("qwen2_5_vl", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
 
 
-def build_qwen3_vl(*, tiny: bool, device, dtype, seed: int = 0):
-    """(adapter, description) of a random-weight Qwen3-VL (2B shape, or tiny)."""
-    return _build("qwen3_vl", tiny=tiny, device=device, dtype=dtype, seed=seed)
+def build_qwen3_vl(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    """(adapter, description) of a random-weight Qwen3-VL (2B shape, or tiny); llm_layers: the LLM's depth."""
+    return _build("qwen3_vl", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)

@@ -23,8 +23,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(*, tiny: bool, device, dtype, seed: int = 0):
-    """(adapter, description) of a random-weight Video-LLaVA on `device` in `dtype`, eval mode."""
+def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    """(adapter, description) of a random-weight Video-LLaVA on `device` in `dtype`, eval mode;
+    llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
     from mipruner.models.video_llava import VideoLlavaAdapter
@@ -42,6 +43,8 @@ def build(*, tiny: bool, device, dtype, seed: int = 0):
         t = default.text_config
         text = dict(hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                     num_hidden_layers=t.num_hidden_layers, num_attention_heads=t.num_attention_heads)
+    if llm_layers:
+        text = dict(text, num_hidden_layers=llm_layers)
     vocab = len(tok) if tiny else int(default.text_config.vocab_size)  # Llama's 32,000 rows: the real head's cost
     text_cfg = tf.LlamaConfig(**text, num_key_value_heads=text["num_attention_heads"], vocab_size=vocab,
                               max_position_embeddings=4096, bos_token_id=tok.bos_token_id,

@@ -1,9 +1,10 @@
 """Every supported family as a random-weight model, and the media each one takes: the gpu check's table.
 
-`FAMILIES[name]` is a `Family`: `build(tiny=, device=, dtype=, seed=) -> (adapter, description)`
-builds the model on `device` (real shapes: the 7B / 2B-3B checkpoints' configs, restated in the
-random_* modules; tiny=True: a few layers of small width, for CPU runs), and `media` names what its
-adapter reads:
+`FAMILIES[name]` is a `Family`: `build(tiny=, device=, dtype=, seed=, llm_layers=None) -> (adapter,
+description)` builds the model on `device` (real shapes: the 7B / 2B-3B checkpoints' configs, restated in
+the random_* modules; tiny=True: a few layers of small width, for CPU runs; llm_layers: the LLM's depth
+instead of the config's, e.g. the real towers, processors, widths and vocabularies with 2 decoder layers
+on a CPU), and `media` names what its adapter reads:
   image    one picture (non-square, so LLaVA-NeXT / OneVision pick a wide grid);
   images   several pictures in one prompt, where the adapter takes a list of images as images
            (LLaVA-1.5: one <image> each; LLaVA-OneVision: one base view each). Qwen adapters read a
@@ -32,20 +33,22 @@ LLAVA_REAL = dict(llm_layers=32, vocab_size=32064)
 
 
 def _llava(family: str) -> Callable:
-    def build(*, tiny: bool, device, dtype, seed: int = 0):
+    def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
         from .random_llava import build_random_llava
 
-        return build_random_llava(family=family, device=device, dtype=dtype, seed=seed,
-                                  **(LLAVA_TINY if tiny else LLAVA_REAL))
+        shape = dict(LLAVA_TINY if tiny else LLAVA_REAL)
+        if llm_layers:
+            shape["llm_layers"] = llm_layers
+        return build_random_llava(family=family, device=device, dtype=dtype, seed=seed, **shape)
     return build
 
 
 def _module(module: str, fn: str = "build") -> Callable:
-    def build(*, tiny: bool, device, dtype, seed: int = 0):
+    def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
         import importlib
 
         return getattr(importlib.import_module(f"mipruner.bench.{module}"), fn)(tiny=tiny, device=device, dtype=dtype,
-                                                                                 seed=seed)
+                                                                                 seed=seed, llm_layers=llm_layers)
     return build
 
 
