@@ -19,8 +19,8 @@ from mipruner.bench.gpu_check_rows import FIELDS, KEEP_ALL, Clock, check_media
 from mipruner.pruners import Selection, list_pruners, register_pruner, unregister_pruner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPORT_KEYS = {"device", "torch", "transformers", "dtype", "tiny", "command", "rows", "protocol", "families", "shares",
-               "new_tokens", "static_cache", "methods", "wall_s"}
+REPORT_KEYS = {"device", "torch", "transformers", "dtype", "tiny", "llm_layers", "command", "rows", "protocol",
+               "families", "shares", "new_tokens", "static_cache", "methods", "wall_s"}
 SHARES = [0.25, 0.1]
 
 
@@ -50,6 +50,7 @@ def test_report_schema_and_values(full_run):
     _, report, log = full_run
     assert set(report) == REPORT_KEYS
     assert report["device"] == "cpu" and report["dtype"] == "fp32" and report["tiny"] is True
+    assert report["llm_layers"] is None  # the configs' depth unless --llm-layers
     assert report["torch"] == torch.__version__ and report["protocol"] is None  # off on the CPU unless asked
     assert report["command"].startswith("python -m mipruner.bench gpu-check --tiny")
     for r in report["rows"]:
