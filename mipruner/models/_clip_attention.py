@@ -36,8 +36,16 @@ def capture_attention(tower, layer_index: int):
     float32. The hooks are removed on exit, whatever happens. Needs eager attention in the tower
     (SDPA returns no probabilities), which `load_model` sets up.
     """
-    layer = encoder_layers(tower)[layer_index]
-    attn = layer.self_attn
+    attn = encoder_layers(tower)[layer_index].self_attn
+    with capture_block(attn, attn.k_proj) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def capture_block(attn, keys_module):
+    """The hooks behind `capture_attention`, for any vision attention module `attn` that returns
+    (output, probabilities) and has `num_heads` / `head_dim`; `keys_module` is the submodule whose
+    output (B, N+1, H * d_head) is the keys (CLIP/SigLIP: `k_proj`; InternViT: `k_norm`)."""
     out: dict[str, torch.Tensor] = {}
 
     def on_attn(_module, _inputs, output):
@@ -54,7 +62,7 @@ def capture_attention(tower, layer_index: int):
         k = output.detach().float().view(b, n, attn.num_heads, attn.head_dim)  # (B, N+1, H, d_head)
         out["keys"] = k.mean(dim=2)  # (B, N+1, d_head)
 
-    handles = [attn.register_forward_hook(on_attn), attn.k_proj.register_forward_hook(on_keys)]
+    handles = [attn.register_forward_hook(on_attn), keys_module.register_forward_hook(on_keys)]
     try:
         yield out
     finally:

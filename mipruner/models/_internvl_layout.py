@@ -16,10 +16,9 @@ ORIGINAL image or frame: the union of a token's patches, mapped back through the
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
+from ._clip_attention import capture_block
 from ._onevision_layout import Layout, token_attention
 
 
@@ -103,31 +102,12 @@ def video_views(lay: Layout, n_frames: int, owner, g: int, size_wh, frame_hw) ->
         lay.sizes.append((W, H))
 
 
-@contextlib.contextmanager
 def capture(tower, layer_index: int):
     """Head-averaged attention probabilities (B, N+1, N+1) and keys (B, N+1, d_head), float32, of one
-    InternViT block (`encoder.layer[i].attention`; keys after its `k_norm`). Hooks removed on exit.
-    Needs the tower in eager attention (other kernels return no probabilities)."""
+    InternViT block (`encoder.layer[i].attention`; keys after its `k_norm`), by the CLIP towers' hooks
+    (`_clip_attention.capture_block`), removed on exit. Needs the tower in eager attention."""
     attn = tower.encoder.layer[layer_index].attention
-    out: dict[str, torch.Tensor] = {}
-
-    def on_attn(_m, _i, output):
-        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-        if weights is None:
-            raise RuntimeError("the vision tower returned no attention probabilities: load the model with "
-                               "vision_attn='eager' to capture attention")
-        out["attention"] = weights.detach().float().mean(dim=1)
-
-    def on_keys(_m, _i, output):
-        b, n, _ = output.shape
-        out["keys"] = output.detach().float().view(b, n, attn.num_heads, attn.head_dim).mean(dim=2)
-
-    handles = [attn.register_forward_hook(on_attn), attn.k_norm.register_forward_hook(on_keys)]
-    try:
-        yield out
-    finally:
-        for hd in handles:
-            hd.remove()
+    return capture_block(attn, attn.k_norm)
 
 
 def cls_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor):
