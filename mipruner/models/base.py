@@ -41,6 +41,20 @@ class TokenGeometry:
     def __len__(self) -> int:
         return int(self.frame.numel())
 
+    def grid(self) -> torch.Tensor:
+        """(N_V, 3) int64 rows (view, row, col) on the geometry's device: a view is one (frame, kind) pair,
+        numbered by frame, then kind in order of first appearance (an image, a frame, LLaVA-NeXT's base
+        view or tiles, InternVL's tiles or thumbnail); tokens without a box ("newline") have view -1.
+        What the downsampling baseline (`pool`) pools over."""
+        kinds = {k: i for i, k in enumerate(dict.fromkeys(self.kind))}
+        dev = self.frame.device
+        code = torch.tensor([kinds[k] for k in self.kind], dtype=torch.long, device=dev)
+        pair = self.frame.to(torch.long) * len(kinds) + code
+        view = torch.unique(pair, return_inverse=True)[1]
+        newline = torch.tensor([k == "newline" for k in self.kind], dtype=torch.bool, device=dev)
+        view = torch.where(newline, torch.full_like(view, -1), view)
+        return torch.stack([view, self.row.to(torch.long), self.col.to(torch.long)], 1)
+
 
 @dataclass
 class Encoded:
@@ -91,6 +105,11 @@ class Encoded:
         """(N_T, d) embeddings of the tokens that count as text. Cached: one tensor per encoding,
         so per-encoding pruner caches (`cache=`) recognise it."""
         return self.text[self.text_mask]
+
+    @functools.cached_property
+    def grid(self) -> torch.Tensor:
+        """(N_V, 3) (view, row, col) of each visual token (`TokenGeometry.grid`), the `grid=` input of `pool`."""
+        return self.geometry.grid()
 
     @functools.cached_property
     def scoring_tokens(self) -> list[str]:

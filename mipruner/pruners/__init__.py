@@ -18,6 +18,7 @@ from . import visionzip  # noqa: E402,F401
 from . import vispruner  # noqa: E402,F401
 from . import mi_attention  # noqa: E402,F401
 from . import mi_adaptive  # noqa: E402,F401
+from . import pool  # noqa: E402,F401
 
 __all__ = ["Param", "PrunerSpec", "Selection", "all_params", "did_you_mean", "get_pruner", "list_pruners", "prune",
            "register_pruner", "resolve_budget", "unregister_pruner"]

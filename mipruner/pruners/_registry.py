@@ -38,7 +38,7 @@ _FIRST_USE: list[Callable[[], None]] = []
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
-INPUTS = ("attention", "keys", "features", "cls", "cache")
+INPUTS = ("attention", "keys", "features", "cls", "grid", "cache")
 
 
 def did_you_mean(what: str, name: Any, known: list[str]) -> ValueError:

@@ -1,0 +1,133 @@
+"""Pool: the downsampling baseline. The visual grid average-pooled to K tokens, each image's, tile's and
+frame's own 2D grid on its own, so a comparison shows whether a method beats simply seeing less
+resolution (the question raised by "Are We Using the Right Benchmark: An Evaluation Framework for
+Visual Token Compression Methods", arXiv:2510.07143, where plain downsampling beats many pruners).
+
+    grid: (N_V, 3) int64 rows (view, row, col) from the encoding's geometry (`TokenGeometry.grid`):
+          a view is one (frame, kind) of the encoding (an image, a video frame, LLaVA-NeXT's base view
+          or its tiles' grid, InternVL's tiles or thumbnail); tokens outside every grid (LLaVA-NeXT's
+          and OneVision's row newlines) have view -1. Without `grid`, N_V is one square grid when it is
+          a perfect square, else one row.
+    K tokens, exactly: every view gets one cell and the other K - V are shared in proportion to the
+    views' sizes (largest remainder, exact integers, ties to the earlier view; with K < V views, the K
+    largest views get one each); a view of H x W tokens given k cells gets a bands of
+    rows, a = the integer in [ceil(k / W), min(H, k)] closest to sqrt(k H / W) (the view's aspect),
+    band i holding b_i = floor(k / a) or one more cells (the first k mod a bands one more). Band i
+    covers rows [floor(i H / a), floor((i + 1) H / a)); its cell j covers columns
+    [floor(j W / b_i), floor((j + 1) W / b_i)): non-overlapping, none empty, every token in one cell.
+    A view whose tokens do not fill their H x W rectangle is pooled as one row in index order.
+    token_c := mean of the visual rows in cell c (float32, returned in `visual`'s dtype); the kept
+    position of cell c (what masks show, where the adapters splice it) is its middle member in index
+    order. Tokens outside every grid are dropped first; at K = N_V nothing is pooled (keep-all is the
+    unpruned model).
+    Selection: keep = the K kept positions; tokens = the K means in `keep` order; scores = 1 / (tokens
+    in the token's cell), the weight each token has in its pooled row; extras["merged_into"] = (N_V,)
+    the kept position each token was pooled into (-1: dropped).
+The cells are laid out on the host from the geometry (host metadata, a few thousand integers, once per
+call); the means are one index_add on the device of `visual`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ._registry import register_pruner
+from .selection import Selection
+
+
+def _apportion(sizes: list[int], k: int) -> list[int]:
+    """k cells over views of `sizes` tokens: one for each view (the largest views first when k is
+    smaller than their number), the rest in proportion to the sizes beyond that first token (largest
+    remainder in integer arithmetic, ties to the earlier view); none above its size."""
+    if k < len(sizes):
+        first = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))[:k]
+        return [1 if i in first else 0 for i in range(len(sizes))]
+    extra, room = k - len(sizes), [s - 1 for s in sizes]
+    total = sum(room)
+    if total == 0:
+        return [1] * len(sizes)
+    quota = [extra * r // total for r in room]
+    rest = sorted(range(len(sizes)), key=lambda i: (-(extra * room[i] % total), i))
+    for i in rest[: extra - sum(quota)]:
+        quota[i] += 1
+    return [1 + q for q in quota]
+
+
+def _bands(h: int, w: int, k: int) -> list[int]:
+    """Cells per row band for k cells on an h x w grid (see the module docstring)."""
+    lo, hi = -(-k // w), min(h, k)
+    a = min(range(lo, hi + 1), key=lambda r: (abs(r - math.sqrt(k * h / w)), r))
+    return [k // a + (1 if i < k % a else 0) for i in range(a)]
+
+
+def _cells(rows: np.ndarray, cols: np.ndarray, k: int) -> np.ndarray:
+    """Cell id in [0, k) of each token of one view (its rows and cols)."""
+    r, c = rows - rows.min(), cols - cols.min()
+    h, w = int(r.max()) + 1, int(c.max()) + 1
+    if h * w != rows.size or np.unique(r * w + c).size != rows.size:  # not a full rectangle: one row
+        h, w, r, c = 1, rows.size, np.zeros_like(rows), np.arange(rows.size)
+    per_band = np.array(_bands(h, w, k), dtype=np.int64)
+    band = (r * per_band.size) // h  # row band of each token
+    first = np.cumsum(per_band) - per_band  # first cell id of each band
+    return first[band] + (c * per_band[band]) // w
+
+
+def pool_layout(grid: torch.Tensor | None, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cell (N_V,) int64 in [0, K), -1 for dropped tokens; keep (K,) the kept position of each cell), on
+    the host: the geometry is host metadata, read once (`grid`'s one copy), never per token."""
+    if grid is None:
+        side, idx = math.isqrt(n), np.arange(n)
+        g = np.stack([np.zeros(n, np.int64), idx // side, idx % side] if side * side == n
+                     else [np.zeros(n, np.int64), np.zeros(n, np.int64), idx], 1)
+    else:
+        g = grid.detach().cpu().numpy().astype(np.int64)
+    if g.shape != (n, 3):
+        raise ValueError(f"grid must be (N_V, 3) = ({n}, 3) rows of (view, row, col), got {tuple(g.shape)}")
+    cell = np.full(n, -1, dtype=np.int64)
+    on = g[:, 0] >= 0
+    n_on = int(on.sum())
+    if k > n_on:  # every grid token kept, and the first k - n_on of the others (index order)
+        cell[on] = np.arange(n_on)
+        cell[np.flatnonzero(~on)[: k - n_on]] = np.arange(n_on, k)
+    else:
+        members = [np.flatnonzero(g[:, 0] == v) for v in np.unique(g[on, 0])]
+        base = 0
+        for idx, kv in zip(members, _apportion([m.size for m in members], k)):
+            if kv:
+                cell[idx] = base + _cells(g[idx, 1], g[idx, 2], kv)
+                base += kv
+    order = np.argsort(cell * (n + 1) + np.arange(n), kind="stable")  # by cell, then index
+    counts = np.bincount(cell[cell >= 0], minlength=k)
+    starts = np.cumsum(counts) - counts + int((cell < 0).sum())
+    return cell, order[starts + (counts - 1) // 2]  # each cell's middle member in index order
+
+
+@register_pruner("pool", stage="projector", label="Pool (downsampling)", score_label="weight in its pooled token")
+def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
+                grid: torch.Tensor | None = None) -> Selection:
+    """Pool: each image's, tile's and frame's grid average-pooled to K tokens in all (downsampling)."""
+    n, dev = visual.shape[0], visual.device
+    if budget >= n:  # keep-all: the unpruned input
+        keep = torch.arange(n, device=dev)
+        return Selection.from_order(keep, torch.ones(n, device=dev),
+                                    extras={"merged_into": torch.arange(n, device="cpu")})
+    cell, keep = pool_layout(grid, n, budget)
+    on = cell >= 0
+    counts = np.bincount(cell[on], minlength=budget)
+    weight = np.where(on, 1.0 / counts[np.maximum(cell, 0)], 0.0).astype(np.float32)
+    rank = np.empty(budget, dtype=np.int64)  # cell -> its row in `keep` order
+    rank[np.argsort(keep, kind="stable")] = np.arange(budget)
+    merged = np.full(n, -1, dtype=np.int64)
+    merged[on] = keep[cell[on]]
+    host = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    slot = host(rank[cell[on]]).to(dev)  # each pooled token's row in `keep` order
+    v = visual.to(torch.float32)
+    sums = v.new_zeros(budget, v.shape[1]).index_add_(0, slot, v[host(on).to(dev)])
+    tokens = sums / host(counts[np.argsort(rank)].astype(np.float32)).to(dev)[:, None]
+    return Selection.from_order(host(np.sort(keep)).to(dev), host(weight).to(dev), tokens=tokens.to(visual.dtype),
+                                extras={"merged_into": host(merged)})
+
+
+__all__ = ["pool_layout", "pool_pruner"]
