@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from mipruner.failures import guarded
 from mipruner.engine import EncodingKey, FileBudget, MethodView, Session, StaleKeyError, method_spec, method_specs, \
     selection_to_json
 from mipruner.media import is_video_path
@@ -220,7 +221,8 @@ class AppLogic:
             v.label = label(v.method)
         summary = {"model": state.model, "n_visual": enc.n_visual, "settings": settings.to_string(),
                    "heat_token": None if heat is None else enc.scoring_tokens[heat],
-                   "methods": [{"method": v.method, "kept": v.kept, "share": round(v.share, 4),
+                   "methods": [{"method": v.method, "error": v.error} if v.error is not None else
+                               {"method": v.method, "kept": v.kept, "share": round(v.share, 4),
                                 "keep": v.selection.keep.tolist(), "prune_ms": round(v.prune_ms, 2),
                                 "render_ms": round(v.render_ms, 2)} for v in views]}
         return views, summary
@@ -261,10 +263,11 @@ class AppLogic:
         for m, ans in zip(todo, got):
             if ans is None:
                 continue
+            entry = {"error": ans} if isinstance(ans, str) else _answer_dict(ans)  # a str: that method failed
             if m is None:
-                out["reference"] = _answer_dict(ans)
+                out["reference"] = entry
             else:
-                out["methods"][m] = _answer_dict(ans)
+                out["methods"][m] = entry
         return out
 
     # -- inspect ---------------------------------------------------------------------------
@@ -286,8 +289,8 @@ class AppLogic:
         mi = engine.prune(state.session, state.key, "mi", budget, **params)
         kept_by = []
         for m in list(settings.methods)[:MAX_PANELS]:
-            sel = engine.prune(state.session, state.key, m, budget, **params)
-            if idx in set(sel.keep.tolist()):
+            sel, _ = guarded(m, lambda m=m: engine.prune(state.session, state.key, m, budget, **params))
+            if sel is not None and idx in set(sel.keep.tolist()):  # a method failing here is shown in its panel
                 kept_by.append(m)
         geo = enc.geometry
         row = viz.pmi_row(enc, mi, idx)
@@ -310,6 +313,8 @@ class AppLogic:
         os.makedirs(out_dir, exist_ok=True)
         paths = []
         for v in views:
+            if v.error is not None:  # view.json carries its sentence
+                continue
             for what, img in (("mask", v.mask), ("heatmap", v.heatmap), ("pivots", v.pivot)):
                 if img is not None:
                     p = os.path.join(out_dir, f"{v.method}_{what}.png")

@@ -72,6 +72,8 @@ def legend_html(legend: list[tuple[str, str]] | None) -> str:
 def answer_md(ans: dict | None, generated_hint: str) -> str:
     if ans is None:
         return f"*{generated_hint}*"
+    if "error" in ans:
+        return f"**No answer:** {ans['error']}"
     return (f"**Answer:** {ans['text'] or '(empty)'}  \n"
             f"LLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · "
             f"prefill {ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms ({ans['new_tokens']} tokens)")
@@ -109,6 +111,10 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
             out += [hidden] * PANEL_FIELDS
             continue
         v = views[i]
+        if v.error is not None:  # this method failed on this input: its panel says why, the others render
+            out += [({"visible": True}, f"### {label(v.method)}\n**Failed on this input:** {v.error}"),
+                    *[hidden] * (PANEL_FIELDS - 1)]
+            continue
         title = (f"### {label(v.method)}\n{v.kept} / {n_visual} tokens kept "
                  f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms"
                  + method_notes(v.selection))
@@ -162,6 +168,8 @@ def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool =
 def reference_md(ans: dict | None) -> str:
     if ans is None:
         return "**Unpruned reference:** *not generated yet*"
+    if "error" in ans:
+        return f"**Unpruned reference:** {ans['error']}"
     return ("**Unpruned reference answer:** " + (ans["text"] or "(empty)")
             + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · prefill "
               f"{ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms")

@@ -30,6 +30,7 @@ from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_prune
 
 from . import viz
 from .export import selection_to_json
+from .failures import guarded
 from .prompt_words import PromptWords, prompt_words
 from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
 
@@ -78,16 +79,17 @@ class MethodView:
 
     method: str
     label: str
-    selection: Selection
+    selection: Selection | None  # None when the method failed (`error`)
     kept: int
     share: float  # kept / N_V
     prune_ms: float
     render_ms: float
-    mask: Image.Image
-    heatmap: Image.Image  # PMI with `heat_token` for MI methods when given, else the method's scores
+    mask: Image.Image | None
+    heatmap: Image.Image | None  # PMI with `heat_token` for MI methods when given, else the method's scores
     heat_title: str
     pivot: Image.Image | None = None  # MI methods only
     legend: list[tuple[str, str]] | None = None
+    error: str | None = None  # one sentence when this method raised or broke the contract on this input
 
 
 # ---------------------------------------------------------------------------------- the engine
@@ -249,35 +251,46 @@ class Engine:
 
         methods: MethodSpecs or names; params: shared pruner parameters, overridden per MethodSpec;
         heat_token: a scoring-text token index for the MI methods' PMI heatmap (None: the scores).
+        A method that raises or breaks the contract on this input costs only its own panel: its view
+        has `error` (one sentence) and no selection or images; the other views render.
         """
         e = self.entry(session, key)
         enc = e.encoded
         lay = self.layout(session, key)
         out = []
+        resolve_budget(budget, enc.n_visual)  # a bad budget is the request's error, not a method's
         with session.lock:
             for m in methods:
                 spec = m if isinstance(m, MethodSpec) else MethodSpec(m)
-                t0 = time.perf_counter()
-                sel = self._prune(e, spec.name, budget, {**(params or {}), **spec.params})
-                t1 = time.perf_counter()
-                mask = viz.kept_mask(enc, sel, layout=lay)
-                pivot = legend = None  # maps that follow the scores alone are redrawn only when they change
-                if sel.pmi is not None and sel.pivot is not None:
-                    pivot, legend = e.drawn(("pivot", spec.title), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=lay))
-                if heat_token is not None and sel.pmi is not None:
-                    heat = e.drawn(("pmi", spec.title, heat_token), sel.pmi[:, heat_token],
-                                   lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=lay))
-                    title = f"PMI with {enc.scoring_tokens[heat_token]!r}"
-                else:
-                    heat, title = e.drawn(("scores", spec.title), sel.scores,
-                                          lambda: viz.scores_heatmap(enc, sel.scores, layout=lay)), f"{spec.name} scores"
-                t2 = time.perf_counter()
-                out.append(MethodView(method=spec.name, label=spec.title, selection=sel, kept=sel.budget,
-                                      share=sel.budget / enc.n_visual, prune_ms=(t1 - t0) * 1e3,
-                                      render_ms=(t2 - t1) * 1e3, mask=mask, heatmap=heat, heat_title=title,
-                                      pivot=pivot, legend=legend))
+                view, why = guarded(spec.name, lambda spec=spec: self._view_one(e, enc, lay, spec, budget, params,
+                                                                                heat_token))
+                out.append(view or MethodView(method=spec.name, label=spec.title, selection=None, kept=0, share=0.0,
+                                              prune_ms=0.0, render_ms=0.0, mask=None, heatmap=None, heat_title="",
+                                              error=why))
         self._account(session, key)
         return out
+
+    def _view_one(self, e: CachedEncoding, enc, lay, spec: MethodSpec, budget, params: dict | None,
+                  heat_token: int | None) -> MethodView:
+        t0 = time.perf_counter()
+        sel = self._prune(e, spec.name, budget, {**(params or {}), **spec.params})
+        t1 = time.perf_counter()
+        mask = viz.kept_mask(enc, sel, layout=lay)
+        pivot = legend = None  # maps that follow the scores alone are redrawn only when they change
+        if sel.pmi is not None and sel.pivot is not None:
+            pivot, legend = e.drawn(("pivot", spec.title), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=lay))
+        if heat_token is not None and sel.pmi is not None:
+            heat = e.drawn(("pmi", spec.title, heat_token), sel.pmi[:, heat_token],
+                           lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=lay))
+            title = f"PMI with {enc.scoring_tokens[heat_token]!r}"
+        else:
+            heat, title = e.drawn(("scores", spec.title), sel.scores,
+                                  lambda: viz.scores_heatmap(enc, sel.scores, layout=lay)), f"{spec.name} scores"
+        t2 = time.perf_counter()
+        return MethodView(method=spec.name, label=spec.title, selection=sel, kept=sel.budget,
+                          share=sel.budget / enc.n_visual, prune_ms=(t1 - t0) * 1e3,
+                          render_ms=(t2 - t1) * 1e3, mask=mask, heatmap=heat, heat_title=title,
+                          pivot=pivot, legend=legend)
 
     # -- generate
 
@@ -328,25 +341,39 @@ class Engine:
         answer one by one). methods: names or MethodSpecs; params: shared, overridden per MethodSpec,
         as in `view`. Answers already cached are reused; new ones fill the same cache as `generate`
         (so a later `generate` or `cached_answer` of any of them returns them).
-        Returns [reference, one Answer per entry of `methods`]."""
+        A method whose selection or answer fails costs only its own entry: the sentence (str) of its
+        failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
         e = self.entry(session, key)
         enc = e.encoded
         specs = [m if isinstance(m, MethodSpec) else MethodSpec(m) for m in methods]
         wanted = [(None, {})] + [(s.name, {**(params or {}), **s.params}) for s in specs]
         akeys = [self._answer_key(enc, m, budget, p, max_new_tokens) for m, p in wanted]
         todo: dict = {}  # answer key -> selection, first occurrence only
+        failed: dict = {}  # answer key -> the sentence of its failure (never cached: a retry may succeed)
         with session.lock:
             for (m, p), k in zip(wanted, akeys):
-                if k not in e.answers and k not in todo:
-                    todo[k] = None if m is None else self._prune(e, m, budget, p)
+                if k not in e.answers and k not in todo and k not in failed:
+                    sel, why = (None, None) if m is None else guarded(m, lambda m=m, p=p: self._prune(e, m, budget, p))
+                    if why is None:
+                        todo[k] = sel
+                    else:
+                        failed[k] = why
         if todo:
             with self._model_lock:
-                got = mipruner.answer_batch(self.adapter, enc, list(todo.values()), max_new_tokens=max_new_tokens,
-                                            cache=e.mi_cache)
+                got, _ = guarded(None, lambda: mipruner.answer_batch(self.adapter, enc, list(todo.values()),
+                                                                     max_new_tokens=max_new_tokens, cache=e.mi_cache))
+                if got is None:  # one selection's answer broke the batch: each answers alone
+                    got = []
+                    for k, sel in todo.items():
+                        ans, why = guarded(sel.method if sel is not None else None, lambda sel=sel: mipruner.answer(
+                            self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache))
+                        got.append(ans)
+                        if why is not None:
+                            failed[k] = why
             with session.lock:
-                e.answers.update(zip(todo, got))
+                e.answers.update((k, a) for k, a in zip(todo, got) if a is not None)
         with session.lock:
-            return [e.answers[k] for k in akeys]
+            return [failed[k] if k in failed else e.answers[k] for k in akeys]
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
         sel = self.prune(session, key, method, budget, **params)

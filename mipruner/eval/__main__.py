@@ -90,7 +90,11 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
+    broken = {(r["method"], r["error"]) for r in rows if r.get("failed")}
+    for method, why in sorted(broken, key=str):
+        n = max(r["failed"] for r in rows if r["method"] == method)
+        print(f"{why} ({n} run{'s' if n != 1 else ''} failed; the other methods' rows are complete)", file=sys.stderr)
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

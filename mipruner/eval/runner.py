@@ -15,6 +15,7 @@ from typing import Iterable
 
 
 import mipruner
+from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 
 from .metrics import average_splits, open_metrics, pope_metrics, query_recall, token_object_cover
@@ -28,6 +29,9 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
              batch: bool = True) -> list[dict]:
     """Answers for every (item, method, budget, seed); returns the aggregated rows.
 
+    A method that raises (or breaks the selection contract) on an item costs only its own records: they
+    are counted in its rows' `failed` with the sentence in `error`, and every other method's rows complete.
+
     batch: per item, the unpruned answer and every pre-LLM (method, budget, seed) answer decode as
     one batch (`mipruner.answer_batch`; in-LLM methods answer one by one); batch=False answers
     each alone. Greedy tokens are the same either way except at float near-ties of two logits.
@@ -40,7 +44,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
         enc = adapter.encode(item.media, item.question, text_mode=text_mode, need_attention=need_att)
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
         cache: dict = {}
-        runs, sels = [("none", "all", None)], [None]
+        runs, sels, errors = [("none", "all", None)], [None], [None]
         for m in methods:
             if m == "none":
                 continue
@@ -48,24 +52,41 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
                 seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
                 for s in seeds:
                     kw = params if s is None else {**params, "seed": s}
+                    sel, why = guarded(m, lambda m=m, b=b, kw=kw: mipruner.select(adapter, enc, m, b, cache=cache,
+                                                                                   strict=False, **kw))
                     runs.append((m, b, s))
-                    sels.append(mipruner.select(adapter, enc, m, b, cache=cache, strict=False, **kw))
-        if batch:
-            answers = mipruner.answer_batch(adapter, enc, sels, max_new_tokens=max_new_tokens, cache=cache)
-        else:
-            answers = [mipruner.answer(adapter, enc, sel, max_new_tokens=max_new_tokens, cache=cache)
-                       for sel in sels]
-        for (m, b, s), sel, out in zip(runs, sels, answers):
+                    sels.append(sel)
+                    errors.append(why)
+        answers = _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens, batch)
+        for (m, b, s), sel, out, why in zip(runs, sels, answers, errors):
             if sel is None:
-                rec = 1.0 if cover is not None else math.nan
+                rec = 1.0 if cover is not None and why is None else math.nan
             else:
                 rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-            records.append((m, b, s, item, out.text, rec))
+            records.append((m, b, s, item, None if out is None else out.text, rec, why))
         if bar:
             bar.update(1)
     if bar:
         bar.close()
     return aggregate(records, task)
+
+
+def _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens: int, batch: bool) -> list:
+    """The answers of the runs whose selection succeeded (None for the others); a run whose answer fails
+    records its sentence in `errors` and costs only its own row (a failing batch answers one by one)."""
+    ok = [i for i, e in enumerate(errors) if e is None]
+    answers = [None] * len(runs)
+    if batch:
+        got, _ = guarded(None, lambda: mipruner.answer_batch(adapter, enc, [sels[i] for i in ok],
+                                                             max_new_tokens=max_new_tokens, cache=cache))
+        for i, a in zip(ok, got or ()):
+            answers[i] = a
+    for i in ok:
+        if answers[i] is None:
+            m = runs[i][0]
+            answers[i], errors[i] = guarded(None if m == "none" else m, lambda i=i: mipruner.answer(
+                adapter, enc, sels[i], max_new_tokens=max_new_tokens, cache=cache))
+    return answers
 
 
 def _mean(xs):
@@ -74,11 +95,19 @@ def _mean(xs):
 
 
 def aggregate(records, task: str) -> list[dict]:
-    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n}; seeds averaged."""
-    groups = defaultdict(list)
-    for m, b, s, item, pred, rec in records:
-        groups[(m, b)].append((s, item, pred, rec))
+    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n, failed, error}; seeds
+    averaged. A record may carry a 7th field, the sentence of its failure: failed records are counted in
+    `failed` (the first sentence in `error`) and left out of the scores."""
+    groups, failed = defaultdict(list), defaultdict(list)
+    for m, b, s, item, pred, rec, *why in records:
+        if why and why[0]:
+            failed[(m, b)].append(why[0])
+        else:
+            groups[(m, b)].append((s, item, pred, rec))
     rows = []
+    for (m, b) in [k for k in failed if k not in groups]:  # every record of (method, budget) failed
+        rows.append(dict(method=m, budget=b, task=task, split="all", n=0, acc=math.nan, f1=math.nan,
+                         yes_rate=math.nan, query_recall=math.nan, failed=len(failed[(m, b)]), error=failed[(m, b)][0]))
     for (m, b), recs in groups.items():
         splits = sorted({it.split for _, it, _, _ in recs})
         per_split = []
@@ -89,12 +118,14 @@ def aggregate(records, task: str) -> list[dict]:
                     by_seed[s].append((it, pred, rec))
             seed_rows = [_score(v) for v in by_seed.values()]
             row = {k: _mean([r[k] for r in seed_rows]) for k in ("acc", "f1", "yes_rate", "query_recall")}
-            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"])
+            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"], failed=len(failed[(m, b)]),
+                       error=(failed[(m, b)] or [None])[0])
             per_split.append(row)
         rows += per_split
         if len(per_split) > 1:
             avg = average_splits(per_split, ("acc", "f1", "yes_rate", "query_recall"))
-            avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split))
+            avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split),
+                       failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0])
             rows.append(avg)
     return rows
 

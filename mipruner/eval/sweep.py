@@ -28,6 +28,7 @@ import contextlib
 import time
 
 import mipruner
+from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 
 from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
@@ -90,26 +91,38 @@ class SweepRun:
                     if should_stop is not None and should_stop():
                         return False
                     kw = params if seed is None else {**params, "seed": seed}
-                    if (m, mode) not in warm:  # fills the method's cache (MI's PMI, the in-LLM prefix) untimed
-                        mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
-                        warm.add((m, mode))
-                    t = time.perf_counter()
-                    sel = mipruner.select(ad, encs[mode], m, budget, cache=caches[mode], strict=False, **kw)
-                    prune_s = time.perf_counter() - t
-                    key = tuple(sel.keep.tolist()) if reusable(m, sel) else None
-                    ans = answers[mode].get(key) if key is not None else None
-                    if ans is None:
-                        ans = mipruner.answer(ad, encs[mode], sel, max_new_tokens=sw.max_new_tokens,
-                                              cache=caches[mode])
-                        self.n_answers += 1
-                        if key is not None:
-                            answers[mode][key] = ans
+                    got, why = guarded(m, lambda: self._run(encs[mode], m, budget, kw, caches[mode],
+                                                            answers[mode], warm, mode))
+                    if why is not None:  # this method failed on this item: its record says why, the rest go on
+                        recs.append({**gold, "method": m, "value": v, "seed": seed, "prediction": None,
+                                     "correct": False, "query_recall": None, "kept": None, "prune_ms": None,
+                                     "prefill_ms": None, "lam": None, "error": why})
+                        continue
+                    sel, ans, prune_s = got
                     rec = query_recall(sel.keep, cover) if cover is not None else None
                     recs.append(self._record(gold, m, v, seed, ans.text, rec, sel.budget, prune_s, ans.prefill_s,
                                              sel.extras.get("lam")))
         self.records += recs
         self.n_items += 1
         return True
+
+    def _run(self, enc, m: str, budget, kw: dict, cache: dict, answers: dict, warm: set, mode):
+        """(selection, answer, select seconds) of one method at one setting on one encoding."""
+        ad, sw = self.adapter, self.sweep
+        if (m, mode) not in warm:  # fills the method's cache (MI's PMI, the in-LLM prefix) untimed
+            mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
+            warm.add((m, mode))
+        t = time.perf_counter()
+        sel = mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
+        prune_s = time.perf_counter() - t
+        key = tuple(sel.keep.tolist()) if reusable(m, sel) else None
+        ans = answers.get(key) if key is not None else None
+        if ans is None:
+            ans = mipruner.answer(ad, enc, sel, max_new_tokens=sw.max_new_tokens, cache=cache)
+            self.n_answers += 1
+            if key is not None:
+                answers[key] = ans
+        return sel, ans, prune_s
 
     @staticmethod
     def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None) -> dict:

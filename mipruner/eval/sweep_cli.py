@@ -109,7 +109,9 @@ def main(argv=None) -> int:
     if res.cancelled:
         print(f"sweep: interrupted after {res.n_items} of {len(items)} items; the files hold those", file=sys.stderr)
         return 130
-    return 0
+    for method, why, n in res.failures:
+        print(f"{why} ({n} run{'s' if n != 1 else ''} failed; the other methods' rows are complete)", file=sys.stderr)
+    return 1 if res.failures else 0
 
 
 __all__ = ["build_parser", "main"]

@@ -33,7 +33,7 @@ def summarise(sweep, records: list[dict]) -> list[dict]:
         return []
     tuples = [(r["method"], "all" if r["value"] is None else r["value"], r["seed"],
                SimpleNamespace(split=r["split"], kind=r["kind"], answer=r["answer"]), r["prediction"],
-               math.nan if r["query_recall"] is None else r["query_recall"]) for r in records]
+               math.nan if r["query_recall"] is None else r["query_recall"], r.get("error")) for r in records]
     rows = []
     for row in aggregate(tuples, "sweep"):
         m, v, split = row["method"], row["budget"], row["split"]
@@ -70,6 +70,16 @@ class SweepResult:
         """The split the curves show: "average" over several splits, else the only one."""
         splits = {r["split"] for r in self.rows}
         return "average" if "average" in splits else next(iter(splits), "all")
+
+    @property
+    def failures(self) -> list[tuple[str, str, int]]:
+        """(method, first sentence, failed records) of every method that failed on some item."""
+        out: dict = {}
+        for r in self.records:
+            if r.get("error"):
+                why, n = out.get(r["method"], (r["error"], 0))
+                out[r["method"]] = (why, n + 1)
+        return [(m, why, n) for m, (why, n) in out.items()]
 
     def points(self, method: str) -> list[dict]:
         """The overall rows of `method`, in the order of the swept values."""

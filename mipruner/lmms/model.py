@@ -46,6 +46,7 @@ from PIL import Image
 
 import mipruner
 
+from ..failures import guarded
 from .answer import MethodConfig, answer_encoded
 from .cache import AnswerCache, answer_key, media_digest
 
@@ -128,6 +129,7 @@ class MiPruner(lmms):
         self.sweep = self._sweep(dtype, cache_dir)
         self.batch_size_per_gpu = int(batch_size)  # answers are computed one by one
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
+        self.failures: list[str] = []  # "task/doc: sentence" of each answer a method failed to give
 
     def _sweep(self, dtype, cache_dir) -> list[MethodConfig]:
         """This run's configuration, then the sweep's other runs answered on the same encodings (same
@@ -194,7 +196,13 @@ class MiPruner(lmms):
                                           need_attention=self.config.needs_attention)
                 shared: dict = {}
                 for c, k in todo:
-                    t = answer_encoded(self.adapter, enc, c, max_new, shared).text
+                    got, why = guarded(c.method, lambda c=c: answer_encoded(self.adapter, enc, c, max_new, shared))
+                    if why is not None:  # this configuration failed on this document: an empty answer, not
+                        self.failures.append(f"{task}/{doc_id}: {why}")  # cached (a rerun retries); the rest go on
+                        log.warning("mipruner rank %d: %s/%s: %s", self._rank, task, doc_id, why)
+                        text = "" if text is None else text
+                        continue
+                    t = got.text
                     for stop in until:
                         if stop and stop in t:
                             t = t.split(stop)[0]
@@ -208,6 +216,9 @@ class MiPruner(lmms):
         if self.cache is not None:
             log.warning("mipruner rank %d: %d answers computed, %d from the cache %s", self._rank, self.calls,
                         self.cache.hits, self.cache.folder)
+        if self.failures:
+            log.error("mipruner rank %d: %d answers failed (scored as empty), the first: %s", self._rank,
+                      len(self.failures), self.failures[0])
         return out
 
     def loglikelihood(self, requests):

@@ -1,0 +1,37 @@
+"""A broken method costs its own result, not everyone's: one sentence per failure, and the guarded calls
+the app, eval, sweeps and the lmms-eval model make for each method.
+
+    sel, why = guarded("center", lambda: mipruner.select(adapter, enc, "center", 64))
+    # sel is None and `why` is "'center' failed: RuntimeError: boom" when the method raised
+
+A plug-in that breaks the selection contract (`ContractError`) already says so in one sentence; any other
+exception is reduced to its type and the first line of its message. KeyboardInterrupt and SystemExit are
+never caught.
+"""
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+from .pruners._registry import ContractError
+
+T = TypeVar("T")
+
+
+def sentence(method: str | None, exc: BaseException) -> str:
+    """One line saying that `method` failed and why."""
+    if isinstance(exc, ContractError):
+        return str(exc).splitlines()[0]
+    text = (str(exc).strip().splitlines() or [""])[0]
+    what = f"{method!r}" if method else "the unpruned answer"
+    return f"{what} failed: {type(exc).__name__}{': ' + text if text else ''}"
+
+
+def guarded(method: str | None, fn: Callable[[], T]) -> tuple[T | None, str | None]:
+    """(fn(), None), or (None, the sentence) when fn raises an Exception."""
+    try:
+        return fn(), None
+    except Exception as exc:  # noqa: BLE001: a method may raise anything; it costs only its own result
+        return None, sentence(method, exc)
+
+
+__all__ = ["guarded", "sentence"]
