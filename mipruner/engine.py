@@ -30,7 +30,7 @@ from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_prune
 
 from . import viz
 from .export import selection_to_json
-from .failures import guarded
+from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
 from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
 
@@ -252,7 +252,8 @@ class Engine:
         methods: MethodSpecs or names; params: shared pruner parameters, overridden per MethodSpec;
         heat_token: a scoring-text token index for the MI methods' PMI heatmap (None: the scores).
         A method that raises or breaks the contract on this input costs only its own panel: its view
-        has `error` (one sentence) and no selection or images; the other views render.
+        has `error` (one sentence) and no selection or images; the other views render. A built-in's
+        ValueError (settings that do not fit this input) stays the request's error (`request_errors`).
         """
         e = self.entry(session, key)
         enc = e.encoded
@@ -263,7 +264,7 @@ class Engine:
             for m in methods:
                 spec = m if isinstance(m, MethodSpec) else MethodSpec(m)
                 view, why = guarded(spec.name, lambda spec=spec: self._view_one(e, enc, lay, spec, budget, params,
-                                                                                heat_token))
+                                                                                heat_token), request_errors(spec.name))
                 out.append(view or MethodView(method=spec.name, label=spec.title, selection=None, kept=0, share=0.0,
                                               prune_ms=0.0, render_ms=0.0, mask=None, heatmap=None, heat_title="",
                                               error=why))
@@ -353,7 +354,8 @@ class Engine:
         with session.lock:
             for (m, p), k in zip(wanted, akeys):
                 if k not in e.answers and k not in todo and k not in failed:
-                    sel, why = (None, None) if m is None else guarded(m, lambda m=m, p=p: self._prune(e, m, budget, p))
+                    sel, why = (None, None) if m is None else guarded(m, lambda m=m, p=p: self._prune(e, m, budget, p),
+                                                                           request_errors(m))
                     if why is None:
                         todo[k] = sel
                     else:

@@ -26,12 +26,23 @@ def sentence(method: str | None, exc: BaseException) -> str:
     return f"{what} failed: {type(exc).__name__}{': ' + text if text else ''}"
 
 
-def guarded(method: str | None, fn: Callable[[], T]) -> tuple[T | None, str | None]:
-    """(fn(), None), or (None, the sentence) when fn raises an Exception."""
+def guarded(method: str | None, fn: Callable[[], T], reraise: tuple = ()) -> tuple[T | None, str | None]:
+    """(fn(), None), or (None, the sentence) when fn raises an Exception other than those in `reraise`."""
     try:
         return fn(), None
+    except reraise:
+        raise
     except Exception as exc:  # noqa: BLE001: a method may raise anything; it costs only its own result
         return None, sentence(method, exc)
 
 
-__all__ = ["guarded", "sentence"]
+def request_errors(method: str) -> tuple:
+    """What stays the request's error when `method` raises it in the app: a built-in's ValueError says the
+    settings do not fit this input (a layer past the model's depth, say), as before; a plug-in's every
+    exception costs only its own panel."""
+    from .pruners._registry import get_pruner
+
+    return () if get_pruner(method).origin else (ValueError,)
+
+
+__all__ = ["guarded", "request_errors", "sentence"]
