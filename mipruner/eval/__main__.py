@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import mipruner
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
                     progress=progress, batch=not a.no_batch)
     print(format_rows(rows))
     if a.json:
+        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     broken = {(r["method"], r["error"]) for r in rows if r.get("failed")}

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--x", choices=X_AXES, default="value", help="x axis: the swept value, or mean tokens kept")
     p.add_argument("--metrics", help=f"curves to draw, comma-separated (default: every one with data): "
                    f"{', '.join(PLOTTED)}")
-    p.add_argument("--out", help="output prefix: writes PREFIX.csv, .json, .png (default: sweep-<param>)")
+    p.add_argument("--out", help="output prefix: writes PREFIX.csv, .json, .png (default: outputs/sweep-<param>)")
     p.add_argument("--from-json", help="re-plot a sweep's JSON (no model run): writes PREFIX.png and prints the table; "
                    "several, comma-separated, are overlaid (with --x kept)")
     p.add_argument("--device", default=None)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     if res.n_items == 0:
         print("sweep: interrupted before the first item finished; nothing written", file=sys.stderr)
         return 130
-    prefix = a.out or f"sweep-{sweep.param}"
+    prefix = a.out or os.path.join("outputs", f"sweep-{sweep.param}")
     if os.path.dirname(prefix):
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
     res.to_csv(prefix + ".csv")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 
 from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from .shipped import shipped
 
 # config.model_type -> "module:Class" (relative to this package)
 FAMILIES: dict[str, str] = {
@@ -23,9 +23,8 @@ FAMILIES: dict[str, str] = {
     "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",
 }
 
-_ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
-# Short names that resolve to models shipped under assets/.
-ALIASES: dict[str, str] = {"shapes-llava": os.path.join(_ASSETS, "shapes-llava")}
+# Short names that resolve to models shipped under assets/ (inside the installed package: shipped.py).
+ALIASES: dict[str, str] = {"shapes-llava": shipped("shapes-llava")}
 
 
 def adapter_class(model_type: str) -> type[Adapter]:

@@ -269,11 +269,26 @@ def test_release_vispruner_odd_leftovers():
         assert set(ours.keep.tolist()) == release_vispruner(feats, att[0, 1:], k)  # the intended rule
 
 
+def release_vispruner_in_float64(dims, seeds, kinds=("gaussian", "clustered"), budgets=BUDGETS) -> tuple[int, int]:
+    """(cases where the release keeps the same set in float32 as in float64, cases): how much of its
+    selection rests on float rounding (its redundancy rounds compare near-equal cosines)."""
+    same = n = 0
+    for d, kind, seed, k in itertools.product(dims, kinds, seeds, budgets):
+        hidden, attention, _ = encoder_inputs(d, kind, seed)
+        feats, cls = hidden[1:], attention[0, 1:]
+        same += release_vispruner(feats, cls, k) == release_vispruner(feats.double(), cls.double(), k)
+        n += 1
+    return same, n
+
+
 def main() -> None:  # the full grid of the report
     dims, seeds = (64, 256, 1024), (0, 1, 2, 3, 4)
     for method in sorted(CASES):
         rate, mean_iou, n = agreement(method, dims, seeds)
         print(f"{method:10s} same set {rate:6.1%} of {n} cases, mean IoU {mean_iou:.4f}")
+    for d in dims:
+        same, n = release_vispruner_in_float64((d,), seeds)
+        print(f"vispruner release, float32 vs its own float64 run, d = {d}: same set in {same} of {n} cases")
     sys.stdout.flush()
 
 
