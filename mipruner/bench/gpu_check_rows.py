@@ -218,8 +218,9 @@ def summary(report: dict, path: str | None) -> int:
     if goals:
         print("\nprotocol goals: " + json.dumps({k: v for k, v in goals.items() if k != "select_median_ms"}))
     bad = [r for r in rows if not r["ok"]]
-    print(f"\n{len(rows) - len(bad)}/{len(rows)} rows ok on {report['device']} ({report['dtype']}), "
-          f"{report['wall_s']:.0f} s" + (f"; report in {path}" if path else ""))
+    what = f"{len(rows) - len(bad)}/{len(rows)} rows ok" if rows else "the protocol alone (no rows)"
+    print(f"\n{what} on {report['device']} ({report['dtype']}), {report['wall_s']:.0f} s"
+          + (f"; report in {path}" if path else ""))
     if bad:
         print("failing rows:\n" + format_rows(bad))
     protocol = report.get("protocol")
