@@ -295,3 +295,22 @@ def test_rotary_in_float32_casts_and_keeps_buffers():
     lin = build_model(lambda cfg: torch.nn.Linear(cfg, cfg), 3, device="meta", dtype=torch.float16)
     assert lin.weight.dtype == torch.float16 and lin.weight.is_meta and not lin.training
     assert set(CELLS) == {"select", "latency", "batch", "view", "compiled"}
+
+
+def test_child_arguments_and_causes():
+    from mipruner.bench.gpu_check_procs import cause, child_args
+
+    a = gpu_check.parse_args(["--tiny", "--device", "cpu", "--methods", "mi,random", "--shares", "0.5", "--cells",
+                              "view", "--llm-layers", "3", "--static-cache", "--no-protocol"])
+    args = child_args(a, families="qwen2_vl", json="x.json", child=True)
+    b = gpu_check.parse_args(args)
+    assert (b.tiny, b.device, b.methods, b.shares, b.cells, b.llm_layers, b.static_cache, b.protocol, b.child) == (
+        True, "cpu", "mi,random", "0.5", "view", 3, True, False, True)
+    assert b.families == "qwen2_vl" and b.json == "x.json" and "--media" not in args  # defaults left out
+    tail = ["  qwen2_vl image: ...", "Fatal Python error: Aborted", "", "Current thread 0x1 (most recent call first):",
+            '  File "p.py", line 9 in f', '  File "q.py", line 3 in g', "Extension modules: torch._C (total: 1)"]
+    assert cause(-6, tail) == 'killed by SIGABRT: Fatal Python error: Aborted at File "p.py", line 9 in f'
+    assert cause(3, ["x", "CUDA fault: RuntimeError: CUDA error: an illegal memory access was encountered"]) == (
+        "exit code 3 after a CUDA fault: CUDA fault: RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert cause(1, ["ModuleNotFoundError: No module named 'x'", "done"]) == (
+        "exit code 1: ModuleNotFoundError: No module named 'x'")
