@@ -6,15 +6,24 @@ few small layers, for CPU smoke runs) and each medium it takes (image; several i
 at two budgets given as shares of that encoding's N_V (`--shares`, default 0.25 and 0.1: K =
 max(1, floor(share * N_V + 0.5)), so budgets scale with the shape): select, answer one by one, answer
 batched as the app does (rows and columns: `mipruner/bench/gpu_check_rows.py`). A failing row is
-recorded with its error and the run goes on; models are freed between families.
+recorded with its error and the run goes on; a row whose logits hold NaN or inf fails.
 
-`--protocol` (default: on on CUDA, off on the CPU) then times the paper's protocol of `bench gpu` on
-the LLaVA-1.5 model of the check, within `--budget-s` seconds (default 200): 5 timed runs after 2
-warm-ups per cell, cells in priority order, a cell started only when its estimate fits the budget
-left (`mipruner/bench/gpu_check_protocol.py`). Fit on an H100 (one 10-minute command): seven
-models built on the GPU (seconds each), about 400 rows of a few 7B forward passes each (4 new
-tokens), then the protocol's 200 s; the report is rewritten after every family, so a run stopped
-at the limit still leaves every finished row in `--json`.
+`--isolate family` (the default on CUDA; `auto`) runs each family in its own process
+(`gpu_check_procs.py`): a CUDA fault or an abort costs that family's unfinished rows, each marked
+with the cause, and the other families still run; the failed family's unfinished media are tried
+once more with CUDA_LAUNCH_BLOCKING=1. `--isolate none` (the default on the CPU) runs everything in
+this process, freeing each model (and torch.compile's caches) before the next family.
+
+`--protocol` (default: on on CUDA, off on the CPU) then, after every row, times the paper's protocol
+of `bench gpu` on a LLaVA-1.5 model (its own process when isolated), within `--budget-s` seconds
+(default 200): 5 timed runs after 2 warm-ups per cell, cells in priority order, a cell started only
+when its estimate fits the budget left (`mipruner/bench/gpu_check_protocol.py`). `--cells` picks the
+cells (select, latency, batch, view, compiled); `--protocol-only` runs no rows.
+
+`--plan` prints, instead of running, a sequence of commands that each fit `--limit-s` (600 s),
+from the first H100 run's timings, and the `gpu-check merge A.json B.json --json all.json` step that
+joins their reports (`gpu_check_plan.py`). The report is rewritten after every row and protocol
+cell, so a command stopped at its limit still leaves every finished row in `--json`.
 
 `--llm-layers N` keeps every real shape but gives the LLMs N decoder layers: the CPU proxy of a
 full-size run (the real towers, processors, token counts, widths and vocabularies; 7B LLMs at full
@@ -36,7 +45,8 @@ import torch
 
 from mipruner.pruners import get_pruner, list_pruners
 
-from .gpu_check_rows import Clock, check_media, format_rows, last_line, planned_rows
+from .gpu_check_protocol import CELLS
+from .gpu_check_rows import Clock, DeviceFault, check_media, last_line, planned_rows, summary
 from .zoo import FAMILIES, PROMPTS, get_family, make_media
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -84,11 +94,52 @@ def parse_args(argv):
                    help="seconds the protocol may take (cells that would not fit: skipped, listed in the report)")
     p.add_argument("--repeats", type=int, default=5, help="protocol: timed runs per cell")
     p.add_argument("--warmup", type=int, default=2, help="protocol: untimed runs per cell")
+    p.add_argument("--cells", default="all", help="protocol: 'all' or some of " + ",".join(CELLS) + " (select: every "
+                   "method's selection; latency: batch 1 vs plain generate; batch: items/s at batch 1, 8, 32; view: six "
+                   "answers vs one; compiled: latency and batch on the compiled GPU path)")
+    p.add_argument("--protocol-only", action="store_true", help="no rows: the protocol alone (implies --protocol)")
+    p.add_argument("--isolate", default="auto", choices=("auto", "family", "none"),
+                   help="family: each family in its own process (a CUDA fault or abort costs only its rows; one retry "
+                        "with CUDA_LAUNCH_BLOCKING=1); none: one process; auto (default): family on CUDA, none elsewhere")
+    p.add_argument("--plan", action="store_true", help="print commands that each fit --limit-s, and the merge step; "
+                   "run nothing")
+    p.add_argument("--limit-s", type=float, default=600.0, help="--plan: each command's time limit (seconds)")
+    p.add_argument("--plan-from", default=None, metavar="REPORT", help="--plan: per-family seconds from this "
+                   "report (default: the first H100 run's)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one family's process (gpu_check_procs)
     return p.parse_args(argv)
 
 
+def settings(a) -> argparse.Namespace:
+    """The run's resolved settings (device, dtype, protocol, names checked), shared by every mode."""
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if a.llm_layers is not None and a.llm_layers < 1:
+        raise SystemExit(f"--llm-layers must be at least 1, got {a.llm_layers}")
+    shares = [float(s) for s in a.shares.split(",") if s.strip()]
+    if not shares or any(not 0 < s <= 1 for s in shares):
+        raise SystemExit(f"--shares must be shares in (0, 1], got {a.shares!r}")
+    protocol = a.protocol_only or ((device.type == "cuda") if a.protocol is None else a.protocol)
+    isolate = a.isolate if a.isolate != "auto" else ("family" if device.type == "cuda" else "none")
+    return argparse.Namespace(
+        device=device, dtype=a.dtype or ("bf16" if device.type == "cuda" else "fp32"), protocol=protocol,
+        families=_names(a.families, list(FAMILIES), "family"), methods=_names(a.methods, list_pruners(), "method"),
+        media=_names(a.media, ["image", "images", "video"], "medium"), shares=shares,
+        cells=_names(a.cells, list(CELLS), "protocol cell"), isolate=isolate)
+
+
+def new_report(a, s) -> dict:
+    import transformers
+
+    return {"device": device_name(s.device), "torch": torch.__version__, "transformers": transformers.__version__,
+            "dtype": s.dtype, "tiny": bool(a.tiny), "llm_layers": a.llm_layers,
+            "command": "python -m mipruner.bench gpu-check " + " ".join(sys.argv[1:] if a.command is None else a.command),
+            "shares": s.shares, "new_tokens": a.new_tokens, "static_cache": bool(a.static_cache),
+            "methods": s.methods, "families": [], "rows": [], "protocol": None}
+
+
 def _free(device: torch.device) -> None:
+    torch.compiler.reset()  # dynamo's caches and guards hold the freed model's tensors; the next phase starts clean
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -96,26 +147,8 @@ def _free(device: torch.device) -> None:
 
 
 def run(a, log=print) -> dict:
-    import transformers
-
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype_name = a.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    protocol = (device.type == "cuda") if a.protocol is None else a.protocol
-    families = _names(a.families, list(FAMILIES), "family")
-    methods = _names(a.methods, list_pruners(), "method")
-    media = _names(a.media, ["image", "images", "video"], "medium")
-    if a.llm_layers is not None and a.llm_layers < 1:
-        raise SystemExit(f"--llm-layers must be at least 1, got {a.llm_layers}")
-    shares = [float(s) for s in a.shares.split(",") if s.strip()]
-    if not shares or any(not 0 < s <= 1 for s in shares):
-        raise SystemExit(f"--shares must be shares in (0, 1], got {a.shares!r}")
-    report = {"device": device_name(device), "torch": torch.__version__, "transformers": transformers.__version__,
-              "dtype": dtype_name, "tiny": bool(a.tiny), "llm_layers": a.llm_layers,
-              "command": "python -m mipruner.bench gpu-check " +
-              " ".join(sys.argv[1:] if a.command is None else a.command), "shares": shares,
-              "new_tokens": a.new_tokens, "static_cache": bool(a.static_cache), "methods": methods,
-              "families": [], "rows": [], "protocol": None}
-    clock = Clock(device)
+    s = settings(a)
+    report = new_report(a, s)
     t_start = time.monotonic()
 
     def save():
@@ -124,54 +157,96 @@ def run(a, log=print) -> dict:
             with open(a.json, "w") as f:
                 json.dump(report, f, indent=1)
 
-    for name in families:
-        fam = get_family(name)
-        kinds = [k for k in fam.media if k in media]
-        t0 = time.monotonic()
-        try:
-            adapter, desc = fam.build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed,
-                                      llm_layers=a.llm_layers)
-            if a.static_cache:
-                from mipruner.batch import use_decode_path
+    if s.isolate == "family" and not a.child:
+        from .gpu_check_procs import run_isolated
 
-                use_decode_path(adapter, bucket=64, static_cache=True)
-        except Exception as e:  # noqa: BLE001  (every row of the family fails with the reason)
-            err = f"building the model failed: {last_line(e)}"
-            log(f"{name}: {err}")
-            for k in kinds:
-                report["rows"] += planned_rows(name, k, methods, shares, err)
-                report["families"].append({"family": name, "media": k, "error": err})
+        run_isolated(a, s, report, save, log)
+        save()
+        return report
+    clock = Clock(s.device)
+    for i, name in enumerate([] if a.protocol_only else s.families):
+        try:
+            _family(a, s, name, report, save, clock, log)
+        except DeviceFault as e:  # this process's CUDA context is gone: no later row can run in it
+            if a.child:  # the parent reads the rows in flight, marks the rest and retries
+                save()
+                print(f"CUDA fault: {e}", flush=True)
+                raise SystemExit(3)
+            report["rows"] += _fault_rows(report.pop("in_flight"), s, name, s.families[i + 1:], str(e))
             save()
-            continue
-        log(f"{name}: {desc} (built in {time.monotonic() - t0:.1f} s)")
-        for k in kinds:
-            medium = make_media(k, a.tiny, fam.video_frames)
-            rows, info = check_media(adapter, name, k, medium, PROMPTS[k], methods, shares, a.new_tokens, clock,
-                                     log=log)
-            report["rows"] += rows
-            report["families"].append(dict(info, description=desc))
-            save()
-        if protocol and name == "llava":
-            report["protocol"] = _protocol(adapter, a, log, lambda p: (report.update(protocol=p), save()))
-            save()
-        del adapter
-        _free(device)
-    if protocol and "llava" not in families:
-        adapter, _ = get_family("llava").build(tiny=a.tiny, device=device, dtype=DTYPES[dtype_name], seed=a.seed,
+            return report
+        _free(s.device)
+    if s.protocol:
+        adapter, _ = get_family("llava").build(tiny=a.tiny, device=s.device, dtype=DTYPES[s.dtype], seed=a.seed,
                                               llm_layers=a.llm_layers)
-        report["protocol"] = _protocol(adapter, a, log, lambda p: (report.update(protocol=p), save()))
+        report["protocol"] = _protocol(adapter, a, s, log, lambda p: (report.update(protocol=p), save()))
         del adapter
-        _free(device)
+        _free(s.device)
     save()
     return report
 
 
-def _protocol(adapter, a, log, progress) -> dict:
+def _family(a, s, name: str, report: dict, save, clock: Clock, log) -> None:
+    """Build one family's model, then every (media) of it: the rows appended to `report` as each
+    medium ends; while a medium runs, `report["in_flight"]` holds its rows so far (saved before
+    each row in a family's own process, so the parent knows which row a crash stopped)."""
+    fam = get_family(name)
+    kinds = [k for k in fam.media if k in s.media]
+    t0 = time.monotonic()
+    try:
+        adapter, desc = fam.build(tiny=a.tiny, device=s.device, dtype=DTYPES[s.dtype], seed=a.seed,
+                                  llm_layers=a.llm_layers)
+        if a.static_cache:
+            from mipruner.batch import use_decode_path
+
+            use_decode_path(adapter, bucket=64, static_cache=True)
+    except Exception as e:  # noqa: BLE001  (every row of the family fails with the reason)
+        err = f"building the model failed: {last_line(e)}"
+        log(f"{name}: {err}")
+        for k in kinds:
+            report["rows"] += planned_rows(name, k, s.methods, s.shares, err)
+            report["families"].append({"family": name, "media": k, "error": err})
+        save()
+        return
+    log(f"{name}: {desc} (built in {time.monotonic() - t0:.1f} s)")
+    for k in kinds:
+        partial: list = []
+        report["in_flight"] = {"family": name, "media": k, "rows": partial}
+
+        def on_row(r, partial=partial):
+            partial.append(r)
+            if a.child:
+                save()
+
+        medium = make_media(k, a.tiny, fam.video_frames)
+        rows, info = check_media(adapter, name, k, medium, PROMPTS[k], s.methods, s.shares, a.new_tokens, clock,
+                                 log=log, on_row=on_row)
+        del report["in_flight"]
+        report["rows"] += rows
+        report["families"].append(dict(info, description=desc))
+        save()
+    del adapter
+
+
+def _fault_rows(in_flight: dict, s, name: str, later: list[str], cause: str) -> list[dict]:
+    """After a CUDA fault in (name, in_flight media): its finished rows, then every row not run."""
+    rows = list(in_flight["rows"])
+    fam = get_family(name)
+    kinds = [k for k in fam.media if k in s.media]
+    todo = planned_rows(name, in_flight["media"], s.methods, s.shares)[len(rows):]
+    todo += [r for k in kinds[kinds.index(in_flight["media"]) + 1:] for r in planned_rows(name, k, s.methods, s.shares)]
+    todo += [r for f in later for k in get_family(f).media if k in s.media for r in planned_rows(f, k, s.methods, s.shares)]
+    for r in todo:
+        r["error"] = f"not run: a CUDA fault ended this process's CUDA context ({cause})"
+    return rows + todo
+
+
+def _protocol(adapter, a, s, log, progress) -> dict:
     from .gpu_check_protocol import run_protocol
 
     try:
         return run_protocol(adapter, budget_s=a.budget_s, repeats=a.repeats, warmup=a.warmup, log=log,
-                            progress=progress)
+                            progress=progress, groups=s.cells)
     except Exception as e:  # noqa: BLE001  (the rows stand; the report says why the protocol is missing)
         log(f"protocol failed: {last_line(e)}")
         return {"error": last_line(e)}
@@ -179,21 +254,22 @@ def _protocol(adapter, a, log, progress) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["merge"]:
+        from .gpu_check_plan import merge_main
+
+        return merge_main(argv[1:])
     a = parse_args(argv)
     a.command = argv
     if a.threads:
         torch.set_num_threads(a.threads)
     for m in _names(a.methods, list_pruners(), "method"):
         get_pruner(m)
+    if a.plan:
+        from .gpu_check_plan import plan
+
+        print(plan(a, settings(a)))
+        return 0
     report = run(a)
-    rows = report["rows"]
-    print("\n" + format_rows(rows))
-    goals = (report["protocol"] or {}).get("goals")
-    if goals:
-        print("\nprotocol goals: " + json.dumps({k: v for k, v in goals.items() if k != "select_median_ms"}))
-    bad = [r for r in rows if not r["ok"]]
-    print(f"\n{len(rows) - len(bad)}/{len(rows)} rows ok on {report['device']} ({report['dtype']}), "
-          f"{report['wall_s']:.0f} s" + (f"; report in {a.json}" if a.json else ""))
-    if bad:
-        print("failing rows:\n" + format_rows(bad))
-    return 1 if bad or not rows else 0
+    if a.child:  # one family's process: the parent prints the table
+        return 0
+    return summary(report, a.json)

@@ -12,6 +12,11 @@ cells in priority order, each `warmup` untimed runs then `repeats` timed runs (m
   compiled the same latency and batch 8 / 32 cells on the GPU decoding path (`--static-cache
            --compile` of `bench gpu`: lengths bucketed to 64, static KV cache, compiled decoding
            step; the warm-up runs absorb the compilation of each new shape). CUDA only.
+`groups` (gpu-check's --cells) picks the groups that run: select, latency (eager batch 1), batch
+(eager items/s), view (six answers vs one), compiled (its latency and batch cells); the others are
+not run and not listed. The eager cells run under `torch.inference_mode()`; the compiled phase under
+`torch.no_grad()` (recent torch releases have had compile bugs under inference mode), with
+torch.compile's caches reset before and after it.
 A cell starts only when the budget left covers its estimate (one timed run of the phase's last cell
 scaled by batch size, times warmup + repeats; + 60 s of compiling for each new batch size of the
 compiled phase); the others are listed under "skipped" with the reason, as are cells that raised
@@ -34,6 +39,8 @@ from .gpu import make_batch_run, make_plain_run
 from .prefill import test_image
 
 MI = ("mi", {"lam": 1.0})
+CELLS = ("select", "latency", "batch", "view", "compiled")  # the cell groups, in the order they run
+GROUP = {"latency": "latency", "throughput": "batch", "view": "view"}  # an eager cell's kind -> its group
 SIX = ("mi", "random", "similarity", "attention", "divprune")  # + the unpruned answer: six panels
 
 
@@ -80,11 +87,14 @@ def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]
 
 def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2, new_tokens: int = 2,
                  budget: int | None = None, batches=(1, 8, 32), compiled: bool | None = None, log=print,
-                 progress=None) -> dict:
+                 progress=None, groups=CELLS) -> dict:
     """The protocol's cells on `adapter` (a LLaVA-family adapter), within `budget_s` seconds.
     budget: kept tokens of the pruned cells (default 64, or N_V // 4 when that is smaller).
     progress: called with the report so far after every cell (the caller saves it: a run stopped at
-    a time limit keeps the cells it finished)."""
+    a time limit keeps the cells it finished). groups: the cell groups to run, of CELLS (--cells)."""
+    asked = [c for c in CELLS if c in groups]
+    if len(asked) != len(set(groups)):
+        raise ValueError(f"unknown protocol cells {sorted(set(groups) - set(CELLS))}; choose from {', '.join(CELLS)}")
     device = adapter.device
     compiled = device.type == "cuda" if compiled is None else compiled
     image = test_image(int(adapter.config.vision_config.image_size))
@@ -96,7 +106,8 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
     cells: list[dict] = []
     skipped: list[dict] = []
     report = {"repeats": repeats, "warmup": warmup, "new_tokens": new_tokens, "budget_tokens": budget,
-              "budget_s": budget_s, "spent_s": 0.0, "memory": mem.kind, "cells": cells, "skipped": skipped}
+              "budget_s": budget_s, "cells_asked": asked, "spent_s": 0.0, "memory": mem.kind, "cells": cells,
+              "skipped": skipped}
     last: dict = {}
     name, params = MI
     label = f"{name}:lam=1"
@@ -119,6 +130,8 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
     compiled_batches: set = set()
 
     def cell(phase, kind, method, bud, batch, make):
+        if ("compiled" if phase == "compiled" else GROUP[kind]) not in asked:
+            return
         # estimate: one timed run of the phase's last cell scaled by batch size, times the runs, plus
         # 60 s of compiling for a batch size the compiled phase has not run yet
         prev_batch, prev_run_s = last.get(phase, (1, 0.0))
@@ -153,18 +166,21 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
             f"(mean {r['total_ms']:.1f} +- {r['std_ms']:.1f}), peak {r['peak_mb']:.0f} MB")
 
     with torch.inference_mode():
-        cells += _select_cells(adapter, image, budget, repeats, sync)
-        log("  protocol select (median ms at " + f"{budget} of {cells[0]['n_visual']} tokens): " +
-            ", ".join(f"{c['method']} {c['median_ms']:.2f}" for c in cells))
+        if "select" in asked:
+            cells += _select_cells(adapter, image, budget, repeats, sync)
+            log("  protocol select (median ms at " + f"{budget} of {cells[0]['n_visual']} tokens): " +
+                ", ".join(f"{c['method']} {c['median_ms']:.2f}" for c in cells))
         for c in plan("eager"):
             cell("eager", *c)
         one, six, n = _six_runs(adapter, image, budget, new_tokens)
         cell("eager", "view", "one answer", "all", 1, lambda: one)
         cell("eager", "view", f"{n} answers", budget, n, lambda: six)
-        if not compiled:
-            skipped.append({"phase": "compiled", "why": "compiled cells run on CUDA only (or compiled=True)"})
-        else:
+    if "compiled" in asked and not compiled:
+        skipped.append({"phase": "compiled", "why": "compiled cells run on CUDA only (or compiled=True)"})
+    elif "compiled" in asked:
+        with torch.no_grad():
             try:
+                torch.compiler.reset()
                 use_decode_path(adapter, bucket=64, static_cache=True, compile=True)
                 for c in plan("compiled"):
                     cell("compiled", *c)
@@ -172,6 +188,7 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
                 skipped.append({"phase": "compiled", "why": f"failed: {type(e).__name__}: {e}"})
             finally:
                 use_decode_path(adapter)
+                torch.compiler.reset()
     report["spent_s"] = round(time.monotonic() - start, 1)
     report["goals"] = goals(cells, label)
     return report

@@ -11,7 +11,9 @@ the unpruned answer, then
              path: `mipruner.batch.answer_items` of [(encoding, unpruned), (encoding, selection)]
              as one batch (batch_ms; in-LLM selections answer one by one inside it).
 A row is ok when nothing raised, the selection keeps 1..K tokens (prefix rows counted), the one-by-one
-answer has 1..new_tokens tokens and the batched call returns both rows. `batch_equal` says whether the
+answer has 1..new_tokens tokens, the batched call returns both rows, and every logit the output head
+produced for the row (both answers) was finite (`finite_logits.LogitWatch`: a greedy answer over NaN
+logits still has tokens). `batch_equal` says whether the
 batched tokens equal the one-by-one ones; it does not decide `ok`: a left-padded batch is not
 bit-identical to one prompt alone, so greedy tokens may differ where two logits nearly tie (random
 weights in bf16 tie often). On CUDA every timing is bracketed by `torch.cuda.synchronize`; peak_mb is
@@ -20,6 +22,7 @@ None on other devices. A row that raises keeps the last line of its traceback in
 """
 from __future__ import annotations
 
+import json
 import time
 import traceback
 
@@ -28,6 +31,8 @@ import torch
 import mipruner
 from mipruner.batch import answer_items
 from mipruner.pruners import resolve_budget
+
+from .finite_logits import LogitWatch
 
 KEEP_ALL = "keep-all"
 FIELDS = ("family", "media", "method", "budget", "kept", "n_visual", "ok", "error", "select_ms", "answer_ms",
@@ -130,19 +135,34 @@ def method_row(adapter, enc, ref, method: str, share: float, row: dict, clock: C
     return row
 
 
+def device_fault(error: str) -> bool:
+    """Whether a row's error is a CUDA fault that leaves the process's CUDA context unusable (every
+    later kernel fails with it): a device-side assert, an illegal address, a launch failure."""
+    return any(s in error for s in ("CUDA error", "device-side assert", "illegal memory access",
+                                    "CUBLAS_STATUS_EXECUTION_FAILED", "cudaErrorLaunchFailure"))
+
+
+class DeviceFault(RuntimeError):
+    """A row hit a CUDA fault: the rest of this process's rows cannot run (gpu-check's per-family
+    process ends here, and the parent retries the family's unfinished media)."""
+
+
 def check_media(adapter, family: str, kind: str, media, prompt: str, methods: list[str], shares: list[float],
-                new_tokens: int, clock: Clock, log=print) -> tuple[list[dict], dict]:
-    """Every row of one (family, media): (rows, info with n_visual and the encode time)."""
+                new_tokens: int, clock: Clock, log=print, on_row=None) -> tuple[list[dict], dict]:
+    """Every row of one (family, media): (rows, info with n_visual and the encode time).
+    on_row(row): called before each row runs (the per-family process records the row in flight).
+    A CUDA fault (`device_fault`) ends the media with `DeviceFault` after recording its row."""
     rows = planned_rows(family, kind, methods, shares)
     info: dict = {"family": family, "media": kind}
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), LogitWatch(adapter) as watch:
             t0 = clock.now()
             enc = adapter.encode(media, prompt, need_attention=True)
             t1 = clock.now()
             ref = adapter.generate(enc, None, max_new_tokens=new_tokens)
             t2 = clock.now()
         _check_answer(ref, new_tokens, "the unpruned answer")
+        watch.check("the unpruned answer")
     except Exception as e:  # noqa: BLE001  (every row of this media fails with the reason)
         err = f"encode / unpruned answer failed: {last_line(e)}"
         log(f"  {family} {kind}: {err}")
@@ -153,15 +173,20 @@ def check_media(adapter, family: str, kind: str, media, prompt: str, methods: li
                 unpruned_tokens=list(ref.token_ids))
     for r in rows:
         r["n_visual"] = enc.n_visual
+        if on_row is not None:
+            on_row(r)
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), LogitWatch(adapter) as watch:
                 if r["method"] == KEEP_ALL:
                     keep_all_row(adapter, enc, ref, r, clock, new_tokens)
                 else:
                     method_row(adapter, enc, ref, r["method"], r["budget"], r, clock, new_tokens)
+            watch.check("the row's answers")
             r["ok"] = True
         except Exception as e:  # noqa: BLE001  (recorded; the run goes on)
             r["ok"], r["error"] = False, last_line(e)
+            if device_fault(r["error"]):
+                raise DeviceFault(r["error"]) from e
             if clock.cuda:  # e.g. out of memory: give the cached blocks back before the next row
                 torch.cuda.empty_cache()
     bad = [r for r in rows if not r["ok"]]
@@ -182,3 +207,21 @@ def format_rows(rows: list[dict]) -> str:
              else "=" if r["batch_equal"] else "differs", f(r["peak_mb"])] for r in rows]
     return table(body, ["family", "media", "method", "budget", "kept", "ok", "select ms", "answer ms", "batch ms",
                         "batch vs one", "peak MB"])
+
+
+def summary(report: dict, path: str | None) -> int:
+    """Print the rows, the protocol's goals and the failing rows; the exit code (0: every row ok)."""
+    rows = report["rows"]
+    if rows:
+        print("\n" + format_rows(rows))
+    goals = (report["protocol"] or {}).get("goals")
+    if goals:
+        print("\nprotocol goals: " + json.dumps({k: v for k, v in goals.items() if k != "select_median_ms"}))
+    bad = [r for r in rows if not r["ok"]]
+    what = f"{len(rows) - len(bad)}/{len(rows)} rows ok" if rows else "the protocol alone (no rows)"
+    print(f"\n{what} on {report['device']} ({report['dtype']}), {report['wall_s']:.0f} s"
+          + (f"; report in {path}" if path else ""))
+    if bad:
+        print("failing rows:\n" + format_rows(bad))
+    protocol = report.get("protocol")
+    return 1 if bad or (not rows and (not protocol or "error" in protocol)) else 0

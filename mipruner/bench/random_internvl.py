@@ -74,9 +74,10 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B", llm_la
                                tie_word_embeddings=text["tie_word_embeddings"])
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
+    from mipruner.models.random_build import build_model
+
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = tf.InternVLForConditionalGeneration(config).to(dtype).eval()
+    model = build_model(tf.InternVLForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     ip = tf.GotOcr2ImageProcessorPil(size={"height": image, "width": image}, max_patches=tiles, image_mean=mean,
                                      image_std=std)

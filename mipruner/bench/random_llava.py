@@ -69,9 +69,10 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
         raise ValueError(f"family must be 'llava' or 'llava_next', got {family!r}")
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
+    from mipruner.models.random_build import build_model
+
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls(config).to(dtype).eval()
+    model = build_model(model_cls, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32
     proc = proc_cls(image_processor=ip, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default",
                     num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
     desc = (f"random-weight {what}: CLIP {vision_layers}x{vision_width} @ {image_size}px/patch {patch}, "

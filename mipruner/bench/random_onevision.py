@@ -65,9 +65,10 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
                                      video_token_id=tok.convert_tokens_to_ids("<video>"))
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
+    from mipruner.models.random_build import build_model
+
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = tf.LlavaOnevisionForConditionalGeneration(config).to(dtype).eval()
+    model = build_model(tf.LlavaOnevisionForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32
     ip = tf.LlavaOnevisionImageProcessorPil(image_grid_pinpoints=pins, size={"height": image, "width": image})
     g = image // patch
     proc = _processor(ip, tok, {"num_image_tokens": g * g}, config, CHAT_TEMPLATE)

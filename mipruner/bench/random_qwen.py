@@ -112,9 +112,10 @@ def _build(family: str, *, tiny: bool, device, dtype, seed: int, llm_layers: int
                         "qwen3_vl": (tf.Qwen3VLConfig, Qwen3VLAdapter)}[family]
     config = cls(vision_config=shape["vision"], text_config=text, tie_word_embeddings=True, **ids)
     config.text_config._attn_implementation = "sdpa"
+    from mipruner.models.random_build import build_model
+
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = tf.AutoModelForImageTextToText.from_config(config).to(dtype).eval()
+    model = build_model(tf.AutoModelForImageTextToText.from_config, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32
     v = config.vision_config
     patch, merge = int(v.patch_size), int(v.spatial_merge_size)
     unit = patch * merge  # pixels per merged token, per side

@@ -55,9 +55,10 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
                                  video_token_id=tok.convert_tokens_to_ids("<video>"))
     config.vision_config._attn_implementation = "eager"  # attention capture for the vision-stage methods
     config.text_config._attn_implementation = "sdpa"
+    from mipruner.models.random_build import build_model
+
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = tf.VideoLlavaForConditionalGeneration(config).to(dtype).eval()
+    model = build_model(tf.VideoLlavaForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32
     side = int(config.vision_config.image_size)
     ip = tf.VideoLlavaImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     adapter = VideoLlavaAdapter(model, None, tok, ip, name="random-video_llava")
