@@ -141,6 +141,7 @@ class PrunerSpec:
     answer: Callable | None = field(default=None, compare=False)  # stage "llm": answers on its selection
     score_label: str | None = "score"  # Selection.scores as "quantity (unit)"; None: meaningless
     origin: str = ""  # the plug-in that registered it (`mipruner.plugins`); "" for the built-ins
+    adaptive: bool = False  # chooses K per input, the budget as its cap: it may keep fewer (at least 1)
 
     @property
     def needs_text(self) -> bool:
@@ -176,13 +177,15 @@ class PrunerSpec:
 
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
-                    answer: Callable | None = None, score_label: str | None = "score"):
+                    answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
     stage "llm": `fn(adapter, encoded, budget, *, cache, <params>)` and `answer(adapter, encoded,
     selection, *, max_new_tokens, cache, ...)` runs the LLM on its selection. Every keyword of
     `fn` beyond those is a declared `Param` whose default equals the signature's (checked here).
+    adaptive: the method chooses K per input with the budget as its cap (it keeps between 1 and K);
+    the run-time contract, the checker and every front end accept that and show the K chosen.
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -217,7 +220,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
                                          "one name, one definition")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         _REGISTRY[name] = PrunerSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
-                                     doc[0] if doc else "", is_mi, answer, score_label=score_label)
+                                     doc[0] if doc else "", is_mi, answer, score_label=score_label,
+                                     adaptive=adaptive)
         return fn
 
     return deco
