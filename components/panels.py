@@ -82,6 +82,8 @@ def method_notes(sel) -> str:
     notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
     if sel.extras.get("k_rule", "fixed") != "fixed":
         notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
+    elif "k_rule" not in sel.extras and sel.method and method_spec(sel.method).adaptive:
+        notes.append(f"K = {sel.budget} chosen per input (the budget caps it)")
     return "".join(f" · {n}" for n in notes)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .methods import select
-from .pruners._registry import ContractError, get_pruner, prune
+from .pruners._registry import ContractError, adaptive_k, get_pruner, prune
 from .pruners.selection import Selection, selection_failures
 
 N_V, D, N_T = 48, 16, 5
@@ -105,8 +105,9 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         sel = _try(f"with budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
         if sel is None:
             continue
-        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev)]
-        if isinstance(budget, float) and budget == 1.0 and not out and sel.keep.cpu().tolist() != list(range(N_V)):
+        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=adaptive_k(spec, sel, k), device=dev)]
+        if isinstance(budget, float) and budget == 1.0 and not out and not spec.adaptive \
+                and sel.keep.cpu().tolist() != list(range(N_V)):
             out.append("with budget 1.0 (keep all), it does not keep every token")
     if out:
         return out
@@ -116,7 +117,8 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         out.append("two runs with the same inputs and seed select different tokens, it must be deterministic")
     with meta_default():
         m = _try("under torch.set_default_device('meta')", out, lambda: prune(name, budget=7, **kw))
-    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=7, device=dev) or not _same(m, a)):
+    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=adaptive_k(spec, m, 7), device=dev)
+                                                            or not _same(m, a)):
         out.append("it creates a tensor without device=, so under torch.set_default_device('meta') its selection "
                    "changes or leaves the inputs' device")
     return out
@@ -129,7 +131,7 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
     kw = {**tensor_inputs(spec, device=device), **_fixed_seed(spec)}
     dev = kw["visual"].device
     sel = _try(f"with budget {N_V}", out, lambda: prune(name, budget=N_V, **kw))
-    if sel is not None and sel.keep.cpu().tolist() != list(range(N_V)):
+    if sel is not None and not spec.adaptive and sel.keep.cpu().tolist() != list(range(N_V)):
         out.append(f"with budget {N_V} (keep all, in tokens), it does not keep every token")
     sel = _try("with budget 7", out, lambda: prune(name, budget=7, **kw))
     if sel is not None:
@@ -138,8 +140,9 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
         if spec.is_mi and (sel.pmi is None or tuple(sel.pmi.shape) != (N_V, N_T) or sel.pivot is None
                            or tuple(sel.pivot.shape) != (N_V,) or not bool(torch.isfinite(sel.pmi).all())):
             out.append(f"an MI method returns pmi ({N_V}, {N_T}) finite and pivot ({N_V},)")
-        if sel.tokens is not None and tuple(sel.tokens.shape) != (7, D):
-            out.append(f"tokens must be (K, d) = (7, {D}), got {tuple(sel.tokens.shape)}")
+        rows = int(sel.keep.numel())  # one merged row per kept index; `prefix` rows are counted in K, not here
+        if sel.tokens is not None and tuple(sel.tokens.shape) != (rows, D):
+            out.append(f"tokens must be (kept, d) = ({rows}, {D}), got {tuple(sel.tokens.shape)}")
     for p in spec.params:
         for c in (p.choices if p.kind == "choice" else ()):
             s = _try(f"with {p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
@@ -173,7 +176,8 @@ def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int =
         a = _try(at, out, lambda b=budget, e=extra: prune(name, budget=b, **{**kw, **e}))
         if a is None:
             continue
-        k = a.budget if extra and isinstance(a, Selection) and 1 <= a.budget <= budget else budget  # adaptive K
+        k = a.budget if (extra or spec.adaptive) and isinstance(a, Selection) and 1 <= a.budget <= budget \
+            else budget  # adaptive K
         bad = selection_failures(a, n=n, k=k, device=dev)
         if not bad and not bool(torch.isfinite(a.scores).all()):
             bad.append("its scores are not all finite")
@@ -188,17 +192,19 @@ def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int =
 
 def select_failures(name: str, adapter, encoded) -> list[str]:
     """The contract through `mipruner.select` on one encoding (any stage; in-LLM methods included)."""
-    out, n = [], encoded.n_visual
+    spec, out, n = get_pruner(name), [], encoded.n_visual
     dev = encoded.visual.device
     for budget in (1, 5, 0.25):
         k = max(1, math.floor(budget * n + 0.5)) if isinstance(budget, float) else budget
         sel = _try(f"select with budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
         if sel is not None:
-            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=k)]
-            if sel.budget != k:
-                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}")
+            kk = adaptive_k(spec, sel, k)
+            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=kk)]
+            if sel.budget != kk:
+                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}"
+                           + (" (an adaptive method keeps between 1 and the budget)" if spec.adaptive else ""))
     sel = _try(f"select with budget {n} (keep all)", out, lambda: select(adapter, encoded, name, n))
-    if sel is not None and sel.keep.cpu().tolist() != list(range(n)):
+    if sel is not None and not spec.adaptive and sel.keep.cpu().tolist() != list(range(n)):
         out.append(f"select with budget {n} (keep all) does not keep every token")
     a = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6))
     b = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6, cache={}))

@@ -60,7 +60,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
                 rec = 1.0 if cover is not None else math.nan
             else:
                 rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-            records.append((m, b, s, item, out.text, rec))
+            records.append((m, b, s, item, out.text, rec, enc.n_visual if sel is None else sel.budget))
         if bar:
             bar.update(1)
     if bar:
@@ -74,10 +74,14 @@ def _mean(xs):
 
 
 def aggregate(records, task: str) -> list[dict]:
-    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n}; seeds averaged."""
+    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n, kept}; seeds averaged; kept:
+    the mean visual tokens that reached the LLM (the budget, or the K an adaptive method chose), when
+    the records carry it (a 7th field)."""
     groups = defaultdict(list)
-    for m, b, s, item, pred, rec in records:
+    kept = defaultdict(list)  # visual tokens that reached the LLM (an adaptive method's chosen K)
+    for m, b, s, item, pred, rec, *k in records:
         groups[(m, b)].append((s, item, pred, rec))
+        kept[(m, b)] += k
     rows = []
     for (m, b), recs in groups.items():
         splits = sorted({it.split for _, it, _, _ in recs})
@@ -89,12 +93,14 @@ def aggregate(records, task: str) -> list[dict]:
                     by_seed[s].append((it, pred, rec))
             seed_rows = [_score(v) for v in by_seed.values()]
             row = {k: _mean([r[k] for r in seed_rows]) for k in ("acc", "f1", "yes_rate", "query_recall")}
-            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"])
+            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"],
+                       kept=_mean(kept[(m, b)]) if kept[(m, b)] else math.nan)
             per_split.append(row)
         rows += per_split
         if len(per_split) > 1:
             avg = average_splits(per_split, ("acc", "f1", "yes_rate", "query_recall"))
-            avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split))
+            avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split),
+                       kept=per_split[0]["kept"])
             rows.append(avg)
     return rows
 
@@ -115,8 +121,9 @@ def format_rows(rows: list[dict]) -> str:
     from mipruner.text_table import table
 
     fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
+    kept = lambda r: "-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}"  # noqa: E731
     body = [[r["method"], str(r["budget"]), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
-             fmt(r["query_recall"]), str(r["n"])] for r in rows]
-    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "n"])
+             fmt(r["query_recall"]), kept(r), str(r["n"])] for r in rows]
+    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "kept", "n"])
 
 

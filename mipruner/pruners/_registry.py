@@ -306,8 +306,17 @@ class ContractError(ValueError):
         self.failure = failure
 
 
+def adaptive_k(spec: "PrunerSpec", sel: Any, k: int) -> int:
+    """The K a selection is checked against: the budget, or for an adaptive method the K it chose
+    when that lies in [1, budget] (the budget is its cap)."""
+    if spec.adaptive and isinstance(sel, Selection) and isinstance(sel.keep, torch.Tensor) and 1 <= sel.budget <= k:
+        return sel.budget
+    return k
+
+
 def check_plugin_selection(spec: "PrunerSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
-    """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`)."""
-    bad = selection_failures(sel, n=n, k=k, device=device)
+    """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`);
+    an adaptive method may keep between 1 and `k` tokens."""
+    bad = selection_failures(sel, n=n, k=adaptive_k(spec, sel, k), device=device)
     if bad:
         raise ContractError(spec, bad[0])
