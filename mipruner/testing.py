@@ -17,7 +17,13 @@ tests/test_methods_contract.py):
   made without `device=` (run under `torch.set_default_device("meta")`, the result must not change);
 - every method through `mipruner.select` on a model's encoding (the embedded `shapes-llava` unless an
   adapter is given): budgets 1, 5, 0.25, keep-all, determinism with and without a cache, the meta
-  device, a budget above N_V and an unknown parameter refused.
+  device, a budget above N_V and an unknown parameter refused;
+- the answer where the method prunes (`answer_failures`): an in-LLM method keeping every token
+  answers as the unpruned model, and a pruned answer is the same one by one (with and without the
+  select cache) and through `answer_batch`; every method's answer counts its visual tokens (merged
+  rows and `prefix` included).
+Adaptive methods (`adaptive=True`, e.g. `mi_adaptive`) may keep between 1 and the budget: the
+checks take the K they chose and skip "keep-all keeps every token".
 """
 from __future__ import annotations
 
@@ -228,6 +234,50 @@ def select_failures(name: str, adapter, encoded) -> list[str]:
     return out
 
 
+def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> list[str]:
+    """Where a method actually prunes, its answer: for an in-LLM method, keeping every token answers
+    as the unpruned model (not for an adaptive one: the budget is only its cap) and a pruned
+    selection answers the same one by one with and without the select cache and through
+    `answer_batch`; for any method, a pruned selection (merged rows, `prefix` included) answers
+    with as many visual tokens as reach the LLM."""
+    from .batch import answer_batch
+    from .methods import answer
+
+    spec, out, n = get_pruner(name), [], encoded.n_visual
+    ref = _try("the unpruned answer", out, lambda: answer(adapter, encoded, None, max_new_tokens=max_new_tokens))
+    if ref is None:
+        return out
+    if spec.stage == "llm" and not spec.adaptive:
+        c: dict = {}
+        sel = _try("select keeping every token", out, lambda: select(adapter, encoded, name, n, cache=c))
+        got = None if sel is None else _try("answer keeping every token", out, lambda: answer(
+            adapter, encoded, sel, max_new_tokens=max_new_tokens, cache=c))
+        if got is not None and got.token_ids != ref.token_ids:
+            out.append("answer: keeping every token does not give the unpruned answer "
+                       f"({got.token_ids} vs {ref.token_ids})")
+    c = {}
+    k = max(1, n // 4)
+    sel = _try(f"select with budget {k}", out, lambda: select(adapter, encoded, name, k, cache=c))
+    if sel is None:
+        return out
+    one = _try("answer", out, lambda: answer(adapter, encoded, sel, max_new_tokens=max_new_tokens, cache=c))
+    if one is None:
+        return out
+    if spec.stage == "llm":
+        again = _try("answer without the select cache", out,
+                     lambda: answer(adapter, encoded, sel, max_new_tokens=max_new_tokens))
+        batched = _try("answer_batch", out, lambda: answer_batch(adapter, encoded, [None, sel],
+                                                               max_new_tokens=max_new_tokens, cache=c)[1])
+        for what, other in (("without the select cache", again), ("through answer_batch", batched)):
+            if other is not None and other.token_ids != one.token_ids:
+                out.append(f"answer: {what} it answers {other.token_ids}, one by one {one.token_ids}")
+        if one.visual_tokens < sel.budget:
+            out.append(f"answer: {one.visual_tokens} visual tokens reach the LLM, fewer than the selection's {sel.budget}")
+    elif one.visual_tokens != sel.budget:
+        out.append(f"answer: {one.visual_tokens} visual tokens reach the LLM, not the selection's {sel.budget}")
+    return out
+
+
 def embedded_encoding(model: str = "shapes-llava", device=None):
     """(adapter, encoding) of a red square on noise with attention, on the embedded model."""
     from PIL import Image
@@ -259,8 +309,10 @@ def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "
         adapter, encoded = embedded_encoding(model or "shapes-llava", device)
     if encoded is not None:
         out += select_failures(name, adapter, encoded)
+        if adapter is not None:
+            out += answer_failures(name, adapter, encoded)
     return out
 
 
-__all__ = ["check_pruner", "embedded_encoding", "low_precision_failures", "meta_default", "quick_failures",
+__all__ = ["answer_failures", "check_pruner", "embedded_encoding", "low_precision_failures", "meta_default", "quick_failures",
            "select_failures", "spec_failures", "tensor_failures", "tensor_inputs"]
