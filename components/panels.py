@@ -122,7 +122,10 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
         out += [({"visible": True}, title),
                 ({"visible": True}, v.mask),
                 (heat_props, heat),
-                ({"visible": is_mi}, v.pivot if is_mi else None),
+                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)"}
+                                       if is_mi and v.selection.pmi is None else
+                                       {"label": "pivot word of each patch"} if is_mi else {})},
+                 v.pivot if is_mi else None),
                 ({"visible": bool(notes)}, notes),
                 ({"visible": True}, answer_md(answers["methods"].get(v.method), hint))]
     return out

@@ -67,3 +67,33 @@ def test_contract_and_the_model(prumerge):
     torch.testing.assert_close(sel.tokens.float(), updated[:-1][torch.argsort(idx)], atol=1e-4, rtol=1e-4)
     ans = mipruner.answer(ad, enc, sel, max_new_tokens=4, cache=cache)
     assert ans.visual_tokens == sel.budget
+
+
+def test_the_panel_draws_which_patch_went_into_which(prumerge):
+    """`Selection.merged_into` is checked by the contract and drawn in the method's panel (the
+    engine's merge map), while a method that merges nothing shows none."""
+    from PIL import Image
+
+    from components.panels import panel_fields
+    from mipruner.engine import Engine
+    from mipruner.pruners.selection import selection_failures
+
+    ad, _ = embedded_encoding()
+    engine = Engine(ad)
+    s = engine.new_session()
+    img = Image.open(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "assets" / "examples"
+                         / "scene_0.png")).convert("RGB")
+    key = engine.encode(s, img, "Is there a red circle?", methods=["prumerge", "random"])
+    merged, plain = engine.view(s, key, ["prumerge", "random"], 32)
+    sel = merged.selection
+    into = sel.merged_into
+    assert into is not None and (into >= 0).any() and torch.isin(into[into >= 0], sel.keep).all()
+    assert not torch.isin(sel.keep, torch.nonzero(into >= 0).flatten()).any()  # kept ones are targets only
+    assert selection_failures(sel, n=into.numel(), k=sel.budget) == []
+    assert merged.pivot is not None and merged.legend and merged.legend[0][0].startswith("token ")
+    assert plain.pivot is None
+    fields = panel_fields([merged, plain], into.numel(), None, "")
+    props, image = fields[3]
+    assert props["visible"] and "merged into" in props["label"] and image is merged.pivot
+    bad = mipruner.Selection(keep=sel.keep, order=sel.order, scores=sel.scores, merged_into=torch.full_like(into, into.numel()))
+    assert any("merged_into" in f for f in selection_failures(bad, n=into.numel(), k=sel.keep.numel()))

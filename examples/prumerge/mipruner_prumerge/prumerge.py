@@ -81,6 +81,20 @@ def merge_kept(scores: torch.Tensor, keys: torch.Tensor, x: torch.Tensor, kept: 
     return merged, extra, clusters
 
 
+def merged_into(scores: torch.Tensor, keys: torch.Tensor, kept: torch.Tensor, clusters: torch.Tensor) -> torch.Tensor:
+    """(N,) for the app's merge map: each dropped patch's kept patch, the one of the clusters holding
+    it whose key is most similar (a patch can join several clusters); -1 for patches in none."""
+    n = scores.numel()
+    unit = F.normalize(keys.float(), p=2, dim=-1)
+    member = torch.zeros(kept.numel(), n, dtype=torch.bool, device=kept.device)
+    member.scatter_(1, clusters, True)
+    sim = torch.where(member, unit.index_select(0, kept) @ unit.T, -float("inf"))  # (K, N)
+    best = sim.max(dim=0)
+    out = torch.where(torch.isfinite(best.values), kept[best.indices], torch.full_like(best.indices, -1))
+    out[kept] = -1  # kept patches are targets, not merged ones
+    return out
+
+
 @register_pruner("prumerge", stage="vision", needs=("attention", "keys"), params=(MEMBERS,), adaptive=True,
                  label="LLaVA-PruMerge (example plug-in)", score_label="[CLS] attention share")
 def prumerge(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *, attention: torch.Tensor | None = None,
@@ -98,5 +112,6 @@ def prumerge(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *, at
     rank = torch.argsort(order)  # the merged rows in `keep` order (ascending index)
     sel = Selection.from_order(order, scores, tokens=merged.index_select(0, rank).to(visual.dtype),
                                prefix=extra.to(visual.dtype) if extra_ok else None)
+    sel.merged_into = merged_into(scores, k, order, clusters)
     sel.extras.update(clusters=clusters, outliers=left)
     return sel
