@@ -82,7 +82,15 @@ class StageView:
         last = prefix.stages[-1] if prefix.stages else None
         self.merged = last.merge_rows.to(vis.device) if last is not None and last.merge_rows is not None \
             else vis[:0]
-        self.visual = torch.nonzero(torch.isin(vis, self.rows) & ~torch.isin(vis, self.merged)).flatten()
+        self.present = torch.isin(vis, self.rows) & ~torch.isin(vis, self.merged)  # (N_V,) bool, no host sync
+        self._visual = None
+
+    @property
+    def visual(self) -> torch.Tensor:
+        """(n,) indices into N_V of the original visual tokens present, ascending (`present`'s)."""
+        if self._visual is None:
+            self._visual = torch.nonzero(self.present).flatten()
+        return self._visual
 
     def columns(self, positions: torch.Tensor) -> torch.Tensor:
         """Where sequence `positions` sit among `rows` (they must be present)."""
@@ -177,9 +185,18 @@ class DecoderRun:
         self.text_positions = torch.nonzero(mask).flatten()
         self.text_after = torch.arange(int(vis.max()) + 1, prompt.length, device=vis.device)
         self.stages: list = []
+        self._checks: list = []  # (bool tensor, sentence): read once, at the end (one host sync per selection)
         self._prefix = None
         self._kv = None
         self._open: StageView | None = None
+
+    def _failure(self) -> str | None:
+        """The first failed check's sentence (one host read for all of them), or None."""
+        if not self._checks:
+            return None
+        ok = torch.stack([c for c, _ in self._checks]).cpu()
+        bad = [msg for (_, msg), good in zip(self._checks, ok.tolist()) if not good]
+        return bad[0] if bad else None
 
     def embeddings(self, positions: torch.Tensor) -> torch.Tensor:
         return self._prompt.embeds[0].index_select(0, positions.to(self._prompt.embeds.device))
@@ -214,17 +231,19 @@ class DecoderRun:
         vis = p.visual_positions
         dev = vis.device
         visual = torch.as_tensor(visual, device=dev).to(torch.long).flatten()
-        if visual.numel() and not bool(torch.isin(visual, view.visual).all()):
-            raise ValueError(f"stage at layer {view.layer}: keep names visual tokens that are not present")
+        where = f"stage at layer {view.layer}: "
+        inside = (visual >= 0) & (visual < self.n_visual)
+        self._checks.append((inside.all() & view.present[visual.clamp(0, self.n_visual - 1)].all(),
+                             where + "keep names visual tokens that are not present"))
         mask = torch.zeros(p.length, dtype=torch.bool, device=dev)
         mask[view.rows] = True
         mask[vis] = False  # text rows stay; visual rows only when kept
-        mask[vis[visual]] = True
+        mask[vis[visual.clamp(0, self.n_visual - 1)]] = True
         m = (None, None, None)
         if merge is not None and merge.rows.numel():
             m = tuple(t.to(dev).to(torch.long) for t in (merge.rows, merge.members, merge.of))
-            if bool(mask[m[0]].any()) or not bool(torch.isin(m[0], vis).all()):
-                raise ValueError(f"stage at layer {view.layer}: merged rows must be dropped visual rows")
+            self._checks.append((~mask[m[0]].any() & torch.isin(m[0], vis).all(),
+                                 where + "merged rows must be dropped visual rows"))
             mask[m[0]] = True
         stage = Stage(view.layer, torch.nonzero(mask).flatten(), *m, renumber=self._renumber)
         self._prefix = apply_stage(p, view._prefix, stage)
@@ -242,15 +261,28 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
         sel = cache[key]
         return dataclasses.replace(sel, extras=dict(sel.extras))
     run = DecoderRun(prompt, cache, positions)
-    sel = fn(run, k, **params)
+    try:
+        sel = fn(run, k, **params)
+    except Exception as e:
+        msg = run._failure()
+        if msg is not None:
+            raise ValueError(f"{name!r}: {msg}") from e
+        raise
     if run._open is not None or not run.stages:
         raise ValueError(f"{name!r}: every run.at needs a run.keep (and at least one stage)")
     last = run.stages[-1]
-    kept = torch.nonzero(torch.isin(prompt.visual_positions, last.rows)).flatten()
+    vis = prompt.visual_positions
+    kept = torch.isin(vis, last.rows)  # (N_V,) the visual tokens the last stage keeps
     if last.merge_rows is not None:
-        kept = kept[~torch.isin(prompt.visual_positions[kept], last.merge_rows.to(kept.device))]
-    if isinstance(sel, Selection) and not torch.equal(sel.keep.cpu(), kept.cpu()):
-        raise ValueError(f"{name!r}: the selection's keep is not the visual tokens its last stage keeps")
+        kept &= ~torch.isin(vis, last.merge_rows.to(vis.device))
+    if isinstance(sel, Selection):
+        shown = torch.zeros_like(kept)
+        shown[sel.keep.to(vis.device)] = True
+        run._checks.append(((shown == kept).all(),
+                            "the selection's keep is not the visual tokens its last stage keeps"))
+    msg = run._failure()
+    if msg is not None:
+        raise ValueError(f"{name!r}: {msg}")
     if isinstance(sel, Selection):
         sel.extras["stages"] = tuple(run.stages)
         sel.extras.setdefault("layer", last.layer)
