@@ -1,8 +1,9 @@
 """The example plug-ins PyramidDrop (in-LLM) and LLaVA-PruMerge (adaptive, merging) installed as a
 user would, outside the repository (`pip install --target`, offline), then found through their entry
 points: `python -m mipruner.check_pruner NAME` passes and `python -m mipruner.eval --methods NAME,mi`
-runs on the embedded model (PruMerge's eval rows show the K it chose, under the budget); and neither
-example imports a private mipruner module (their imports read from the source)."""
+runs on the embedded model (PruMerge's eval rows show the K it chose, under the budget); the app's
+/view (gradio_client) shows both panels next to MI's; and neither example imports a private mipruner
+module (their imports read from the source)."""
 from __future__ import annotations
 
 import ast
@@ -80,3 +81,49 @@ def test_examples_import_no_private_mipruner_module():
                     seen.append(name)
                     assert not any(part.startswith("_") for part in name.split(".")), (path, name)
     assert "mipruner.inllm.register_inllm" in seen and "mipruner.register_pruner" in seen
+
+
+@pytest.fixture(scope="module")
+def app(target, tmp_path_factory):
+    """app.py with both installed examples (entry points), on a free port."""
+    import time
+
+    from ..app.conftest import free_port
+
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("app") / "app.log", "w")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([str(ROOT), target]))
+    env.pop("MIPRUNER_PLUGINS", None)
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        from gradio_client import Client
+
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.close()
+                    raise AssertionError(open(log.name).read()) from None
+                time.sleep(1)
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_the_app_shows_both_next_to_mi(app):
+    from gradio_client import handle_file
+
+    image = ROOT / "assets" / "examples" / "scene_0.png"
+    status = app.predict(model="shapes-llava", model_path="", use="image", image=handle_file(str(image)), video=None,
+                         prompt="Is there a red circle?", api_name="/encode")[0]
+    assert "196 visual tokens" in status and "Plug-in" not in status
+    view = app.predict(methods=["prumerge", "pyramiddrop", "mi"], unit="tokens", budget=32, api_name="/view")[-2]
+    kept = {m["method"]: m["kept"] for m in view["methods"]}
+    assert kept["pyramiddrop"] == kept["mi"] == 32 and 1 <= kept["prumerge"] <= 32

@@ -74,7 +74,7 @@ def test_the_panel_draws_which_patch_went_into_which(prumerge):
     engine's merge map), while a method that merges nothing shows none."""
     from PIL import Image
 
-    from components.panels import panel_fields
+    from components.panels import method_notes, panel_fields
     from mipruner.engine import Engine
     from mipruner.pruners.selection import selection_failures
 
@@ -92,6 +92,7 @@ def test_the_panel_draws_which_patch_went_into_which(prumerge):
     assert selection_failures(sel, n=into.numel(), k=sel.budget) == []
     assert merged.pivot is not None and merged.legend and merged.legend[0][0].startswith("token ")
     assert plain.pivot is None
+    assert f"K = {sel.budget} chosen per input" in method_notes(sel) and method_notes(plain.selection) == ""
     fields = panel_fields([merged, plain], into.numel(), None, "")
     props, image = fields[3]
     assert props["visible"] and "merged into" in props["label"] and image is merged.pivot
