@@ -127,3 +127,23 @@ def test_the_app_shows_both_next_to_mi(app):
     view = app.predict(methods=["prumerge", "pyramiddrop", "mi"], unit="tokens", budget=32, api_name="/view")[-2]
     kept = {m["method"]: m["kept"] for m in view["methods"]}
     assert kept["pyramiddrop"] == kept["mi"] == 32 and 1 <= kept["prumerge"] <= 32
+
+
+def test_the_lmms_eval_model_answers_with_both(target):
+    """The lmms-eval model built with each installed example (`method=NAME`) answers through its one
+    path (`mipruner.lmms.answer.answer_encoded`), PruMerge at the K it chose."""
+    if not os.environ.get("MIPRUNER_REQUIRE_LMMS"):
+        pytest.importorskip("lmms_eval", reason="lmms-eval is installed by .ci/run (requirements-lmms.txt)")
+    image = ROOT / "assets" / "examples" / "scene_0.png"
+    code = ("from PIL import Image\n"
+            "from mipruner.lmms.model import MiPruner\n"
+            "from mipruner.lmms.answer import answer_encoded\n"
+            "for name in ('pyramiddrop', 'prumerge'):\n"
+            "    m = MiPruner(pretrained='shapes-llava', method=name, budget=24, device='cpu')\n"
+            f"    enc = m.adapter.encode(Image.open({str(image)!r}).convert('RGB'), 'Is there a red circle?', "
+            "need_attention=True)\n"
+            "    a = answer_encoded(m.adapter, enc, m.config, 4, {})\n"
+            "    print(name, m.config.method, 1 <= a.visual_tokens <= 24, bool(a.token_ids))\n")
+    r = run(target, "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-2:] == ["pyramiddrop pyramiddrop True True", "prumerge prumerge True True"]
