@@ -84,6 +84,8 @@ def method_notes(sel) -> str:
     notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
     if sel.extras.get("k_rule", "fixed") != "fixed":
         notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
+    elif "k_rule" not in sel.extras and sel.method and method_spec(sel.method).adaptive:
+        notes.append(f"K = {sel.budget} chosen per input (the budget caps it)")
     return "".join(f" · {n}" for n in notes)
 
 
@@ -126,7 +128,10 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
         out += [({"visible": True}, title),
                 ({"visible": True}, v.mask),
                 (heat_props, heat),
-                ({"visible": is_mi}, v.pivot if is_mi else None),
+                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)"}
+                                       if is_mi and v.selection.pmi is None else
+                                       {"label": "pivot word of each patch"} if is_mi else {})},
+                 v.pivot if is_mi else None),
                 ({"visible": bool(notes)}, notes),
                 ({"visible": True}, answer_md(answers["methods"].get(v.method), hint))]
     return out

@@ -87,7 +87,7 @@ class MethodView:
     mask: Image.Image | None
     heatmap: Image.Image | None  # PMI with `heat_token` for MI methods when given, else the method's scores
     heat_title: str
-    pivot: Image.Image | None = None  # MI methods only
+    pivot: Image.Image | None = None  # MI methods: pivot words; merging methods: `viz.merge_map`
     legend: list[tuple[str, str]] | None = None
     error: str | None = None  # one sentence when this method raised or broke the contract on this input
 
@@ -280,6 +280,8 @@ class Engine:
         pivot = legend = None  # maps that follow the scores alone are redrawn only when they change
         if sel.pmi is not None and sel.pivot is not None:
             pivot, legend = e.drawn(("pivot", spec.title), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=lay))
+        elif sel.merged_into is not None:  # a merging method: which dropped patch went into which kept one
+            pivot, legend = viz.merge_map(enc, sel, layout=lay)
         if heat_token is not None and sel.pmi is not None:
             heat = e.drawn(("pmi", spec.title, heat_token), sel.pmi[:, heat_token],
                            lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=lay))

@@ -17,7 +17,13 @@ tests/test_methods_contract.py):
   made without `device=` (run under `torch.set_default_device("meta")`, the result must not change);
 - every method through `mipruner.select` on a model's encoding (the embedded `shapes-llava` unless an
   adapter is given): budgets 1, 5, 0.25, keep-all, determinism with and without a cache, the meta
-  device, a budget above N_V and an unknown parameter refused.
+  device, a budget above N_V and an unknown parameter refused;
+- the answer where the method prunes (`answer_failures`): an in-LLM method keeping every token
+  answers as the unpruned model, and a pruned answer is the same one by one (with and without the
+  select cache) and through `answer_batch`; every method's answer counts its visual tokens (merged
+  rows and `prefix` included).
+Adaptive methods (`adaptive=True`, e.g. `mi_adaptive`) may keep between 1 and the budget: the
+checks take the K they chose and skip "keep-all keeps every token".
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import numpy as np
 import torch
 
 from .methods import select
-from .pruners._registry import ContractError, get_pruner, prune
+from .pruners._registry import ContractError, adaptive_k, get_pruner, prune
 from .pruners.selection import Selection, selection_failures
 
 N_V, D, N_T = 48, 16, 5
@@ -105,8 +111,9 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         sel = _try(f"with budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
         if sel is None:
             continue
-        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev)]
-        if isinstance(budget, float) and budget == 1.0 and not out and sel.keep.cpu().tolist() != list(range(N_V)):
+        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=adaptive_k(spec, sel, k), device=dev)]
+        if isinstance(budget, float) and budget == 1.0 and not out and not spec.adaptive \
+                and sel.keep.cpu().tolist() != list(range(N_V)):
             out.append("with budget 1.0 (keep all), it does not keep every token")
     if out:
         return out
@@ -116,7 +123,8 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         out.append("two runs with the same inputs and seed select different tokens, it must be deterministic")
     with meta_default():
         m = _try("under torch.set_default_device('meta')", out, lambda: prune(name, budget=7, **kw))
-    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=7, device=dev) or not _same(m, a)):
+    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=adaptive_k(spec, m, 7), device=dev)
+                                                            or not _same(m, a)):
         out.append("it creates a tensor without device=, so under torch.set_default_device('meta') its selection "
                    "changes or leaves the inputs' device")
     return out
@@ -129,7 +137,7 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
     kw = {**tensor_inputs(spec, device=device), **_fixed_seed(spec)}
     dev = kw["visual"].device
     sel = _try(f"with budget {N_V}", out, lambda: prune(name, budget=N_V, **kw))
-    if sel is not None and sel.keep.cpu().tolist() != list(range(N_V)):
+    if sel is not None and not spec.adaptive and sel.keep.cpu().tolist() != list(range(N_V)):
         out.append(f"with budget {N_V} (keep all, in tokens), it does not keep every token")
     sel = _try("with budget 7", out, lambda: prune(name, budget=7, **kw))
     if sel is not None:
@@ -138,8 +146,9 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
         if spec.is_mi and (sel.pmi is None or tuple(sel.pmi.shape) != (N_V, N_T) or sel.pivot is None
                            or tuple(sel.pivot.shape) != (N_V,) or not bool(torch.isfinite(sel.pmi).all())):
             out.append(f"an MI method returns pmi ({N_V}, {N_T}) finite and pivot ({N_V},)")
-        if sel.tokens is not None and tuple(sel.tokens.shape) != (7, D):
-            out.append(f"tokens must be (K, d) = (7, {D}), got {tuple(sel.tokens.shape)}")
+        rows = int(sel.keep.numel())  # one merged row per kept index; `prefix` rows are counted in K, not here
+        if sel.tokens is not None and tuple(sel.tokens.shape) != (rows, D):
+            out.append(f"tokens must be (kept, d) = ({rows}, {D}), got {tuple(sel.tokens.shape)}")
     for p in spec.params:
         for c in (p.choices if p.kind == "choice" else ()):
             s = _try(f"with {p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
@@ -173,7 +182,8 @@ def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int =
         a = _try(at, out, lambda b=budget, e=extra: prune(name, budget=b, **{**kw, **e}))
         if a is None:
             continue
-        k = a.budget if extra and isinstance(a, Selection) and 1 <= a.budget <= budget else budget  # adaptive K
+        k = a.budget if (extra or spec.adaptive) and isinstance(a, Selection) and 1 <= a.budget <= budget \
+            else budget  # adaptive K
         bad = selection_failures(a, n=n, k=k, device=dev)
         if not bad and not bool(torch.isfinite(a.scores).all()):
             bad.append("its scores are not all finite")
@@ -188,17 +198,19 @@ def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int =
 
 def select_failures(name: str, adapter, encoded) -> list[str]:
     """The contract through `mipruner.select` on one encoding (any stage; in-LLM methods included)."""
-    out, n = [], encoded.n_visual
+    spec, out, n = get_pruner(name), [], encoded.n_visual
     dev = encoded.visual.device
     for budget in (1, 5, 0.25):
         k = max(1, math.floor(budget * n + 0.5)) if isinstance(budget, float) else budget
         sel = _try(f"select with budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
         if sel is not None:
-            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=k)]
-            if sel.budget != k:
-                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}")
+            kk = adaptive_k(spec, sel, k)
+            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=kk)]
+            if sel.budget != kk:
+                out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}"
+                           + (" (an adaptive method keeps between 1 and the budget)" if spec.adaptive else ""))
     sel = _try(f"select with budget {n} (keep all)", out, lambda: select(adapter, encoded, name, n))
-    if sel is not None and sel.keep.cpu().tolist() != list(range(n)):
+    if sel is not None and not spec.adaptive and sel.keep.cpu().tolist() != list(range(n)):
         out.append(f"select with budget {n} (keep all) does not keep every token")
     a = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6))
     b = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6, cache={}))
@@ -219,6 +231,50 @@ def select_failures(name: str, adapter, encoded) -> list[str]:
             pass
         except Exception as e:
             out.append(f"select: {what} raised {type(e).__name__}, not {err.__name__}")
+    return out
+
+
+def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> list[str]:
+    """Where a method actually prunes, its answer: for an in-LLM method, keeping every token answers
+    as the unpruned model (not for an adaptive one: the budget is only its cap) and a pruned
+    selection answers the same one by one with and without the select cache and through
+    `answer_batch`; for any method, a pruned selection (merged rows, `prefix` included) answers
+    with as many visual tokens as reach the LLM."""
+    from .batch import answer_batch
+    from .methods import answer
+
+    spec, out, n = get_pruner(name), [], encoded.n_visual
+    ref = _try("the unpruned answer", out, lambda: answer(adapter, encoded, None, max_new_tokens=max_new_tokens))
+    if ref is None:
+        return out
+    if spec.stage == "llm" and not spec.adaptive:
+        c: dict = {}
+        sel = _try("select keeping every token", out, lambda: select(adapter, encoded, name, n, cache=c))
+        got = None if sel is None else _try("answer keeping every token", out, lambda: answer(
+            adapter, encoded, sel, max_new_tokens=max_new_tokens, cache=c))
+        if got is not None and got.token_ids != ref.token_ids:
+            out.append("answer: keeping every token does not give the unpruned answer "
+                       f"({got.token_ids} vs {ref.token_ids})")
+    c = {}
+    k = max(1, n // 4)
+    sel = _try(f"select with budget {k}", out, lambda: select(adapter, encoded, name, k, cache=c))
+    if sel is None:
+        return out
+    one = _try("answer", out, lambda: answer(adapter, encoded, sel, max_new_tokens=max_new_tokens, cache=c))
+    if one is None:
+        return out
+    if spec.stage == "llm":
+        again = _try("answer without the select cache", out,
+                     lambda: answer(adapter, encoded, sel, max_new_tokens=max_new_tokens))
+        batched = _try("answer_batch", out, lambda: answer_batch(adapter, encoded, [None, sel],
+                                                               max_new_tokens=max_new_tokens, cache=c)[1])
+        for what, other in (("without the select cache", again), ("through answer_batch", batched)):
+            if other is not None and other.token_ids != one.token_ids:
+                out.append(f"answer: {what} it answers {other.token_ids}, one by one {one.token_ids}")
+        if one.visual_tokens < sel.budget:
+            out.append(f"answer: {one.visual_tokens} visual tokens reach the LLM, fewer than the selection's {sel.budget}")
+    elif one.visual_tokens != sel.budget:
+        out.append(f"answer: {one.visual_tokens} visual tokens reach the LLM, not the selection's {sel.budget}")
     return out
 
 
@@ -253,8 +309,10 @@ def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "
         adapter, encoded = embedded_encoding(model or "shapes-llava", device)
     if encoded is not None:
         out += select_failures(name, adapter, encoded)
+        if adapter is not None:
+            out += answer_failures(name, adapter, encoded)
     return out
 
 
-__all__ = ["check_pruner", "embedded_encoding", "low_precision_failures", "meta_default", "quick_failures",
+__all__ = ["answer_failures", "check_pruner", "embedded_encoding", "low_precision_failures", "meta_default", "quick_failures",
            "select_failures", "spec_failures", "tensor_failures", "tensor_inputs"]

@@ -177,6 +177,35 @@ def pivot_map(encoded, selection, frame: int | None = None, *, layout: Layout | 
     return Image.fromarray(lay.crop(img, frame)), legend
 
 
+def merge_map(encoded, selection, frame: int | None = None, *, layout: Layout | None = None,
+              alpha: float = 0.6) -> tuple[Image.Image, list[tuple[str, str]]]:
+    """Which dropped patches a merging method put into which kept one (`Selection.merged_into`):
+    each kept patch that received some and the patches merged into it share one colour; the other
+    patches are left as they are. Returns (image, legend): ("token i <- n", "#rrggbb") per kept
+    patch, the most merged first."""
+    if getattr(selection, "merged_into", None) is None:
+        raise ValueError("merge_map needs a selection with merged_into (a merging method)")
+    lay = _layout(encoded, layout)
+    into = _numpy(selection.merged_into).astype(np.int64)  # (N_V,)
+    n = into.shape[0]
+    counts = np.bincount(into[into >= 0], minlength=n)
+    targets = [int(j) for j in np.argsort(-counts, kind="stable") if counts[j] > 0]
+    palette = pivot_palette(len(targets))
+    group = np.full(n, -1, dtype=np.int64)
+    group[targets] = np.arange(len(targets))
+    group[into >= 0] = group[into[into >= 0]]
+    colors = np.zeros((n, 3), dtype=np.uint8)
+    colors[group >= 0] = palette[group[group >= 0]]
+    weight = np.where(group >= 0, alpha, 0.0)
+    base = np.asarray(lay.base, dtype=np.float32)  # (H, W, 3) the strip as the model saw it
+    over = _gather(lay, colors.astype(np.float32), (0.0, 0.0, 0.0))
+    w = _gather(lay, weight.astype(np.float32), 0.0)[..., None]
+    img = (base * (1 - w) + over * w).round().clip(0, 255).astype(np.uint8)
+    legend = [(f"token {j} <- {int(counts[j])}", "#%02x%02x%02x" % tuple(int(c) for c in palette[i]))
+              for i, j in enumerate(targets)]
+    return Image.fromarray(lay.crop(img, frame)), legend
+
+
 @dataclass(frozen=True)
 class TokenCell:
     """One visual token for click-to-inspect: box in original coords (None if it has no area)."""

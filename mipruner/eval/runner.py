@@ -63,7 +63,8 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
                 rec = 1.0 if cover is not None and why is None else math.nan
             else:
                 rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-            records.append((m, b, s, item, None if out is None else out.text, rec, why))
+            records.append((m, b, s, item, None if out is None else out.text, rec,
+                            enc.n_visual if sel is None else sel.budget, why))
         if bar:
             bar.update(1)
     if bar:
@@ -95,19 +96,25 @@ def _mean(xs):
 
 
 def aggregate(records, task: str) -> list[dict]:
-    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n, failed, error}; seeds
-    averaged. A record may carry a 7th field, the sentence of its failure: failed records are counted in
-    `failed` (the first sentence in `error`) and left out of the scores."""
+    """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n, kept, failed, error}; seeds
+    averaged. A record may carry a 7th field, the visual tokens that reached the LLM (the budget, or the K
+    an adaptive method chose; `kept` is their mean), and an 8th, the sentence of its failure: failed
+    records are counted in `failed` (the first sentence in `error`) and left out of the scores."""
     groups, failed = defaultdict(list), defaultdict(list)
-    for m, b, s, item, pred, rec, *why in records:
-        if why and why[0]:
-            failed[(m, b)].append(why[0])
-        else:
-            groups[(m, b)].append((s, item, pred, rec))
+    kept = defaultdict(list)  # visual tokens that reached the LLM (an adaptive method's chosen K)
+    for m, b, s, item, pred, rec, *extra in records:
+        k, why = (list(extra) + [None, None])[:2]
+        if why:
+            failed[(m, b)].append(why)
+            continue
+        groups[(m, b)].append((s, item, pred, rec))
+        if k is not None:
+            kept[(m, b)].append(k)
     rows = []
     for (m, b) in [k for k in failed if k not in groups]:  # every record of (method, budget) failed
         rows.append(dict(method=m, budget=b, task=task, split="all", n=0, acc=math.nan, f1=math.nan,
-                         yes_rate=math.nan, query_recall=math.nan, failed=len(failed[(m, b)]), error=failed[(m, b)][0]))
+                         yes_rate=math.nan, query_recall=math.nan, kept=math.nan, failed=len(failed[(m, b)]),
+                         error=failed[(m, b)][0]))
     for (m, b), recs in groups.items():
         splits = sorted({it.split for _, it, _, _ in recs})
         per_split = []
@@ -118,14 +125,15 @@ def aggregate(records, task: str) -> list[dict]:
                     by_seed[s].append((it, pred, rec))
             seed_rows = [_score(v) for v in by_seed.values()]
             row = {k: _mean([r[k] for r in seed_rows]) for k in ("acc", "f1", "yes_rate", "query_recall")}
-            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"], failed=len(failed[(m, b)]),
+            row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"],
+                       kept=_mean(kept[(m, b)]) if kept[(m, b)] else math.nan, failed=len(failed[(m, b)]),
                        error=(failed[(m, b)] or [None])[0])
             per_split.append(row)
         rows += per_split
         if len(per_split) > 1:
             avg = average_splits(per_split, ("acc", "f1", "yes_rate", "query_recall"))
             avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split),
-                       failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0])
+                       kept=per_split[0]["kept"], failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0])
             rows.append(avg)
     return rows
 
@@ -146,8 +154,9 @@ def format_rows(rows: list[dict]) -> str:
     from mipruner.text_table import table
 
     fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
+    kept = lambda r: "-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}"  # noqa: E731
     body = [[r["method"], str(r["budget"]), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
-             fmt(r["query_recall"]), str(r["n"])] for r in rows]
-    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "n"])
+             fmt(r["query_recall"]), kept(r), str(r["n"])] for r in rows]
+    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "kept", "n"])
 
 

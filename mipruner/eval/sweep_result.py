@@ -33,7 +33,7 @@ def summarise(sweep, records: list[dict]) -> list[dict]:
         return []
     tuples = [(r["method"], "all" if r["value"] is None else r["value"], r["seed"],
                SimpleNamespace(split=r["split"], kind=r["kind"], answer=r["answer"]), r["prediction"],
-               math.nan if r["query_recall"] is None else r["query_recall"], r.get("error")) for r in records]
+               math.nan if r["query_recall"] is None else r["query_recall"], None, r.get("error")) for r in records]
     rows = []
     for row in aggregate(tuples, "sweep"):
         m, v, split = row["method"], row["budget"], row["split"]

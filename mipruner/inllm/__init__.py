@@ -14,14 +14,21 @@ one method registry (stage "llm"), so they are used like every other method:
 `layer` must lie in [1, number of decoder layers]; at K = number of layers no layer ever sees the
 pruned sequence, so the answer is the unpruned one (only fewer prompt rows get logits).
 
+Writing one: `register_inllm` with a function of a `DecoderRun` (`mipruner.inllm.api`, the public
+API: `run.at(layer)` -> `StageView` (attention of chosen query rows, hidden states, key norms),
+`run.keep(view, visual, merge=Merge(...))`); FastV, DART and SparseVLM are written on it.
+
 Supported families: LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; other
 adapters raise NotImplementedError.
 """
 from ._run import answer, generate, prefill_logits, prepare
+from .api import POSITIONS, QUERIES, DecoderRun, Merge, StageView, register_inllm
+from .api import prefill_logits as staged_prefill_logits
 
 # Importing a method module registers it (one line per method module).
 from . import fastv  # noqa: E402,F401
 from . import dart  # noqa: E402,F401
 from . import sparsevlm  # noqa: E402,F401
 
-__all__ = ["answer", "generate", "prefill_logits", "prepare"]
+__all__ = ["DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "answer", "generate", "prefill_logits",
+           "prepare", "register_inllm", "staged_prefill_logits"]

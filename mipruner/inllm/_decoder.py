@@ -32,7 +32,7 @@ and holds their KV; decoding runs each group against its own cache. One stage at
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -110,6 +110,11 @@ class Prefix:
     rows: torch.Tensor | None = None
     stages: tuple = ()
     probe: dict | None = None
+    memo: dict = field(default_factory=dict)  # per-prefix derived tensors (e.g. the normed hidden states)
+
+    @property
+    def renumbered(self) -> bool:
+        return bool(self.stages) and self.stages[-1].renumber
 
 
 @dataclass(frozen=True)
@@ -118,13 +123,15 @@ class Stage:
     of the rows present before. Merged tokens (optional): the hidden state entering `layer` at
     merge_rows (M,) (sequence indices among `rows`) becomes the mean of the hidden states entering
     `layer` at merge_members (P,) (rows present before), member p going to merge token merge_of[p]
-    (in [0, M)). Every row keeps its original position; a merged row keeps that of its slot."""
+    (in [0, M)). Every row keeps its original position (a merged row that of its slot), or, with
+    `renumber`, moves down by the number of rows dropped before it (`shifted_positions`)."""
 
     layer: int
     rows: torch.Tensor
     merge_rows: torch.Tensor | None = None
     merge_members: torch.Tensor | None = None
     merge_of: torch.Tensor | None = None
+    renumber: bool = False
 
 
 def _full_deepstack(prompt: Prompt):
@@ -138,14 +145,31 @@ def start(prompt: Prompt) -> Prefix:
     return Prefix(layer=0, hidden=h, position_embeddings=pe, kv=[])
 
 
-def _row_inputs(prompt: Prompt, rows: torch.Tensor | None, pe):
+def shifted_positions(prompt: Prompt, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rope positions, layer positions) of `rows` renumbered: each row's original position minus
+    the number of rows dropped before it (row j of the ascending `rows` sits at sequence index
+    rows[j], so rows[j] - j were dropped before it). 1-D positions 0..L-1 become 0..L'-1 (PyramidDrop's
+    `arange`); M-RoPE's components move together."""
+    shift = rows - torch.arange(rows.numel(), device=rows.device)
+    rope = prompt.rope_positions.index_select(-1, rows) - shift
+    layer = None if prompt.layer_positions is None else prompt.layer_positions.index_select(1, rows) - shift[None]
+    return rope, layer
+
+
+def _row_inputs(prompt: Prompt, rows: torch.Tensor | None, pe, renumber: bool = False):
     """(cos/sin, layer positions, deepstack rows, deepstack features) of the rows `rows` (None: all):
-    each row at its original position; deepstack features at the visual rows present (a merged
-    row receives those of its slot, as the model's own forward would there)."""
+    each row at its original position (or renumbered, `shifted_positions`, when a row was dropped);
+    deepstack features at the visual rows present (a merged row receives those of its slot, as the
+    model's own forward would there)."""
     if rows is None:
         ds_rows, ds = _full_deepstack(prompt)
         return pe, prompt.layer_positions, ds_rows, ds
-    layer_pos = None if prompt.layer_positions is None else prompt.layer_positions.index_select(1, rows)
+    if renumber and rows.numel() < prompt.length:
+        rope, layer_pos = shifted_positions(prompt, rows)
+        pe_rows = prompt.lm.rotary_emb(prompt.embeds, rope)
+    else:
+        layer_pos = None if prompt.layer_positions is None else prompt.layer_positions.index_select(1, rows)
+        pe_rows = gather_positions(pe, rows)
     ds_rows = ds = None
     if prompt.deepstack is not None:
         vis = prompt.visual_positions
@@ -154,7 +178,12 @@ def _row_inputs(prompt: Prompt, rows: torch.Tensor | None, pe):
         which = lookup.index_select(0, rows)  # visual index of each row, -1 for text
         ds_rows = torch.nonzero(which >= 0).flatten()  # where the visual rows sit among `rows`
         ds = [f.index_select(0, which.index_select(0, ds_rows)) for f in prompt.deepstack]
-    return gather_positions(pe, rows), layer_pos, ds_rows, ds
+    return pe_rows, layer_pos, ds_rows, ds
+
+
+def row_inputs(prompt: Prompt, prefix: "Prefix"):
+    """`_row_inputs` of the prefix's rows under its latest stage's position rule."""
+    return _row_inputs(prompt, prefix.rows, prefix.position_embeddings, prefix.renumbered)
 
 
 def advance(prompt: Prompt, prefix: Prefix, layer: int, *, cache=None, probe: torch.Tensor | None = None) -> Prefix:
@@ -169,7 +198,10 @@ def advance(prompt: Prompt, prefix: Prefix, layer: int, *, cache=None, probe: to
     """
     if probe is not None and cache is None:
         raise ValueError("probe needs a KV cache")
-    pe, layer_pos, ds_rows, ds = _row_inputs(prompt, prefix.rows, prefix.position_embeddings)
+    pe, layer_pos, ds_rows, ds = row_inputs(prompt, prefix)
+    every = isinstance(probe, str)
+    if every and probe != "all":
+        raise ValueError(f"probe must be row indices or 'all', got {probe!r}")
     seen: dict = {}
     handle = None
     if probe is not None:
@@ -181,6 +213,9 @@ def advance(prompt: Prompt, prefix: Prefix, layer: int, *, cache=None, probe: to
                 return
             x = args[0] if args else kwargs["hidden_states"]
             cos, sin = kwargs["position_embeddings"]
+            if every:  # every row: the reader index_selects its queries later (the same values)
+                seen["query_input"], seen["cos_sin"] = x, (cos, sin)
+                return
             seen["query_input"] = x.index_select(1, probe)  # after the layer's input norm
             seen["cos_sin"] = (cos.index_select(-2, probe), sin.index_select(-2, probe))
 
@@ -199,7 +234,7 @@ def advance(prompt: Prompt, prefix: Prefix, layer: int, *, cache=None, probe: to
     if probe is not None:
         window = getattr(prompt.lm.config, "sliding_window", None) \
             if layer_kind(prompt.lm.config, layer - 1) == "sliding_attention" else None
-        out.probe = dict(seen, keys=cache.layers[layer - 1].keys, query_index=probe, window=window)
+        out.probe = dict(seen, keys=cache.layers[layer - 1].keys, query_index=None if every else probe, window=window)
     return out
 
 
@@ -271,7 +306,7 @@ def continue_prefix(prompt: Prompt, prefix: Prefix, rows: torch.Tensor | None, k
     """
     if rows is not None:
         prefix = apply_stage(prompt, prefix, Stage(prefix.layer, rows))
-    pe, layer_pos, ds_rows, ds = _row_inputs(prompt, prefix.rows, prefix.position_embeddings)
+    pe, layer_pos, ds_rows, ds = row_inputs(prompt, prefix)
     return run_layers(prompt, prefix.hidden, range(prefix.layer, prompt.n_layers), pe, layer_pos, cache, ds_rows, ds)
 
 
@@ -303,9 +338,13 @@ def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, kee
     h = continue_prefix(prompt, prefix, None, None, cache)
     logits = logits_of(prompt, h, last_only=True)[0, -1]
     eos = list(prompt.eos)
-    # layer groups between stages: each group's masks are sized against its own cache length
+    # layer groups between stages: each group's masks are sized against its own cache length; a
+    # renumbering stage's group decodes at the unpruned position minus the rows it dropped
     bounds = sorted({0, prompt.n_layers, *(st.layer for st in prefix.stages)})
     groups = [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    by_layer = {st.layer: st for st in prefix.stages}
+    shifts = [prompt.length - int(by_layer[g.start].rows.numel())
+              if g.start in by_layer and by_layer[g.start].renumber else 0 for g in groups]
 
     def pick(step: int, logits: torch.Tensor) -> int:
         if step < min_new_tokens and eos:
@@ -322,9 +361,12 @@ def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, kee
         if token in prompt.eos:  # `pick` never returns EOS before min_new_tokens
             break
         x = embed(torch.tensor([[token]], device=device))  # (1, 1, d)
-        rope, layer_pos = prompt.step_positions(prompt.next_position + step - 1)
-        pe = prompt.lm.rotary_emb(x, rope)
-        for group in groups:
+        inputs: dict[int, tuple] = {}
+        for group, shift in zip(groups, shifts):
+            if shift not in inputs:
+                rope, layer_pos = prompt.step_positions(prompt.next_position + step - 1 - shift)
+                inputs[shift] = (prompt.lm.rotary_emb(x, rope), layer_pos)
+            pe, layer_pos = inputs[shift]
             x = run_layers(prompt, x, group, pe, layer_pos, cache)
         token = pick(step, logits_of(prompt, x, last_only=True)[0, -1])
         out.append(token)

@@ -43,15 +43,16 @@ def _layer(prompt, layer) -> int:
 
 
 def _prefix(prompt, layer: int, cache: dict | None):
-    """Layers 0..K-1 on the full prompt with a KV cache and the FastV/DART signals; cached."""
+    """Layers 0..K-1 on the full prompt with a KV cache and every row's attention input at layer
+    K-1 (what a `StageView` reads); cached per (encoding, K), shared by every in-LLM method."""
     from transformers import DynamicCache
 
-    from ._decoder import run_prefix
+    from ._decoder import advance, start
 
-    key = ("prefix", layer)
+    key = ("walk", layer)
     if cache is not None and key in cache:
         return cache[key]
-    prefix = run_prefix(prompt, layer, cache=DynamicCache(config=prompt.lm.config), capture=True)
+    prefix = advance(prompt, start(prompt), layer, cache=DynamicCache(config=prompt.lm.config), probe="all")
     if cache is not None:
         cache[key] = prefix
     return prefix
@@ -68,9 +69,50 @@ def prepare(adapter, encoded: Encoded, budget, layer, cache: dict | None):
 
 def answer(adapter, encoded: Encoded, selection: Selection, *, max_new_tokens: int = 64,
            cache: dict | None = None, min_new_tokens: int = 0) -> Answer:
-    """The answer on an in-LLM method's selection, pruned at the layer it selected at."""
-    return generate(adapter, encoded, selection, layer=selection.extras["layer"], max_new_tokens=max_new_tokens,
+    """The answer on an in-LLM method's selection: its stages (`extras["stages"]`) replayed, or
+    pruned at `extras["layer"]` when it has none."""
+    return generate(adapter, encoded, selection, layer=selection.extras.get("layer"), max_new_tokens=max_new_tokens,
                     cache=cache, min_new_tokens=min_new_tokens)
+
+
+def _same_stages(a, b) -> bool:
+    def same(x, y):
+        return (x is None) == (y is None) and (x is None or torch.equal(x, y.to(x.device)))
+
+    return len(a) == len(b) and all(
+        s.layer == t.layer and s.renumber == t.renumber and same(s.rows, t.rows) and same(s.merge_rows, t.merge_rows)
+        and same(s.merge_members, t.merge_members) and same(s.merge_of, t.merge_of) for s, t in zip(a, b))
+
+
+def staged_prefix(prompt, stages, cache: dict | None):
+    """(prefix after the last stage, KV cache holding the layers before it) for `stages`: the latest
+    selection's (in `cache`) when they are its stages; the shared first layers of a one-stage
+    schedule; else the stages replayed from the prompt."""
+    from transformers import DynamicCache
+
+    from ._decoder import apply_stage, prefill_cache, run_staged
+
+    hit = None if cache is None else cache.get("_staged_last")
+    if hit is not None and _same_stages(hit[0], stages):
+        return hit[1], prefill_cache(prompt, hit[1])
+    first = None if cache is None or len(stages) != 1 else cache.get(("walk", stages[0].layer))
+    if first is not None:
+        return apply_stage(prompt, first, stages[0]), prefill_cache(prompt, first)
+    kv = DynamicCache(config=prompt.lm.config)
+    return run_staged(prompt, stages, cache=kv), kv
+
+
+@torch.no_grad()
+def staged_prefill_logits(adapter, encoded: Encoded, selection: Selection) -> torch.Tensor:
+    """Logits (L', vocab), float32 on the CPU, of one forward pruned as `selection`'s stages say."""
+    from ._decoder import continue_prefix, logits_of, run_staged
+
+    stages = selection.extras.get("stages")
+    if not stages:
+        raise ValueError("not a staged in-LLM selection (its extras lack the stages)")
+    prompt = _get_prompt(adapter, encoded, None)
+    prefix = run_staged(prompt, stages)
+    return logits_of(prompt, continue_prefix(prompt, prefix, None))[0].float().cpu()
 
 
 def _keep(encoded: Encoded, keep):
@@ -145,7 +187,7 @@ def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, 
 
 
 @torch.no_grad()
-def generate(adapter, encoded: Encoded, keep, *, layer: int, max_new_tokens: int = 64,
+def generate(adapter, encoded: Encoded, keep, *, layer: int | None, max_new_tokens: int = 64,
              cache: dict | None = None, min_new_tokens: int = 0) -> Answer:
     """Greedy answer with the visual tokens pruned at layer K (KV cache: full below K, kept above).
 
@@ -154,8 +196,18 @@ def generate(adapter, encoded: Encoded, keep, *, layer: int, max_new_tokens: int
     them from `select`); decode_s: the rest. cache: the dict given to `select` for this encoding
     (optional): its layers 0..K-1 are reused, as FastV computes them once. min_new_tokens: EOS is
     masked before that many tokens (fixed-length benchmarks). keep=None (or every index) gives
-    the same tokens as `adapter.generate(encoded)`.
+    the same tokens as `adapter.generate(encoded)`. A staged selection (`extras["stages"]`, every
+    method of `mipruner.inllm.register_inllm`) is pruned as its stages say (`layer` is not read).
     """
+    stages = keep.extras.get("stages") if isinstance(keep, Selection) else None
+    if stages:
+        def run_stages(prompt) -> Started:
+            prefix, kv = staged_prefix(prompt, stages, cache)
+            n_rows = int(prefix.rows.numel())
+            return Started(prefix, kv, None, None, n_rows, n_rows - (prompt.length - encoded.n_visual))
+
+        return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_stages)
+
     def run_layers(prompt) -> Started:
         from transformers import DynamicCache
 
@@ -184,4 +236,4 @@ def _sync_fn(adapter):
     return lambda: None
 
 
-__all__ = ["answer", "generate", "prefill_logits", "prepare", "timed_greedy", "Started"]
+__all__ = ["answer", "generate", "prefill_logits", "prepare", "staged_prefill_logits", "timed_greedy", "Started"]

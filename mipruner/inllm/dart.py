@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import torch
 
-from ..pruners._registry import Param, register_pruner
+from ..pruners._registry import Param
 from ..pruners.selection import Selection, unit_rows
-from ._run import answer, prepare
+from .api import DecoderRun, register_inllm
 from .fastv import LAYER
 
 COUNT_RULES = ("budget", "original")
@@ -181,22 +181,7 @@ def dart_rank(key_l1_image: torch.Tensor, key_l1_text: torch.Tensor, hidden_imag
     return sel
 
 
-def _dart_hidden(prompt, prefix, cache: dict | None) -> dict:
-    """Normed (final norm) hidden states entering layer K: image rows and text-candidate rows."""
-    key = ("dart_hidden", prefix.layer)
-    if cache is not None and key in cache:
-        return cache[key]
-    vis = prompt.visual_positions
-    after = torch.arange(int(vis.max()) + 1, prompt.length, device=vis.device)  # tokens after the last image token
-    normed = prompt.lm.norm(prefix.hidden)[0]  # (L, d)
-    out = {"image": normed[vis].float(), "text": normed[after].float(), "text_positions": after}
-    if cache is not None:
-        cache[key] = out
-    return out
-
-
-@register_pruner("dart", stage="llm", needs=("adapter",), label="DART", answer=answer,
-                 score_label="-cosine to its pivot", params=(
+@register_inllm("dart", label="DART", score_label="-cosine to its pivot", params=(
     LAYER,
     Param.integer("image_pivots", 4, 0, None, "image pivot tokens, by L1 norm of layer K-1 keys (DART: 4)"),
     Param.integer("text_pivots", 4, 0, None, "text pivot tokens, from the tokens after the last image token "
@@ -205,17 +190,18 @@ def _dart_hidden(prompt, prefix, cache: dict | None) -> dict:
                  "code's image_pivots + (image_pivots + text_pivots) * floor(K / (image_pivots + text_pivots))",
                  code="dc")))
 @torch.no_grad()
-def dart(adapter, encoded, budget, *, cache: dict | None = None, layer: int = 2, image_pivots: int = 4,
-         text_pivots: int = 4, count_rule: str = "budget") -> Selection:
+def dart(run: DecoderRun, budget: int, *, layer: int = 2, image_pivots: int = 4, text_pivots: int = 4,
+         count_rule: str = "budget") -> Selection:
     """DART: pivot tokens by key norm, then the image tokens least similar to each pivot."""
     if image_pivots + text_pivots < 1:
         raise ValueError("image_pivots + text_pivots must be >= 1, got 0")
-    prompt, layer, k, prefix = prepare(adapter, encoded, budget, layer, cache)
-    vis = prompt.visual_positions
-    hidden = _dart_hidden(prompt, prefix, cache)
-    after = hidden["text_positions"]
-    sel = dart_rank(prefix.key_l1[vis], prefix.key_l1[after], hidden["image"], hidden["text"], k, image_pivots,
-                    text_pivots, image_positions=vis, text_positions=after, count_rule=count_rule)
+    view = run.at(layer)  # one stage at K, on the public in-LLM API (`mipruner.inllm.api`)
+    vis, after = run.visual_positions, run.text_after  # the text candidates: tokens after the last image token
+    key_l1 = view.key_norms()  # (L,) layer K-1 keys
+    image, text = (view.hidden(rows, normed=True).float() for rows in (vis, after))  # entering layer K, final norm
+    sel = dart_rank(key_l1[vis], key_l1[after], image, text, budget, image_pivots, text_pivots,
+                    image_positions=vis, text_positions=after, count_rule=count_rule)
+    run.keep(view, sel.keep)
     sel.extras["pivots_text_positions"] = after[sel.extras["pivots_text"].to(vis.device)].cpu()
-    sel.extras.update(image_pivots=image_pivots, text_pivots=text_pivots, layer=layer, count_rule=count_rule)
+    sel.extras.update(image_pivots=image_pivots, text_pivots=text_pivots, layer=view.layer, count_rule=count_rule)
     return sel

@@ -14,7 +14,7 @@ the top-k. Deliberate deviations, and why:
     layer K on; we remove them from layer K on, keeping every token's position. The outputs of the
     kept tokens are the same (tested against the model's own forward with that mask, to 1e-5), and
     the pruned run is actually cheaper.
-  * The release needs eager attention to read the row; we recompute the one row (`_probe.last_token_attention`), so the
+  * The release needs eager attention to read the row; we recompute the one row (`StageView.attention("last")`), so the
     model keeps SDPA. K = 0 (random tokens in the release) is not offered: K >= 1.
   * Ties to the lower index (stable sort); the release's topk leaves them to the kernel.
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from ..pruners._registry import Param, register_pruner
+from ..pruners._registry import Param
 from ..pruners.selection import Selection
-from ._run import answer, prepare
+from .api import DecoderRun, register_inllm
 
 # The decoder layer where an in-LLM method prunes; shared by FastV and DART (one control in the app).
 LAYER = Param.integer("layer", 2, 1, None, "decoder layer K where the method prunes (FastV and DART papers: 2)",
@@ -45,12 +45,13 @@ def fastv_rank(attention: torch.Tensor, budget: int) -> Selection:
     return Selection.from_order(order, scores)
 
 
-@register_pruner("fastv", stage="llm", needs=("adapter",), params=(LAYER,), label="FastV", answer=answer,
-                 score_label="attention share (layer K)")
+@register_inllm("fastv", label="FastV", params=(LAYER,), score_label="attention share (layer K)")
 @torch.no_grad()
-def fastv(adapter, encoded, budget, *, cache: dict | None = None, layer: int = 2) -> Selection:
+def fastv(run: DecoderRun, budget: int, *, layer: int = 2) -> Selection:
     """FastV: the image tokens the last prompt token attends to most at layer K-1."""
-    prompt, layer, k, prefix = prepare(adapter, encoded, budget, layer, cache)
-    sel = fastv_rank(prefix.last_attention[prompt.visual_positions], k)
-    sel.extras["layer"] = layer
+    view = run.at(layer)  # one stage at K, on the public in-LLM API (`mipruner.inllm.api`)
+    row = view.attention("last")[0]  # (L,) the last prompt token's head-mean attention at layer K-1
+    sel = fastv_rank(row[view.columns(run.visual_positions)], budget)
+    run.keep(view, sel.keep)
+    sel.extras["layer"] = view.layer
     return sel

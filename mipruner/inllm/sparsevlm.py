@@ -47,21 +47,19 @@ Ours, with every deliberate deviation:
 """
 from __future__ import annotations
 
-import dataclasses
-import sys
 from typing import NamedTuple
 
 import torch
 
 from ..models.base import Answer
-from ..pruners._registry import Param, register_pruner
-from ..pruners.selection import Selection, resolve_budget
-from ._decoder import Stage, advance, apply_stage, continue_prefix, logits_of, prefill_cache, run_staged, start
-from ._run import Started, _get_prompt, timed_greedy
+from ..pruners._registry import Param
+from ..pruners.selection import Selection
+from ._decoder import Stage
+from ._probe import rater_attention  # noqa: F401  (the raters' attention, read through StageView.attention)
+from ._run import answer as _staged_answer
 from ._sparsevlm_schedule import (RELEASED_COUNTS, RELEASED_DEPTH, RELEASED_LAYERS, RELEASED_TOKENS,  # noqa: F401
                                   equivalent_tokens, planned_tokens, recycle_counts, schedule)
-
-_LAST = "sparsevlm_prefix"  # the latest selection's staged prefix (one, so budgets do not pile up KV)
+from .api import DecoderRun, Merge, prefill_logits as _staged_logits, register_inllm
 
 
 def text_raters(visual: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
@@ -120,60 +118,6 @@ def dpc_knn(x: torch.Tensor, n_clusters: int) -> tuple[torch.Tensor, torch.Tenso
     return centres, assign
 
 
-def rater_attention(attn, query_input: torch.Tensor, cos_sin, keys: torch.Tensor, query_index: torch.Tensor,
-                    window: int | None = None) -> torch.Tensor:
-    """Head-mean attention probabilities (R, L) float32 of R queries over the L cached keys.
-
-    query_input (1, R, d): the layer's attention input at those rows; cos_sin: their rotary cos/sin;
-    keys (1, KV, L, d_head); query_index (R,): each query's place among the keys (causal mask);
-    window: the layer's sliding window or None.
-    """
-    rope = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
-    if rope is None:
-        raise NotImplementedError(f"{type(attn).__name__}: no apply_rotary_pos_emb in its module")
-    d_head, r = keys.shape[-1], query_input.shape[1]
-    q = attn.q_proj(query_input).view(1, r, -1, d_head)
-    if getattr(attn, "q_norm", None) is not None:
-        q = attn.q_norm(q)
-    q, _ = rope(q.transpose(1, 2), q.transpose(1, 2), *cos_sin)  # (1, H, R, d_head)
-    n_kv, n_keys = keys.shape[1], keys.shape[2]
-    q = q[0].float().view(n_kv, -1, r, d_head)  # grouped-query attention: head h reads KV head h // G
-    logits = q @ keys[0].float().transpose(1, 2)[:, None] * float(attn.scaling)  # (KV, G, R, L)
-    j = torch.arange(n_keys, device=keys.device)[None, :]
-    qi = query_index.to(keys.device)[:, None]
-    hidden = j > qi
-    if window is not None:
-        hidden = hidden | (j <= qi - window)
-    return logits.masked_fill(hidden, -float("inf")).softmax(dim=-1).mean(dim=(0, 1))
-
-
-def _attention(prompt, prefix) -> torch.Tensor:
-    p = prefix.probe
-    attn = prompt.lm.layers[prefix.layer - 1].self_attn
-    return rater_attention(attn, p["query_input"], p["cos_sin"], p["keys"], p["query_index"], p["window"])
-
-
-def _first(prompt, layer: int, cache: dict | None):
-    """(prefix at the first stage's layer with its KV, raters' attention there, rater rows): the same
-    for every budget, so cached per (encoding, layer)."""
-    from transformers import DynamicCache
-
-    key = ("sparsevlm_first", layer)
-    if cache is not None and key in cache:
-        return cache[key]
-    vis = prompt.visual_positions
-    after = torch.arange(int(vis.max()) + 1, prompt.length, device=vis.device)
-    if after.numel() == 0:
-        raise ValueError("SparseVLM rates the visual tokens with the prompt tokens after them: there are none")
-    raters = after[text_raters(prompt.embeds[0, vis], prompt.embeds[0, after])]
-    prefix = advance(prompt, start(prompt), layer, cache=DynamicCache(config=prompt.lm.config), probe=raters)
-    out = (prefix, _attention(prompt, prefix), raters)
-    prefix.probe = None
-    if cache is not None:
-        cache[key] = out
-    return out
-
-
 def _rows(prompt, alive: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """Ascending sequence rows present: text, the alive visual tokens, the slots (visual indices)
     of the merged tokens present."""
@@ -185,12 +129,14 @@ def _rows(prompt, alive: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask).flatten()
 
 
-def _select(prompt, k: int, ratio: float, cache: dict | None):
-    vis = prompt.visual_positions
-    dev, n_v = vis.device, int(vis.numel())
-    layers, counts = schedule(k, n_v, prompt.n_layers)
-    prefix, att, raters = _first(prompt, layers[0], cache)
-    kv = prefill_cache(prompt, prefix)
+def _select(run: DecoderRun, k: int, ratio: float) -> Selection:
+    vis = run.visual_positions
+    dev, n_v = vis.device, run.n_visual
+    layers, counts = schedule(k, n_v, run.n_layers)
+    after = run.text_after
+    if after.numel() == 0:
+        raise ValueError("SparseVLM rates the visual tokens with the prompt tokens after them: there are none")
+    raters = after[text_raters(run.embeddings(vis), run.embeddings(after))]
     alive = torch.ones(n_v, dtype=torch.bool, device=dev)
     survived = torch.zeros(n_v, dtype=torch.long, device=dev)
     stage_scores = torch.full((len(layers), n_v), float("nan"), device=dev)
@@ -198,13 +144,12 @@ def _select(prompt, k: int, ratio: float, cache: dict | None):
     slots, m_stage, parent = (torch.zeros(0, dtype=torch.long, device=dev) for _ in range(3))
     live = slots  # the merged tokens present (those of the previous stage), indices into `slots`
     for s, (layer, count) in enumerate(zip(layers, counts)):
-        if s:
-            prefix = advance(prompt, prefix, layer, cache=kv, probe=torch.searchsorted(prefix.rows, raters))
-            att = _attention(prompt, prefix)
+        view = run.at(layer)  # the public in-LLM API (`mipruner.inllm.api`)
+        att = view.attention(raters)  # (R, L_cur) the raters' head-mean attention at layer - 1
         cand = torch.nonzero(alive).flatten()  # original tokens present, ascending
         which = torch.cat([cand, slots[live]])  # visual index of every visual row present
         seq = vis[which]
-        cols = seq if prefix.rows is None else torch.searchsorted(prefix.rows, seq)
+        cols = view.columns(seq)
         is_m = torch.arange(which.numel(), device=dev) >= cand.numel()
         pick = rank_stage(att, cols, is_m, count, ratio)
         stage_scores[s, cand] = pick.scores[: cand.numel()]
@@ -212,10 +157,10 @@ def _select(prompt, k: int, ratio: float, cache: dict | None):
         survived[order] += 1
         alive[cand] = False
         alive[order] = True
-        merge, new = (None, None, None), slots[:0]
+        merge, new = None, slots[:0]
         if pick.recycled.numel():
             rec = pick.recycled
-            centres, assign = dpc_knn(prefix.hidden[0].index_select(0, cols[rec]), pick.n_clusters)
+            centres, assign = dpc_knn(view.hidden(seq[rec]), pick.n_clusters)
             base = slots.numel()
             o = rec < cand.numel()
             merged_into[which[rec[o]]] = assign[o] + base
@@ -225,21 +170,21 @@ def _select(prompt, k: int, ratio: float, cache: dict | None):
             m_stage = torch.cat([m_stage, torch.full_like(new, s)])
             parent = torch.cat([parent, torch.full_like(new, -1)])
             live = torch.arange(base, slots.numel(), device=dev)
-            merge = (vis[new], seq[rec], assign)
+            merge = Merge(vis[new], seq[rec], assign)
         else:
             live = slots[:0]
-        prefix = apply_stage(prompt, prefix, Stage(layer, _rows(prompt, alive, new), *merge))
+        run.keep(view, torch.nonzero(alive).flatten(), merge=merge)
     last = survived.clamp(max=len(layers) - 1)  # the last stage that ranked each token
     scores = survived.float() + stage_scores.gather(0, last[None])[0]
     per_stage = torch.bincount(m_stage, minlength=len(layers)).tolist()
-    after = [c + m for c, m in zip(counts, per_stage)]
+    after_stage = [c + m for c, m in zip(counts, per_stage)]
     sel = Selection.from_order(order, scores)
     sel.extras.update(
         layer=layers[-1], layers=torch.tensor(layers), counts=torch.tensor(counts), survived=survived.cpu(),
         stage_scores=stage_scores.cpu(), raters=raters.cpu(), merged_slot=slots.cpu(), merged_stage=m_stage.cpu(),
         merged_into=merged_into.cpu(), merged_parent=parent.cpu(), recycle_ratio=ratio, n_merged=per_stage[-1],
-        equivalent_tokens=equivalent_tokens(layers, after, n_v, prompt.n_layers))
-    return sel, prefix
+        equivalent_tokens=equivalent_tokens(layers, after_stage, n_v, run.n_layers))
+    return sel
 
 
 def stages_of(prompt, selection: Selection) -> list[Stage]:
@@ -263,36 +208,28 @@ def stages_of(prompt, selection: Selection) -> list[Stage]:
     return stages
 
 
+def _check(selection: Selection) -> None:
+    if "merged_parent" not in selection.extras:
+        raise ValueError("not a SparseVLM selection (its extras lack the stages): select with 'sparsevlm'")
+
+
 @torch.no_grad()
 def answer(adapter, encoded, selection: Selection, *, max_new_tokens: int = 64, cache: dict | None = None,
            min_new_tokens: int = 0) -> Answer:
     """Greedy answer on a SparseVLM selection: its stages replayed (or the prefix `select` left in
     `cache` reused), then the remaining layers and decoding. input_tokens: the prompt rows after the
     last stage; visual_tokens: K + the last stage's merged tokens. Timings as `inllm.generate`."""
-    def run_layers(prompt) -> Started:
-        from transformers import DynamicCache
-
-        hit = None if cache is None else cache.get(_LAST)
-        if hit is not None and hit[0] == (selection.budget, selection.extras.get("recycle_ratio")) \
-                and torch.equal(hit[1], selection.keep):
-            prefix = hit[2]
-            kv = prefill_cache(prompt, prefix)
-        else:
-            kv = DynamicCache(config=prompt.lm.config)
-            prefix = run_staged(prompt, stages_of(prompt, selection), cache=kv)
-        n_vis = selection.budget + selection.extras["n_merged"]
-        return Started(prefix, kv, None, None, int(prefix.rows.numel()), n_vis)
-
-    return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_layers)
+    _check(selection)
+    return _staged_answer(adapter, encoded, selection, max_new_tokens=max_new_tokens, cache=cache,
+                          min_new_tokens=min_new_tokens)
 
 
 @torch.no_grad()
 def prefill_logits(adapter, encoded, selection: Selection) -> torch.Tensor:
     """Logits (L', vocab), float32 on the CPU, of one forward pruned as `selection` says: one row
     per prompt row left after the last stage (text, kept and merged visual rows), in prompt order."""
-    prompt = _get_prompt(adapter, encoded, None)
-    prefix = run_staged(prompt, stages_of(prompt, selection))
-    return logits_of(prompt, continue_prefix(prompt, prefix, None))[0].float().cpu()
+    _check(selection)
+    return _staged_logits(adapter, encoded, selection)
 
 
 RECYCLE = Param.real("recycle_ratio", 0.3, 0.0, 1.0, "share of each stage's dropped (and last merged) tokens "
@@ -300,18 +237,8 @@ RECYCLE = Param.real("recycle_ratio", 0.3, 0.0, 1.0, "share of each stage's drop
                      code="rec", step=0.05)
 
 
-@register_pruner("sparsevlm", stage="llm", needs=("adapter",), params=(RECYCLE,), label="SparseVLM", answer=answer)
+@register_inllm("sparsevlm", params=(RECYCLE,), label="SparseVLM")
 @torch.no_grad()
-def sparsevlm(adapter, encoded, budget, *, cache: dict | None = None, recycle_ratio: float = 0.3) -> Selection:
+def sparsevlm(run: DecoderRun, budget: int, *, recycle_ratio: float = 0.3) -> Selection:
     """SparseVLM: text raters rank the visual tokens at three layers; dropped ones partly merged."""
-    prompt = _get_prompt(adapter, encoded, cache)
-    k = resolve_budget(budget, encoded.n_visual)
-    key = ("sparsevlm", k, float(recycle_ratio))
-    if cache is not None and key in cache:
-        sel = cache[key]
-    else:
-        sel, prefix = _select(prompt, k, float(recycle_ratio), cache)
-        if cache is not None:
-            cache[key] = sel
-            cache[_LAST] = ((k, float(recycle_ratio)), sel.keep, prefix)
-    return dataclasses.replace(sel, extras=dict(sel.extras))
+    return _select(run, budget, float(recycle_ratio))

@@ -141,6 +141,7 @@ class PrunerSpec:
     answer: Callable | None = field(default=None, compare=False)  # stage "llm": answers on its selection
     score_label: str | None = "score"  # Selection.scores as "quantity (unit)"; None: meaningless
     origin: str = ""  # the plug-in that registered it (`mipruner.plugins`); "" for the built-ins
+    adaptive: bool = False  # chooses K per input, the budget as its cap: it may keep fewer (at least 1)
 
     @property
     def needs_text(self) -> bool:
@@ -176,13 +177,15 @@ class PrunerSpec:
 
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
-                    answer: Callable | None = None, score_label: str | None = "score"):
+                    answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
     stage "llm": `fn(adapter, encoded, budget, *, cache, <params>)` and `answer(adapter, encoded,
     selection, *, max_new_tokens, cache, ...)` runs the LLM on its selection. Every keyword of
     `fn` beyond those is a declared `Param` whose default equals the signature's (checked here).
+    adaptive: the method chooses K per input with the budget as its cap (it keeps between 1 and K);
+    the run-time contract, the checker and every front end accept that and show the K chosen.
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -217,7 +220,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
                                          "one name, one definition")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         _REGISTRY[name] = PrunerSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
-                                     doc[0] if doc else "", is_mi, answer, score_label=score_label)
+                                     doc[0] if doc else "", is_mi, answer, score_label=score_label,
+                                     adaptive=adaptive)
         return fn
 
     return deco
@@ -302,8 +306,17 @@ class ContractError(ValueError):
         self.failure = failure
 
 
+def adaptive_k(spec: "PrunerSpec", sel: Any, k: int) -> int:
+    """The K a selection is checked against: the budget, or for an adaptive method the K it chose
+    when that lies in [1, budget] (the budget is its cap)."""
+    if spec.adaptive and isinstance(sel, Selection) and isinstance(sel.keep, torch.Tensor) and 1 <= sel.budget <= k:
+        return sel.budget
+    return k
+
+
 def check_plugin_selection(spec: "PrunerSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
-    """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`)."""
-    bad = selection_failures(sel, n=n, k=k, device=device)
+    """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`);
+    an adaptive method may keep between 1 and `k` tokens."""
+    bad = selection_failures(sel, n=n, k=adaptive_k(spec, sel, k), device=device)
     if bad:
         raise ContractError(spec, bad[0])

@@ -62,7 +62,7 @@ def stop_index(gains: torch.Tensor, relevance: torch.Tensor, order: torch.Tensor
 
 
 @register_pruner("mi_adaptive", needs=("text",), params=(*MI_PARAMS, LAM_RULE, K_RULE, GAIN_RATIO, MASS_SHARE),
-                 label="MI-Pruner (adaptive K)", is_mi=True, score_label="greedy MI gain (nats)")
+                 label="MI-Pruner (adaptive K)", is_mi=True, score_label="greedy MI gain (nats)", adaptive=True)
 def mi_adaptive_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                        lam: float = 0.5,  # as `mi`: paper Sec. 4.1, 0.5 open-ended, 1 closed-form
                        tau: float = 0.1,  # as `mi`: paper Tab. 4

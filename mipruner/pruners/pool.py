@@ -21,8 +21,9 @@ Visual Token Compression Methods", arXiv:2510.07143, where plain downsampling be
     order. Tokens outside every grid are dropped first; at K = N_V nothing is pooled (keep-all is the
     unpruned model).
     Selection: keep = the K kept positions; tokens = the K means in `keep` order; scores = 1 / (tokens
-    in the token's cell), the weight each token has in its pooled row; extras["merged_into"] = (N_V,)
-    the kept position each token was pooled into (-1: dropped).
+    in the token's cell), the weight each token has in its pooled row; merged_into = (N_V,) the kept
+    position each other token of a cell was pooled into (-1 for the kept ones and the dropped newlines),
+    which the app draws.
 The cells are laid out on the host from the geometry (host metadata, a few thousand integers, once per
 call); the means are one index_add on the device of `visual`.
 """
@@ -111,8 +112,7 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     n, dev = visual.shape[0], visual.device
     if budget >= n:  # keep-all: the unpruned input
         keep = torch.arange(n, device=dev)
-        return Selection.from_order(keep, torch.ones(n, device=dev),
-                                    extras={"merged_into": torch.arange(n, device="cpu")})
+        return Selection.from_order(keep, torch.ones(n, device=dev))
     cell, keep = pool_layout(grid, n, budget)
     on = cell >= 0
     counts = np.bincount(cell[on], minlength=budget)
@@ -121,13 +121,14 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     rank[np.argsort(keep, kind="stable")] = np.arange(budget)
     merged = np.full(n, -1, dtype=np.int64)
     merged[on] = keep[cell[on]]
+    merged[keep] = -1  # a kept position is not merged into itself
     host = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
     slot = host(rank[cell[on]]).to(dev)  # each pooled token's row in `keep` order
     v = visual.to(torch.float32)
     sums = v.new_zeros(budget, v.shape[1]).index_add_(0, slot, v[host(on).to(dev)])
     tokens = sums / host(counts[np.argsort(rank)].astype(np.float32)).to(dev)[:, None]
     return Selection.from_order(host(np.sort(keep)).to(dev), host(weight).to(dev), tokens=tokens.to(visual.dtype),
-                                extras={"merged_into": host(merged)})
+                                merged_into=host(merged).to(dev))
 
 
 __all__ = ["pool_layout", "pool_pruner"]

@@ -36,6 +36,9 @@ class Selection:
     prefix: (P, d) rows the LLM reads before the kept visual tokens that belong to no visual position
             (VisionZip's projected [CLS]), else None. `keep` (what masks show) excludes them; `budget`
             counts them, since they reach the LLM.
+    merged_into: (N_V,) int64 for merging methods: the kept token (an index into N_V, one of `keep`)
+            each dropped token went into, -1 for the others (kept ones included); else None. The
+            app draws it (which dropped patches went into which kept one).
 
     Every tensor lives on the device the pruner computed on (that of its `visual` input); nothing
     is copied to the host when a selection is made (see the module docstring).
@@ -50,6 +53,7 @@ class Selection:
     extras: dict[str, Any] = field(default_factory=dict)
     method: str = ""
     prefix: torch.Tensor | None = None
+    merged_into: torch.Tensor | None = None
 
     @property
     def budget(self) -> int:
@@ -76,6 +80,7 @@ class Selection:
         move = lambda x: x.to(device) if isinstance(x, torch.Tensor) else x  # noqa: E731
         return Selection(keep=move(self.keep), order=move(self.order), scores=move(self.scores), pmi=move(self.pmi),
                          pivot=move(self.pivot), tokens=move(self.tokens), prefix=move(self.prefix),
+                         merged_into=move(self.merged_into),
                          extras={k: move(v) for k, v in self.extras.items()}, method=self.method)
 
 
@@ -111,8 +116,17 @@ def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None 
         out.append(f"scores must be ({n},) float32, got {tuple(scores.shape)} {scores.dtype}")
     if sel.tokens is not None and (not isinstance(sel.tokens, torch.Tensor) or sel.tokens.shape[0] != n_keep):
         out.append(f"tokens must have one row per kept index ({n_keep})")
+    into = getattr(sel, "merged_into", None)
+    if into is not None:
+        if not isinstance(into, torch.Tensor) or tuple(into.shape) != (n,) or into.dtype != torch.long:
+            out.append(f"merged_into must be ({n},) int64, got {getattr(into, 'shape', type(into).__name__)}")
+        elif into.device.type != "meta" and tuple(keep.shape) == (n_keep,):
+            t = into.detach().cpu()
+            targets = t[t >= 0]
+            if (t.numel() and int(t.min()) < -1) or not bool(torch.isin(targets, keep.detach().cpu()).all()):
+                out.append("merged_into must hold -1 or a kept index for every token")
     if device is not None:
-        off = [nm for nm in ("keep", "order", "scores", "tokens", "pmi", "pivot")
+        off = [nm for nm in ("keep", "order", "scores", "tokens", "pmi", "pivot", "merged_into")
                if isinstance(getattr(sel, nm), torch.Tensor) and getattr(sel, nm).device != torch.device(device)]
         if off:
             out.append(f"{', '.join(off)} {'is' if len(off) == 1 else 'are'} not on the inputs' device ({device})")

@@ -70,9 +70,11 @@ def test_every_view_is_pooled_on_its_own_grid_into_exactly_k_tokens(views, k, ne
     for v, size in enumerate(sizes):  # one cell each, the rest in proportion to the sizes (largest remainder)
         share = (k - len(sizes)) * (size - 1) / (sum(sizes) - len(sizes))
         assert per_view[v] >= 1 and abs(per_view[v] - 1 - share) < 1
-    merged = sel.extras["merged_into"]
+    merged = sel.merged_into
+    assert (merged[sel.keep] == -1).all() and (merged[torch.from_numpy(view < 0)] == -1).all()
     for row, p in zip(sel.tokens, sel.keep.tolist()):  # each pooled row is the mean of its cell
-        torch.testing.assert_close(row, visual[merged == p].mean(0), atol=1e-6, rtol=0)
+        members = (merged == p) | (torch.arange(n) == p)
+        torch.testing.assert_close(row, visual[members].mean(0), atol=1e-6, rtol=0)
     assert torch.allclose(sel.scores[torch.from_numpy(view >= 0)].sum(), torch.tensor(float(k)))  # weights sum to 1 per cell
 
 

@@ -1,0 +1,1 @@
+"""PyramidDrop as a mipruner plug-in (the method lives in `pyramiddrop.py`)."""
