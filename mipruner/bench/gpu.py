@@ -19,6 +19,11 @@ end, and LLM items/s = B / (time - encode - select).
 Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
 decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
+`--view` runs only the app's view cells instead, as gpu-check's protocol times them
+(`gpu_check_protocol._six_runs`): one answer (the unpruned one) against the six answers of one view
+(the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
+`mipruner.answer_batch`, selections included) on one cached encoding, and their ratio
+`six_answers_vs_one` (the issue's goal: <= 1.5); the model is gpu-check's (`zoo.FAMILIES`).
 Methods take `name:param=value` settings, e.g. `mi:lam=1`. `--tiny` shrinks both shapes to a few
 layers of width 64 / 128 (tests and CPU smoke runs: timings then mean nothing).
 """
@@ -155,6 +160,27 @@ def run_shape(adapter, methods: list[tuple[str, dict]], budgets: list, batches: 
     return latency, throughput
 
 
+def run_view(adapter, budget: int, repeats: int, warmup: int, new_tokens: int, log=print) -> list[dict]:
+    """The view cells (module docstring): [one answer, six answers], the second with `six_answers_vs_one`."""
+    from .gpu_check_protocol import _six_runs
+
+    image = test_image(int(adapter.config.vision_config.image_size))
+    mem = PeakMemory(adapter.device)
+    sync = (lambda: torch.cuda.synchronize(adapter.device)) if adapter.device.type == "cuda" else (lambda: None)  # noqa: E731
+    rows = []
+    with torch.inference_mode():
+        one, six, n = _six_runs(adapter, image, budget, new_tokens)
+        for run, label, b in ((one, "one answer", "all"), (six, f"{n} answers", budget)):
+            r = measure_cell(run, repeats, warmup, mem, sync)
+            r.update(method=label, budget=b, batch=1 if b == "all" else n, kind="view")
+            log(f"  {label:>16} {str(b):>5}: median {r['median_ms']:.1f} ms (mean {r['total_ms']:.1f} +- "
+                f"{r['std_ms']:.1f}), select {r['select_ms']:.1f} ms")
+            rows.append(r)
+    rows[1]["six_answers_vs_one"] = rows[1]["median_ms"] / rows[0]["median_ms"]
+    log(f"  six_answers_vs_one {rows[1]['six_answers_vs_one']:.3f} (medians)")
+    return rows
+
+
 def _label(name: str, params: dict) -> str:
     return name + "".join(f":{k}={v}" for k, v in params.items())
 
@@ -203,6 +229,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--static-cache", action="store_true", help="static KV cache + bucketed lengths")
     p.add_argument("--bucket", type=int, default=64, help="length bucket of the static path")
     p.add_argument("--compile", action="store_true", help="compile the decoding step (implies --static-cache)")
+    p.add_argument("--view", action="store_true",
+                   help="only the view cells: one answer vs the six answers of one view (six_answers_vs_one)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="write every row to this JSON file")
     a = p.parse_args(argv)
@@ -219,6 +247,18 @@ def main(argv=None) -> list[dict]:
     from .random_llava import build_random_llava
 
     out = []
+    if a.view:
+        from .zoo import get_family
+
+        for shape in shapes:
+            t0 = time.perf_counter()
+            ad, desc = get_family(SHAPES[shape]).build(tiny=a.tiny, device=device, dtype=dtype, llm_layers=a.llm_layers)
+            print(f"{shape}: {desc} (built in {time.perf_counter() - t0:.0f} s); device {device}; view cells, "
+                  f"{a.warmup} warm-up + {a.repeats} timed runs each, {a.new_tokens} new tokens")
+            out += [dict(r, shape=shape) for r in run_view(ad, parse_budgets(a.budgets)[0], a.repeats, a.warmup,
+                                                           a.new_tokens)]
+            del ad
+        shapes = []
     for shape in shapes:
         t0 = time.perf_counter()
         ad, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype, family=SHAPES[shape], device=device,
