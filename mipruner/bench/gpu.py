@@ -10,9 +10,10 @@ Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user
                     unpruned model (dynamic cache, no compile): the baseline every row is put against
   none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
   <method> x budget every registered method (or `--methods`) at 64 / 128 / 192 kept tokens
-Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded one by one
-(`adapter.encode` takes one item), selected one by one, and answered as ONE batch
-(`mipruner.batch.answer_items`: kept sets left-padded together; in-LLM methods answer one by one);
+Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded with one
+vision-tower call (`mipruner.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
+are encoded one by one), selected one by one, and answered as ONE batch
+(`mipruner.batch.answer_items`: kept sets packed into one prefill; in-LLM methods answer one by one);
 `generate` here is `model.generate` on the processor's batch of B prompts. Columns: items/s end to
 end, and LLM items/s = B / (time - encode - select).
 
@@ -36,7 +37,7 @@ import time
 import torch
 
 import mipruner
-from mipruner.batch import answer_items, use_decode_path
+from mipruner.batch import answer_items, encode_items, use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .efficiency import PROMPT, PeakMemory, make_run, measure_cell, parse_budgets
@@ -94,13 +95,14 @@ def make_plain_run(adapter, image, new_tokens: int, batch: int = 1):
 
 
 def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params: dict, batch: int):
-    """B items: encode each, select each, answer all as one batch (`answer_items`)."""
+    """B items: encode them (one tower call where the family batches it), select each, answer all as one
+    batch (`answer_items`)."""
     needs_att = method != "none" and mipruner.needs_attention([method])
     gen = adapter.fixed_length_kwargs(new_tokens)
 
     def run():
         t0 = time.perf_counter()
-        encs = [adapter.encode(image, PROMPT, need_attention=needs_att) for _ in range(batch)]
+        encs = encode_items(adapter, [(image, PROMPT)] * batch, batch=batch, need_attention=needs_att)
         t1 = time.perf_counter()
         sels = [None if method == "none" else
                 mipruner.select(adapter, e, method, budget, cache={}, strict=False, **params) for e in encs]
