@@ -9,10 +9,13 @@ every row's `position_ids` passed explicitly (pads at 0, never attended); `gener
 continues each row's positions by last + 1 per new token, as it does unbatched. Rows may come
 from different encodings (a batch of items) or from one (several selections of one image).
 
-Without a static cache (the plain path, the app's), the rows are PACKED instead of padded
-(`_packed.py`): one prefill over the rows' own tokens, the text before the image once per encoding,
-then our greedy loop (`_packed.greedy`, what `generate` does for these arguments) over the rows'
-left-padded caches. Generation arguments it does not implement, or a generation config that adds
+Without a static cache (the plain path, the app's), and on the compiled path, the rows are PACKED
+instead of padded (`_packed.py`): one prefill over the rows' own tokens, the text before the image
+once per encoding, then our greedy loop (`_packed.greedy`, what `generate` does for these
+arguments) over the rows' left-padded caches. Compiled (`DecodePath(compile=True)`, with a bucket
+and a static cache): the packed prefill, its length padded to the bucket, and the decoding step run
+through `torch.compile` (`_packed.compiled`; CUDA graphs on CUDA), one graph per bucket and batch
+size. The static path without compile keeps the padded batch through `generate`. Generation arguments it does not implement, or a generation config that adds
 logits processors, fall back to the padded batch through `generate`.
 
 Greedy only (`do_sample=False`). A row that reaches EOS is padded by `generate` while the others
@@ -58,7 +61,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     gen = dict(gen)
     if gen.pop("do_sample", False):
         raise ValueError("batched decoding is greedy only (do_sample=False)")
-    if not path.static_cache and P.packable(adapter.model) and P.greedy_supported(adapter.model, gen):
+    if (path.compile or not path.static_cache) and P.packable(adapter.model) and P.greedy_supported(adapter.model, gen):
         return packed_rows(adapter, rows, max_new_tokens, positions, path, **gen)
     b = batch_inputs(adapter, rows, positions, path.bucket)
     timer = PrefillTimer()
@@ -113,18 +116,6 @@ def packed_inputs(adapter, rows: list[tuple[Encoded, object]], positions: str | 
                 index=index, real=real, lengths=lengths, next_pos=next_pos)
 
 
-def _prefill_fn(adapter, path: DecodePath):
-    """The packed prefill, or on a compiling path `torch.compile(packed_prefill, dynamic=False)` (kept on
-    the adapter): with `bucket`, packed lengths fall into a few shapes, one graph each
-    (tests/models/test_packed.py: two lengths of one bucket capture one graph)."""
-    if not path.compile:
-        return packed_prefill
-    held = getattr(adapter, "_compiled_prefill", None)
-    if held is None:
-        held = adapter._compiled_prefill = torch.compile(packed_prefill, dynamic=False)
-    return held
-
-
 @torch.no_grad()
 def packed_rows(adapter, rows, max_new_tokens: int, positions: str | None, path: DecodePath, **gen) -> list[Answer]:
     """Greedy answers of `rows` after one packed prefill (module docstring)."""
@@ -141,20 +132,27 @@ def packed_rows(adapter, rows, max_new_tokens: int, positions: str | None, path:
     t0 = time.perf_counter()
     b = packed_inputs(adapter, rows, positions, path.bucket)
     plan, n_rows = b["plan"], len(rows)
-    logits, packed_cache = _prefill_fn(adapter, path)(adapter.model, b)
-    cache = P.batched_cache(packed_cache, b["index"], n_rows, plan.width,
-                            DynamicCache(config=adapter.model.config.get_text_config()))
+    prefill = P.compiled(adapter, "prefill", packed_prefill) if path.compile else packed_prefill
+    logits, packed_cache = prefill(adapter.model, b)
+    slots = None
+    if path.static_cache:  # every budget of one encoding: one cache size, one compiled step
+        slots = cache_length(rows, plan.width, max_new_tokens, path.bucket)
+        cache = P.static_cache(adapter, n_rows, slots)
+    else:
+        cache = DynamicCache(config=adapter.model.config.get_text_config())
+    P.batched_cache(packed_cache, b["index"], n_rows, plan.width, cache)
     del packed_cache
+    model = P.compiled(adapter, "step", adapter.model) if path.compile else adapter.model
     step_no = [0]
 
     def step(tokens, mask):
         pos = (b["next_pos"] + step_no[0])[:, None]
         step_no[0] += 1
-        out = adapter.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
-                            past_key_values=cache, use_cache=True)
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
+                    past_key_values=cache, use_cache=True)
         return out.logits[:, -1]
 
-    ids, first = P.greedy(step, logits[0], b["real"], max_new_tokens, eos, procs, min_new, pad)
+    ids, first = P.greedy(step, logits[0], b["real"], max_new_tokens, eos, procs, min_new, pad, slots)
     cuda_sync(adapter.device)
     t1 = time.perf_counter()
     answers = []

@@ -154,7 +154,8 @@ def sdpa(model) -> bool:
     return getattr(model.config.get_text_config(), "_attn_implementation", "sdpa") == "sdpa"
 
 
-__all__ = ["Plan", "batched_cache", "gather_index", "pack", "packable", "packed_mask", "plan", "sdpa"]
+__all__ = ["COMPILE", "Plan", "batched_cache", "compiled", "gather_index", "greedy", "greedy_supported", "pack",
+           "packable", "packed_mask", "plan", "sdpa", "static_cache"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,12 +184,15 @@ def greedy_supported(model, gen: dict) -> bool:
 
 
 def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos: list[int],
-           procs: list, min_new_tokens: int = 0, pad_id: int = 0) -> tuple[list[list[int]], float]:
+           procs: list, min_new_tokens: int = 0, pad_id: int = 0,
+           slots: int | None = None) -> tuple[list[list[int]], float]:
     """Greedy tokens (B rows, up to `max_new_tokens`) after a prefill whose last-row logits are
     `first_logits` (B, V); `step(tokens (B,), mask (B, W + t))` runs one decoding step and returns
     its logits (B, V). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
     `procs` (callables (generated (B, t), scores (B, V)) -> scores) applied after, finished rows fed
-    `pad_id`, one host sync a step (the stop check). Returns (token rows, time of the first token)."""
+    `pad_id`, one host sync a step (the stop check). `slots`: a static cache of that many slots, the
+    mask then has its width from the start (zeros for slots not written yet: one shape every step,
+    as `generate` gives its compiled step). Returns (token rows, time of the first token)."""
     import time
 
     n_rows = first_logits.shape[0]
@@ -211,12 +215,56 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
     first = time.perf_counter()
     tokens = [token]
     done = torch.isin(token, eos_t)
-    for _ in range(1, int(max_new_tokens)):
+    width = int(mask.shape[1])
+    if slots is not None:
+        mask = torch.cat([mask, mask.new_zeros(n_rows, slots - width)], dim=1)
+    for n in range(1, int(max_new_tokens)):
         if eos and bool(done.all()):
             break
-        mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
+        if slots is not None:
+            mask[:, width + n - 1] = 1  # the slot the previous token is written to
+        else:
+            mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
         logits = step(torch.where(done, pad, token), mask)
         token = torch.where(done, pad, pick(logits, tokens))
         tokens.append(token)
         done = done | torch.isin(token, eos_t)
     return torch.stack(tokens, 1).tolist(), first  # one transfer after the loop
+
+
+# ----------------------------------------------------------------------------------------------
+# the compiled path (`DecodePath(compile=True)`)
+
+COMPILE = {"dynamic": False}  # torch.compile arguments of the compiled prefill and step (tests set a backend)
+
+
+def compiled(adapter, name: str, fn):
+    """`torch.compile(fn, **COMPILE)` kept on the adapter under `name` (one per model): the packed
+    prefill and the decoding step. On CUDA with mode "reduce-overhead" (CUDA graphs: no launch
+    overhead); each new shape (bucket, batch size) compiles once. Off CUDA `fn` itself, unless COMPILE
+    names a backend."""
+    if adapter.device.type != "cuda" and "backend" not in COMPILE:
+        return fn  # as `generate` does: no compiling off CUDA unless a backend is named (tests)
+    key = f"_compiled_{name}"
+    held = getattr(adapter, key, None)
+    if held is None or held[0] is not adapter.model:
+        kw = dict(COMPILE)
+        if adapter.device.type == "cuda" and "backend" not in kw:
+            kw.setdefault("mode", "reduce-overhead")
+        held = (adapter.model, torch.compile(fn, **kw))
+        setattr(adapter, key, held)
+    return held[1]
+
+
+def static_cache(adapter, batch: int, length: int):
+    """A StaticCache of `length` slots for `batch` rows, kept on the adapter and reset when the shape
+    repeats (a compiled step sees the same buffers)."""
+    from transformers import StaticCache
+
+    held = getattr(adapter, "_packed_static_cache", None)
+    if held is not None and held[0] == (batch, length):
+        held[1].reset()
+        return held[1]
+    cache = StaticCache(config=adapter.model.config.get_text_config(), max_cache_len=length)
+    adapter._packed_static_cache = ((batch, length), cache)
+    return cache

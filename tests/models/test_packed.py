@@ -128,3 +128,36 @@ def test_the_packed_prefill_compiles_once_per_bucket(embedded):
         assert torch.equal(got, want)
     assert totals[0][0] != totals[1][0] and totals[0][1] == totals[1][1]  # two lengths, one bucket
     assert counter.frame_count == 1
+
+
+def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch):
+    """`DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go through
+    `torch.compile` (backend: CompileCounter, set in `_packed.COMPILE`); two kept counts of one bucket
+    capture one prefill graph and one step graph (the step: one shape at every step), and the answers
+    are the plain path's (tie rule)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    from .batch_check import compare
+
+    a, e = embedded
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    keeps = [torch.arange(10), torch.arange(3, 17)]
+    ref = one_by_one(a, e, keeps, 4, min_new_tokens=4)
+    use_decode_path(a, bucket=64, static_cache=True, compile=True)
+    try:
+        got = [a.generate(e, k, max_new_tokens=4, min_new_tokens=4) for k in keeps]
+        assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
+        assert [packed_inputs(a, [(e, k)], bucket=64)["plan"].total for k in keeps] == [64, 64]  # one bucket
+        for g, (r, rec) in zip(got, ref):
+            assert len(g.token_ids) == 4 and compare(g.token_ids, r.token_ids, rec.margins) >= 1
+    finally:
+        a.decode_path = PLAIN
+        for name in ("_compiled_prefill", "_compiled_step"):
+            if hasattr(a, name):
+                delattr(a, name)
+        torch._dynamo.reset()
