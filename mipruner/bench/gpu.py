@@ -21,7 +21,7 @@ Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `Decode
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
 decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
 `--view` runs only the app's view cells instead, as gpu-check's protocol times them
-(`gpu_check_protocol._six_runs`): one answer (the unpruned one) against the six answers of one view
+(`view_runs`, the same runs as `gpu_check_protocol._six_runs`): one answer (the unpruned one) against the six answers of one view
 (the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
 `mipruner.answer_batch`, selections included) on one cached encoding, and their ratio
 `six_answers_vs_one` (the issue's goal: <= 1.5); the model is gpu-check's (`zoo.FAMILIES`).
@@ -162,16 +162,45 @@ def run_shape(adapter, methods: list[tuple[str, dict]], budgets: list, batches: 
     return latency, throughput
 
 
+VIEW = ("mi", "random", "similarity", "attention", "divprune")  # + the unpruned answer: the app's six panels
+
+
+def view_runs(adapter, image, budget: int, new_tokens: int):
+    """(one answer, six answers, n) on one cached encoding, as the app answers one view and as
+    gpu-check's protocol times it: the unpruned answer alone; the selections of VIEW (cold cache) and
+    the unpruned + pruned answers in one `mipruner.answer_batch`."""
+    from mipruner.batch import answer_batch
+
+    enc = adapter.encode(image, PROMPT, need_attention=True)
+    force = adapter.fixed_length_kwargs(new_tokens)
+    methods = [m for m in VIEW if m in list_pruners()]
+
+    def one():
+        t0 = time.perf_counter()
+        a = adapter.generate(enc, None, max_new_tokens=new_tokens, **force)
+        return a, {"encode_s": 0.0, "select_s": 0.0, "prefill_s": a.prefill_s, "decode_s": a.decode_s,
+                   "total_s": time.perf_counter() - t0}
+
+    def six():
+        t0 = time.perf_counter()
+        cache: dict = {}
+        sels = [mipruner.select(adapter, enc, m, budget, cache=cache, strict=False) for m in methods]
+        t1 = time.perf_counter()
+        got = answer_batch(adapter, enc, [None, *sels], max_new_tokens=new_tokens, cache=cache, **force)
+        return got[0], {"encode_s": 0.0, "select_s": t1 - t0, "prefill_s": got[0].prefill_s,
+                        "decode_s": got[0].decode_s, "total_s": time.perf_counter() - t0}
+
+    return one, six, len(methods) + 1
+
+
 def run_view(adapter, budget: int, repeats: int, warmup: int, new_tokens: int, log=print) -> list[dict]:
     """The view cells (module docstring): [one answer, six answers], the second with `six_answers_vs_one`."""
-    from .gpu_check_protocol import _six_runs
-
     image = test_image(int(adapter.config.vision_config.image_size))
     mem = PeakMemory(adapter.device)
     sync = (lambda: torch.cuda.synchronize(adapter.device)) if adapter.device.type == "cuda" else (lambda: None)  # noqa: E731
     rows = []
     with torch.inference_mode():
-        one, six, n = _six_runs(adapter, image, budget, new_tokens)
+        one, six, n = view_runs(adapter, image, budget, new_tokens)
         for run, label, b in ((one, "one answer", "all"), (six, f"{n} answers", budget)):
             r = measure_cell(run, repeats, warmup, mem, sync)
             r.update(method=label, budget=b, batch=1 if b == "all" else n, kind="view")
