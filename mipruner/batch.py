@@ -18,11 +18,15 @@ Falls back to one-by-one `mipruner.answer`:
     prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
   * adapters without `generate_batch` (e.g. the dummy adapter).
 
-Encoding is not batched (`adapter.encode` takes one item): the expensive part that would batch is
-the vision tower, but the families' inputs differ in shape per item (LLaVA-NeXT's tiles per
-aspect ratio, Qwen's native resolution and frame counts, Video-LLaVA's frames), the processors run
-on the CPU per image anyway, and an item's selections then need its own encoding; only
-LLaVA-1.5's fixed 336 px tower would batch as is. `answer_items` batches the LLM over items.
+The prefill packs the rows instead of padding them (`mipruner/models/_packed.py`): one view's six
+answers make the LLM process the rows' own lengths, the text before the image once.
+
+Encoding: `encode_items` encodes several items with one vision-tower call per `batch` items where
+the family's processor gives every item the same pixel shape (`adapter.encode_batch`: LLaVA-1.5,
+one image per item, its fixed-size tower input); other families' inputs differ in shape per item
+(LLaVA-NeXT's tiles per aspect ratio, Qwen's native resolution and frame counts, OneVision's and
+InternVL's tiles, Video-LLaVA's frames) and are encoded one by one. `answer_items` batches the LLM
+over items.
 """
 from __future__ import annotations
 
@@ -93,6 +97,20 @@ def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, m
     return answers
 
 
+def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, text_mode: str = "question",
+                 need_attention: bool = False) -> list[Encoded]:
+    """`adapter.encode` of each (media, prompt) item, in order, `batch` items per vision-tower call where
+    the adapter batches its tower (`encode_batch`), else one by one (module docstring)."""
+    items = list(items)
+    if not hasattr(adapter, "encode_batch"):
+        return [adapter.encode(m, p, text_mode=text_mode, need_attention=need_attention) for m, p in items]
+    step = max(1, int(batch))
+    out: list[Encoded] = []
+    for i in range(0, len(items), step):
+        out += adapter.encode_batch(items[i:i + step], text_mode=text_mode, need_attention=need_attention)
+    return out
+
+
 def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
     """Set the adapter's decoding path (`mipruner/models/_decode_path.py`): all zero/False is the plain
     path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
@@ -105,4 +123,4 @@ def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, com
     return adapter
 
 
-__all__ = ["MAX_BATCH", "answer_batch", "answer_items", "use_decode_path"]
+__all__ = ["MAX_BATCH", "answer_batch", "answer_items", "encode_items", "use_decode_path"]

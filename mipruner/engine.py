@@ -340,7 +340,7 @@ class Engine:
     def generate_many(self, session: Session, key: EncodingKey, methods: list, budget=None,
                       params: dict | None = None, max_new_tokens: int = 64) -> list:
         """The unpruned reference and each of `methods`' answers on one encoding, decoded as ONE batch
-        (`mipruner.answer_batch`: pre-LLM methods' kept sets left-padded together; in-LLM methods
+        (`mipruner.answer_batch`: pre-LLM methods' kept sets packed into one prefill; in-LLM methods
         answer one by one). methods: names or MethodSpecs; params: shared, overridden per MethodSpec,
         as in `view`. Answers already cached are reused; new ones fill the same cache as `generate`
         (so a later `generate` or `cached_answer` of any of them returns them).

@@ -49,3 +49,23 @@ def test_static_cache_path_and_flags():
         parse_method("nosuch")
     with pytest.raises(ValueError, match="unknown shape"):
         main(["--shapes", "llava-13b"])
+
+
+def test_batch_cells_encode_with_one_tower_call_and_the_view_cells():
+    """A batch cell of B items calls the vision tower once (`encode_items`); `--view` times one answer
+    against the six answers of one view and reports their ratio."""
+    from mipruner.bench.gpu import TINY, make_batch_run
+    from mipruner.bench.prefill import test_image
+    from mipruner.bench.random_llava import build_random_llava
+
+    ad, _ = build_random_llava(llm_layers=2, dtype=__import__("torch").float32, **TINY)
+    calls = []
+    handle = ad.model.model.vision_tower.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        ans, t = make_batch_run(ad, test_image(56), "mi", 4, 2, {"lam": 1.0}, 3)()
+    finally:
+        handle.remove()
+    assert len(calls) == 1 and len(ans.token_ids) == 2 and ans.visual_tokens == 4
+    rows = main(BASE + ["--shapes", "llava-1.5-7b", "--view", "--repeats", "1"])
+    assert [(r["method"], r["batch"]) for r in rows] == [("one answer", 1), ("6 answers", 6)]
+    assert rows[1]["six_answers_vs_one"] == pytest.approx(rows[1]["median_ms"] / rows[0]["median_ms"])

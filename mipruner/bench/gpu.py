@@ -10,15 +10,21 @@ Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user
                     unpruned model (dynamic cache, no compile): the baseline every row is put against
   none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
   <method> x budget every registered method (or `--methods`) at 64 / 128 / 192 kept tokens
-Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded one by one
-(`adapter.encode` takes one item), selected one by one, and answered as ONE batch
-(`mipruner.batch.answer_items`: kept sets left-padded together; in-LLM methods answer one by one);
+Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded with one
+vision-tower call (`mipruner.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
+are encoded one by one), selected one by one, and answered as ONE batch
+(`mipruner.batch.answer_items`: kept sets packed into one prefill; in-LLM methods answer one by one);
 `generate` here is `model.generate` on the processor's batch of B prompts. Columns: items/s end to
 end, and LLM items/s = B / (time - encode - select).
 
 Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
 decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
+`--view` runs only the app's view cells instead, as gpu-check's protocol times them
+(`view_runs`, the same runs as `gpu_check_protocol._six_runs`): one answer (the unpruned one) against the six answers of one view
+(the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
+`mipruner.answer_batch`, selections included) on one cached encoding, and their ratio
+`six_answers_vs_one` (the issue's goal: <= 1.5); the model is gpu-check's (`zoo.FAMILIES`).
 Methods take `name:param=value` settings, e.g. `mi:lam=1`. `--tiny` shrinks both shapes to a few
 layers of width 64 / 128 (tests and CPU smoke runs: timings then mean nothing).
 """
@@ -31,7 +37,7 @@ import time
 import torch
 
 import mipruner
-from mipruner.batch import answer_items, use_decode_path
+from mipruner.batch import answer_items, encode_items, use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .efficiency import PROMPT, PeakMemory, make_run, measure_cell, parse_budgets
@@ -89,13 +95,14 @@ def make_plain_run(adapter, image, new_tokens: int, batch: int = 1):
 
 
 def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params: dict, batch: int):
-    """B items: encode each, select each, answer all as one batch (`answer_items`)."""
+    """B items: encode them (one tower call where the family batches it), select each, answer all as one
+    batch (`answer_items`)."""
     needs_att = method != "none" and mipruner.needs_attention([method])
     gen = adapter.fixed_length_kwargs(new_tokens)
 
     def run():
         t0 = time.perf_counter()
-        encs = [adapter.encode(image, PROMPT, need_attention=needs_att) for _ in range(batch)]
+        encs = encode_items(adapter, [(image, PROMPT)] * batch, batch=batch, need_attention=needs_att)
         t1 = time.perf_counter()
         sels = [None if method == "none" else
                 mipruner.select(adapter, e, method, budget, cache={}, strict=False, **params) for e in encs]
@@ -155,6 +162,56 @@ def run_shape(adapter, methods: list[tuple[str, dict]], budgets: list, batches: 
     return latency, throughput
 
 
+VIEW = ("mi", "random", "similarity", "attention", "divprune")  # + the unpruned answer: the app's six panels
+
+
+def view_runs(adapter, image, budget: int, new_tokens: int):
+    """(one answer, six answers, n) on one cached encoding, as the app answers one view and as
+    gpu-check's protocol times it: the unpruned answer alone; the selections of VIEW (cold cache) and
+    the unpruned + pruned answers in one `mipruner.answer_batch`."""
+    from mipruner.batch import answer_batch
+
+    enc = adapter.encode(image, PROMPT, need_attention=True)
+    force = adapter.fixed_length_kwargs(new_tokens)
+    methods = [m for m in VIEW if m in list_pruners()]
+
+    def one():
+        t0 = time.perf_counter()
+        a = adapter.generate(enc, None, max_new_tokens=new_tokens, **force)
+        return a, {"encode_s": 0.0, "select_s": 0.0, "prefill_s": a.prefill_s, "decode_s": a.decode_s,
+                   "total_s": time.perf_counter() - t0}
+
+    def six():
+        t0 = time.perf_counter()
+        cache: dict = {}
+        sels = [mipruner.select(adapter, enc, m, budget, cache=cache, strict=False) for m in methods]
+        t1 = time.perf_counter()
+        got = answer_batch(adapter, enc, [None, *sels], max_new_tokens=new_tokens, cache=cache, **force)
+        return got[0], {"encode_s": 0.0, "select_s": t1 - t0, "prefill_s": got[0].prefill_s,
+                        "decode_s": got[0].decode_s, "total_s": time.perf_counter() - t0}
+
+    return one, six, len(methods) + 1
+
+
+def run_view(adapter, budget: int, repeats: int, warmup: int, new_tokens: int, log=print) -> list[dict]:
+    """The view cells (module docstring): [one answer, six answers], the second with `six_answers_vs_one`."""
+    image = test_image(int(adapter.config.vision_config.image_size))
+    mem = PeakMemory(adapter.device)
+    sync = (lambda: torch.cuda.synchronize(adapter.device)) if adapter.device.type == "cuda" else (lambda: None)  # noqa: E731
+    rows = []
+    with torch.inference_mode():
+        one, six, n = view_runs(adapter, image, budget, new_tokens)
+        for run, label, b in ((one, "one answer", "all"), (six, f"{n} answers", budget)):
+            r = measure_cell(run, repeats, warmup, mem, sync)
+            r.update(method=label, budget=b, batch=1 if b == "all" else n, kind="view")
+            log(f"  {label:>16} {str(b):>5}: median {r['median_ms']:.1f} ms (mean {r['total_ms']:.1f} +- "
+                f"{r['std_ms']:.1f}), select {r['select_ms']:.1f} ms")
+            rows.append(r)
+    rows[1]["six_answers_vs_one"] = rows[1]["median_ms"] / rows[0]["median_ms"]
+    log(f"  six_answers_vs_one {rows[1]['six_answers_vs_one']:.3f} (medians)")
+    return rows
+
+
 def _label(name: str, params: dict) -> str:
     return name + "".join(f":{k}={v}" for k, v in params.items())
 
@@ -203,6 +260,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--static-cache", action="store_true", help="static KV cache + bucketed lengths")
     p.add_argument("--bucket", type=int, default=64, help="length bucket of the static path")
     p.add_argument("--compile", action="store_true", help="compile the decoding step (implies --static-cache)")
+    p.add_argument("--view", action="store_true",
+                   help="only the view cells: one answer vs the six answers of one view (six_answers_vs_one)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="write every row to this JSON file")
     a = p.parse_args(argv)
@@ -219,6 +278,18 @@ def main(argv=None) -> list[dict]:
     from .random_llava import build_random_llava
 
     out = []
+    if a.view:
+        from .zoo import get_family
+
+        for shape in shapes:
+            t0 = time.perf_counter()
+            ad, desc = get_family(SHAPES[shape]).build(tiny=a.tiny, device=device, dtype=dtype, llm_layers=a.llm_layers)
+            print(f"{shape}: {desc} (built in {time.perf_counter() - t0:.0f} s); device {device}; view cells, "
+                  f"{a.warmup} warm-up + {a.repeats} timed runs each, {a.new_tokens} new tokens")
+            out += [dict(r, shape=shape) for r in run_view(ad, parse_budgets(a.budgets)[0], a.repeats, a.warmup,
+                                                           a.new_tokens)]
+            del ad
+        shapes = []
     for shape in shapes:
         t0 = time.perf_counter()
         ad, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype, family=SHAPES[shape], device=device,

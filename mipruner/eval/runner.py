@@ -5,7 +5,8 @@ unpruned (method "none") and on every selection's kept tokens, all answers of th
 batch (`mipruner.answer_batch`). Random is run with 3 seeds and averaged,
 as in the paper. Every method goes through `mipruner.select` / `mipruner.answer` with one cache
 per item, so MI's normalisers and the in-LLM methods' first K layers are computed once per item
-and shared by every budget.
+and shared by every budget. Items are encoded `encode_batch` at a time (`mipruner.batch.encode_items`:
+one vision-tower call per group where the family batches its tower, else one by one).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ RANDOM_SEEDS = (0, 1, 2)
 
 def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: list, params: dict,
              task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None,
-             batch: bool = True) -> list[dict]:
+             batch: bool = True, encode_batch: int = 8) -> list[dict]:
     """Answers for every (item, method, budget, seed); returns the aggregated rows.
 
     A method that raises (or breaks the selection contract) on an item costs only its own records: they
@@ -35,13 +36,21 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     batch: per item, the unpruned answer and every pre-LLM (method, budget, seed) answer decode as
     one batch (`mipruner.answer_batch`; in-LLM methods answer one by one); batch=False answers
     each alone. Greedy tokens are the same either way except at float near-ties of two logits.
+    encode_batch: items per vision-tower call (`mipruner.batch.encode_items`; 1: one by one).
     """
+    from mipruner.batch import encode_items
+
     items = list(items)
     need_att = mipruner.needs_attention(m for m in methods if m != "none")
     records = []  # (method, budget, seed, item, prediction, recall)
     bar = progress(total=len(items), desc=f"eval {task}") if progress else None
-    for item in items:
-        enc = adapter.encode(item.media, item.question, text_mode=text_mode, need_attention=need_att)
+    step = max(1, int(encode_batch))
+    encs: list = []
+    for n, item in enumerate(items):
+        if n % step == 0:  # the next group's encodings, one tower call where the family batches it
+            encs = encode_items(adapter, [(it.media, it.question) for it in items[n:n + step]], batch=step,
+                                text_mode=text_mode, need_attention=need_att)
+        enc = encs[n % step]
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
         cache: dict = {}
         runs, sels, errors = [("none", "all", None)], [None], [None]

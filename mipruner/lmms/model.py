@@ -127,7 +127,7 @@ class MiPruner(lmms):
         self._key_prefix = f"{self.pretrained}|{dtype}|{self._device.type}|"
         self.cache = AnswerCache(cache_dir, self._rank) if cache_dir else None
         self.sweep = self._sweep(dtype, cache_dir)
-        self.batch_size_per_gpu = int(batch_size)  # answers are computed one by one
+        self.batch_size_per_gpu = int(batch_size)  # requests encoded per vision-tower call; answers one by one
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
         self.failures: list[str] = []  # "task/doc: sentence" of each answer a method failed to give
 
@@ -176,43 +176,39 @@ class MiPruner(lmms):
         return int(gen.get("max_new_tokens", gen.get("max_gen_toks", 64))), until
 
     def generate_until(self, requests) -> list[str]:
+        """Answers in request order. `batch_size` requests at a time are encoded together
+        (`mipruner.batch.encode_items`: one vision-tower call where the family batches its tower);
+        each request is then answered on its own encoding."""
         from tqdm import tqdm
 
+        from mipruner.batch import encode_items
+
+        requests = list(requests)
+        step = max(1, self.batch_size_per_gpu)
         out = []
-        for req in tqdm(requests, disable=self._rank != 0, desc="mipruner answering"):
-            context, gen_kwargs, doc_to_visual, doc_id, task, split = req.args
-            max_new, until = self._generation(gen_kwargs)
-            visuals = doc_to_visual(self.task_dict[task][split][doc_id])
-            keys, text = [None] * len(self.sweep), None  # without a cache the sweep is this run only
-            if self.cache is not None:
-                digest = media_digest(visuals)
-                keys = [answer_key(self._key_prefix + c.key(), task, split, doc_id, context, digest, max_new)
-                        for c in self.sweep]
-                text = self.cache.get(keys[0])
-            if text is None:  # this run's answer, and the sweep's missing ones on the same encoding
-                todo = [(c, k) for i, (c, k) in enumerate(zip(self.sweep, keys))
-                        if i == 0 or not self.cache.has(k)]
-                enc = self.adapter.encode(to_media(visuals), context, text_mode=self.config.text_mode,
-                                          need_attention=self.config.needs_attention)
-                shared: dict = {}
-                for c, k in todo:
-                    got, why = guarded(c.method, lambda c=c: answer_encoded(self.adapter, enc, c, max_new, shared))
-                    if why is not None:  # this configuration failed on this document: an empty answer, not
-                        self.failures.append(f"{task}/{doc_id}: {why}")  # cached (a rerun retries); the rest go on
-                        log.warning("mipruner rank %d: %s/%s: %s", self._rank, task, doc_id, why)
-                        text = "" if text is None else text
-                        continue
-                    t = got.text
-                    for stop in until:
-                        if stop and stop in t:
-                            t = t.split(stop)[0]
-                    text = t if text is None else text  # the first of `todo` is this run's
-                    self.calls += 1
-                    if self.cache is not None:
-                        self.cache.put(k, t, task=task, doc_id=doc_id, config=c.key())
-                    if os.environ.get(ABORT_ENV) and self.calls >= int(os.environ[ABORT_ENV]):
-                        os.kill(os.getpid(), signal.SIGKILL)
-            out.append(text)
+        bar = tqdm(total=len(requests), disable=self._rank != 0, desc="mipruner answering")
+        for first in range(0, len(requests), step):
+            group = []  # per request: [context, max_new, until, visuals, keys, text, task, doc_id]
+            for req in requests[first:first + step]:
+                context, gen_kwargs, doc_to_visual, doc_id, task, split = req.args
+                max_new, until = self._generation(gen_kwargs)
+                visuals = doc_to_visual(self.task_dict[task][split][doc_id])
+                keys, text = [None] * len(self.sweep), None  # without a cache the sweep is this run only
+                if self.cache is not None:
+                    digest = media_digest(visuals)
+                    keys = [answer_key(self._key_prefix + c.key(), task, split, doc_id, context, digest, max_new)
+                            for c in self.sweep]
+                    text = self.cache.get(keys[0])
+                group.append([context, max_new, until, visuals, keys, text, task, doc_id])
+            todo_items = [g for g in group if g[5] is None]
+            encs = encode_items(self.adapter, [(to_media(g[3]), g[0]) for g in todo_items], batch=step,
+                                text_mode=self.config.text_mode, need_attention=self.config.needs_attention)
+            for g, enc in zip(todo_items, encs):
+                g[5] = self._answer(enc, *g[1:3], g[4], g[6], g[7])
+            for g in group:
+                out.append(g[5])
+                bar.update(1)
+        bar.close()
         if self.cache is not None:
             log.warning("mipruner rank %d: %d answers computed, %d from the cache %s", self._rank, self.calls,
                         self.cache.hits, self.cache.folder)
@@ -220,6 +216,30 @@ class MiPruner(lmms):
             log.error("mipruner rank %d: %d answers failed (scored as empty), the first: %s", self._rank,
                       len(self.failures), self.failures[0])
         return out
+
+    def _answer(self, enc, max_new: int, until: list[str], keys: list, task, doc_id) -> str:
+        """This run's answer on `enc`, and the sweep's missing ones on the same encoding (cached)."""
+        todo = [(c, k) for i, (c, k) in enumerate(zip(self.sweep, keys)) if i == 0 or not self.cache.has(k)]
+        shared: dict = {}
+        text = None
+        for c, k in todo:
+            got, why = guarded(c.method, lambda c=c: answer_encoded(self.adapter, enc, c, max_new, shared))
+            if why is not None:  # this configuration failed on this document: an empty answer, not cached
+                self.failures.append(f"{task}/{doc_id}: {why}")  # (a rerun retries); the others go on
+                log.warning("mipruner rank %d: %s/%s: %s", self._rank, task, doc_id, why)
+                text = "" if text is None else text
+                continue
+            t = got.text
+            for stop in until:
+                if stop and stop in t:
+                    t = t.split(stop)[0]
+            text = t if text is None else text  # the first of `todo` is this run's
+            self.calls += 1
+            if self.cache is not None:
+                self.cache.put(k, t, task=task, doc_id=doc_id, config=c.key())
+            if os.environ.get(ABORT_ENV) and self.calls >= int(os.environ[ABORT_ENV]):
+                os.kill(os.getpid(), signal.SIGKILL)
+        return text
 
     def loglikelihood(self, requests):
         raise NotImplementedError("mipruner answers by generation only: choose tasks with output_type generate_until")

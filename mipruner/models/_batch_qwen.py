@@ -14,6 +14,11 @@ slots not written yet, one more set per step), as `generate` gives its compiled 
 the cache's size: a mask growing by one column a step would be a new input shape every step, and
 a step compiled with `dynamic=False` would recompile at each one.
 
+Without a static cache (the plain path, the app's) the prefill is PACKED instead of padded
+(`_packed.py`): one sequence of the rows' own tokens, the text before the image once per encoding
+(the same ids at the same M-RoPE positions in every row), the visual rows merged in packed order;
+the packed keys and values are then gathered into the left-padded (B, W) cache the loop decodes on.
+
 Decoding continues every row at ITS unpruned max position + 1 (`next_position`: rows of
 different encodings have different starts, and `rope_deltas` is never used because positions are
 always passed). Finished rows are fed the pad token, as `generate` does; the loop stops when every
@@ -27,6 +32,7 @@ import time
 
 import torch
 
+from . import _packed as P
 from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
 from .base import Answer, Encoded, keep_indices
 
@@ -62,7 +68,28 @@ def batch_inputs(adapter, rows: list[tuple[Encoded, object]], bucket: int = 0) -
     starts = torch.tensor([adapter.next_position(enc) for enc, _ in rows], dtype=torch.long, device=device)
     return dict(input_ids=ids, attention_mask=mask, position_ids=pos.permute(2, 0, 1).contiguous(),
                 mm_encoder_outputs={m: _merge_outputs(o) for m, o in by_modality.items()},
-                lengths=lengths, starts=starts, pad=pad)
+                lengths=lengths, starts=starts, pad=pad, inputs=ins)
+
+
+def packed_inputs(adapter, rows: list[tuple[Encoded, object]], ins: list[dict], bucket: int = 0) -> dict:
+    """The rows (their `_llm_inputs`, `ins`) as one packed sequence (`_packed.py`): input_ids (1, S),
+    position_ids (3, 1, S), the 4-D block mask, mm_encoder_outputs in packed order, `last` (B,), the
+    plan and the cache gather index."""
+    lengths = [int(x["input_ids"].shape[1]) for x in ins]
+    shared = [int(enc.state["visual_positions"][0]) for enc, _ in rows]  # the text before the first visual token
+    plan = P.plan(lengths, [id(enc) for enc, _ in rows], shared, bucket)
+    pad = adapter.tokenizer.pad_token_id
+    ids = P.pack(plan, [x["input_ids"][0] for x in ins], 0 if pad is None else int(pad))
+    pos = P.pack(plan, [x["position_ids"][:, 0].T for x in ins], 0).T.unsqueeze(1).contiguous()  # (3, 1, S)
+    by_modality: dict = {}
+    for i in [i for i, _, stop in plan.pieces if stop == lengths[i]]:  # the rows' own pieces (with their visual rows)
+        for modality, out in ins[i]["mm_encoder_outputs"].items():
+            by_modality.setdefault(modality, []).append(out)
+    device = ids.device
+    index, real, last = P.gather_index(plan, device)
+    mask = P.packed_mask(plan, device, adapter.model.dtype, P.sdpa(adapter.model))
+    return dict(input_ids=ids[None], position_ids=pos, attention_mask=mask, last=last, plan=plan, index=index,
+                real=real, mm_encoder_outputs={m: _merge_outputs(o) for m, o in by_modality.items()})
 
 
 def _cache(adapter, path: DecodePath, batch: int, length: int):
@@ -133,10 +160,19 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
         return scores.argmax(-1)
 
     t0 = time.perf_counter()
-    out = adapter.model(input_ids=ids, position_ids=b["position_ids"], attention_mask=mask,
-                        mm_encoder_outputs=b["mm_encoder_outputs"], past_key_values=cache, use_cache=True,
-                        logits_to_keep=1)
-    token = pick(out.logits[:, -1], ids.new_zeros(n_rows, 0))
+    if not path.static_cache and P.packable(adapter.model):  # one packed prefill, then the rows' padded cache
+        pk = packed_inputs(adapter, rows, b["inputs"], path.bucket)
+        out = adapter.model(input_ids=pk["input_ids"], position_ids=pk["position_ids"],
+                            attention_mask=pk["attention_mask"], mm_encoder_outputs=pk["mm_encoder_outputs"],
+                            use_cache=True, logits_to_keep=pk["last"])
+        P.batched_cache(out.past_key_values, pk["index"], n_rows, width, cache)
+        first = out.logits[0]
+    else:
+        out = adapter.model(input_ids=ids, position_ids=b["position_ids"], attention_mask=mask,
+                            mm_encoder_outputs=b["mm_encoder_outputs"], past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+        first = out.logits[:, -1]
+    token = pick(first, ids.new_zeros(n_rows, 0))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t1 = time.perf_counter()

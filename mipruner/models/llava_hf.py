@@ -58,15 +58,13 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
             images, is_video = list(media.frames), True
         else:
             images, is_video = (list(media) if isinstance(media, list) else [media]), False
-        inputs = self.processor(images=images, text=templated, return_tensors="pt")
-        pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (F, 3, Hp, Wp)
-        extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
-        tower = self.model.model.vision_tower
-        n_layers = len(A.encoder_layers(tower))
-        layer = A.feature_layer_index(self.config.vision_feature_layer, n_layers)
-        ctx = A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
-        with ctx as cap:
-            outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+        held = getattr(self, "_tower_item", None)  # this item's share of a batched tower call (`encode_batch`)
+        if held is not None:
+            inputs, outputs, cap = held
+        else:
+            inputs = self.processor(images=images, text=templated, return_tensors="pt")
+            outputs, cap = self._tower(inputs, need_attention)
+        pixels = inputs["pixel_values"]  # (F, 3, Hp, Wp)
         feats = outputs.pooler_output
         per_image = [f.shape[0] for f in feats]
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): image after image
@@ -90,6 +88,64 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 a, k = A.views_attention(att, keys, view, pos)
                 out.update(attention=a, keys=k, has_cls=True)
         return out
+
+
+    def _tower(self, inputs, need_attention: bool):
+        """One vision-tower call on the processor's pixels (F images): (`get_image_features` outputs,
+        the captured attention of the feature layer or None)."""
+        pixels = inputs["pixel_values"].to(self.device, self.dtype)
+        extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
+        tower = self.model.model.vision_tower
+        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
+        ctx = A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
+        with ctx as cap:
+            outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+        return outputs, cap
+
+    @torch.no_grad()
+    def encode_batch(self, items, *, text_mode: str = "question", need_attention: bool = False) -> list:
+        """`encode` of several (media, prompt) items with ONE vision-tower call for those that are one
+        image each (the processor gives every image the same fixed-size pixels); the rest are encoded
+        one by one. Each item's processor run, prompt and outputs are its own: the encodings equal the
+        one-by-one encodings up to float rounding of the batched tower (tests/models/test_encode_batch.py)."""
+        loaded = [(self._media(m), p) for m, p in items]
+        single = [i for i, (m, _) in enumerate(loaded) if not isinstance(m, Video) and
+                  (not isinstance(m, list) or len(m) == 1)]
+        held: dict = {}
+        if len(single) > 1:
+            inputs = []
+            for i in single:
+                m, p = loaded[i]
+                C.check_prompt(p)
+                image = m[0] if isinstance(m, list) else m
+                inputs.append(self.processor(images=[image], text=self._template(p, "image", 1), return_tensors="pt"))
+            shapes = {tuple(x["pixel_values"].shape[1:]) for x in inputs}
+            if len(shapes) == 1 and all("image_sizes" not in x for x in inputs):
+                outputs, cap = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
+                                           need_attention)
+                for j, (i, x) in enumerate(zip(single, inputs)):
+                    held[i] = (x, _item_outputs(outputs, j), None if cap is None else
+                               {k: v[j:j + 1] for k, v in cap.items()})
+        out = []
+        for i, (m, p) in enumerate(loaded):
+            self._tower_item = held.get(i)
+            try:
+                out.append(self.encode(m, p, text_mode=text_mode, need_attention=need_attention))
+            finally:
+                self._tower_item = None
+        return out
+
+
+def _item_outputs(outputs, j: int):
+    """Image j's part of a batched `get_image_features` output (one image per item)."""
+    kw = {"pooler_output": (outputs.pooler_output[j],)}
+    for name in ("last_hidden_state",):
+        v = getattr(outputs, name, None)
+        if v is not None:
+            kw[name] = v[j:j + 1]
+    if getattr(outputs, "hidden_states", None) is not None:
+        kw["hidden_states"] = tuple(None if h is None else h[j:j + 1] for h in outputs.hidden_states)
+    return type(outputs)(**kw)
 
 
 def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):

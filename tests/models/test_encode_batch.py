@@ -1,0 +1,92 @@
+"""Batched encodings (`mipruner.batch.encode_items`, `LlavaAdapter.encode_batch`): several one-image
+items through ONE vision-tower call give the one-by-one encodings (visual tokens, attention, keys,
+[CLS] rows up to float rounding of the batched tower; ids, text and geometry exactly) and answers;
+items the family cannot batch (a video, several images) are encoded one by one in the same call;
+an evaluation run calls the tower ceil(n / batch) times (a forward hook counts the calls)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import mipruner
+from mipruner.batch import encode_items
+from mipruner.eval.runner import evaluate
+from mipruner.eval.tasks import EvalItem
+from mipruner.media import Video
+
+from .batch_check import compare, one_by_one
+from .tiny_llava import save_tiny, scene
+
+PROMPTS = ["What colour is the square?", "Is there a square?", "Where is the square?"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    return mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("encode_batch") / "llava")), device="cpu")
+
+
+class TowerCalls:
+    """Counts the forward calls of the adapter's vision tower."""
+
+    def __init__(self, adapter):
+        self.tower, self.n = adapter.model.model.vision_tower, 0
+
+    def __enter__(self):
+        self.handle = self.tower.register_forward_hook(lambda *a: setattr(self, "n", self.n + 1))
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _same(a, b):
+    assert torch.equal(a.state["input_ids"], b.state["input_ids"]) and a.text_tokens == b.text_tokens
+    assert torch.equal(a.text, b.text) and torch.equal(a.text_mask, b.text_mask)
+    for name in ("frame", "row", "col", "box"):
+        assert torch.equal(getattr(a.geometry, name), getattr(b.geometry, name))
+    for name in ("visual", "attention", "keys", "cls"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None)
+        if x is not None:
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_encodings_equal_one_by_one(llava):
+    images = [scene(112, 56, square=(70, 14, 84, 28)), scene(60, 80, square=(10, 10, 30, 30)),
+              scene(96, 96, square=(40, 50, 60, 70))]
+    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(4)]
+    video = Video(frames=frames, indices=[0, 2, 4, 6], fps=8.0, total_frames=8)
+    items = [(images[0], PROMPTS[0]), (video, PROMPTS[1]), (images[1], PROMPTS[1]), ([images[2]], PROMPTS[2])]
+    with TowerCalls(llava) as calls:
+        got = encode_items(llava, items, batch=4, need_attention=True)
+    assert calls.n == 2  # the three single images in one call, the video alone
+    alone = [llava.encode(m, p, need_attention=True) for m, p in items]
+    for g, a in zip(got, alone):
+        _same(g, a)
+    for g, a in zip(got, alone):  # and the answers are the one-by-one answers
+        keep = torch.arange(0, a.n_visual, 3)
+        (ref, rec), = one_by_one(llava, a, [keep], 4)
+        assert compare(llava.generate(g, keep, max_new_tokens=4).token_ids, ref.token_ids, rec.margins) >= 1
+
+
+def test_an_eval_run_calls_the_tower_once_per_group(llava):
+    rng = np.random.default_rng(0)
+    items = [EvalItem(id=str(i), media=Image.fromarray(rng.integers(0, 255, (40 + i, 50, 3), dtype=np.uint8)),
+                      question="Is there a square?", answer="yes", kind="yesno") for i in range(5)]
+    for batch in (2, 1):
+        with TowerCalls(llava) as calls:
+            rows = evaluate(llava, items, ["none", "mi"], [4], {}, "t", max_new_tokens=2, encode_batch=batch)
+        assert calls.n == math.ceil(len(items) / batch)
+        if batch == 2:
+            batched = rows
+    assert [r["acc"] for r in batched] == [r["acc"] for r in rows]

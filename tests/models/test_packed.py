@@ -1,0 +1,163 @@
+"""Packed prefill (`mipruner/models/_packed.py`): one view's answers (the unpruned reference and five
+pruned rows) make the LLM's first decoder layer process about the rows' own prompt lengths summed,
+not every row padded to the longest; the answers are the one-by-one answers (tie rule in
+batch_check.py); the block mask lets a token see only its own row and its encoding's shared text
+prefix; and the packed prefill compiled with `torch.compile(fullgraph=True)` compiles once for two
+packed lengths of one bucket, with the eager logits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mipruner
+from mipruner.models import _packed as P
+from mipruner.models._batch_llava import packed_inputs, packed_prefill
+from mipruner.testing import embedded_encoding
+
+from . import tiny_qwen
+from .batch_check import compare_all, one_by_one
+from .test_qwen_family import scene
+
+FIVE = ("mi", "random", "similarity", "attention", "divprune")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return embedded_encoding()
+
+
+class FirstLayerRows:
+    """A forward pre-hook on the first decoder layer: the (batch, length) of every call."""
+
+    def __init__(self, adapter):
+        self.layer, self.calls = adapter.text_decoder().layers[0], []
+
+    def __enter__(self):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            self.calls.append((int(x.shape[0]), int(x.shape[1])))
+        self.handle = self.layer.register_forward_pre_hook(hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    @property
+    def prefill_rows(self) -> int:
+        b, n = self.calls[0]
+        return b * n
+
+
+def test_one_view_pays_for_its_own_tokens(embedded):
+    """Reference + five methods at 16 of 196 tokens on the embedded model: the prefill processes at most
+    1.25x the rows' own lengths summed (6 x 207 = 1,242 rows when padded, 3.6x), and every answer is
+    its one-by-one answer."""
+    a, e = embedded
+    cache: dict = {}
+    sels = [None] + [mipruner.select(a, e, m, 16, cache=cache, strict=False) for m in FIVE]
+    with FirstLayerRows(a) as rows:
+        got = mipruner.answer_batch(a, e, sels, max_new_tokens=4, cache=cache)
+    own = sum(g.input_tokens for g in got)
+    assert [g.input_tokens for g in got][1:] == [got[1].input_tokens] * 5 < [got[0].input_tokens] * 5
+    assert rows.prefill_rows <= 1.25 * own, (rows.calls[0], own)
+    shared = int(e.state["visual_positions"][0])  # the text before the image runs once
+    assert rows.prefill_rows == own - 5 * shared and shared > 0
+    assert all(b == 6 and n == 1 for b, n in rows.calls[1:])  # the decoding steps: one batch of six rows
+    ref = one_by_one(a, e, sels, 4)
+    done, total = compare_all(got, ref)
+    assert done >= 0.75 * total, (done, total)
+
+
+def test_the_block_mask_keeps_rows_apart():
+    """Two rows of one encoding sharing 2 tokens, and a row of another encoding: each token sees the
+    earlier tokens of its own row and of its encoding's shared prefix, nothing else; the cache index
+    puts each row's tokens, in order, at the right of its (B, W) row."""
+    plan = P.plan([4, 3, 5], ["a", "a", "b"], [2, 2, 2], bucket=8)
+    assert plan.total == 16 and plan.real == 2 + 2 + 1 + 5 and plan.width == 8
+    assert plan.rows == [[0, 1, 2, 3], [0, 1, 4], [5, 6, 7, 8, 9]]
+    m = P.packed_mask(plan, "cpu", torch.float32, boolean=True)[0, 0]
+    for i, r in enumerate(plan.rows):
+        for q_at, q in enumerate(r):
+            seen = set(torch.nonzero(m[q]).flatten().tolist())
+            assert seen == set(r[:q_at + 1]), (i, q, seen)
+    assert all(set(torch.nonzero(m[q]).flatten().tolist()) <= set(range(10, q + 1)) for q in range(10, 16))
+    additive = P.packed_mask(plan, "cpu", torch.float32, boolean=False)[0, 0]
+    assert torch.equal(additive == 0, m)
+    index, real, last = P.gather_index(plan, "cpu")
+    assert index.view(3, 8)[1, -3:].tolist() == [0, 1, 4] and real[1].tolist() == [0] * 5 + [1] * 3
+    assert last.tolist() == [3, 4, 9]
+
+
+def test_qwen_packs_its_rows(tmp_path):
+    """Qwen2-VL: the packed prefill processes the rows' lengths less the shared prefix, and the answers
+    are the one-by-one answers (M-RoPE positions and visual rows in packed order)."""
+    a = mipruner.load(tiny_qwen.build("qwen2_vl", str(tmp_path)))
+    e = a.encode(scene(), "What is red in the image?")
+    n = e.n_visual
+    sels = [None, torch.arange(0, n, 3), torch.arange(1, n, 2), torch.arange(n // 2)]
+    with FirstLayerRows(a) as rows:
+        got = mipruner.answer_batch(a, e, sels, max_new_tokens=4)
+    shared = int(e.state["visual_positions"][0])
+    assert rows.prefill_rows == sum(g.input_tokens for g in got) - 3 * shared and shared > 0
+    done, total = compare_all(got, one_by_one(a, e, sels, 4))
+    assert done >= 0.75 * total, (done, total)
+
+
+def test_the_packed_prefill_compiles_once_per_bucket(embedded):
+    """`torch.compile(fullgraph=True)` of the packed prefill (backend: dynamo's CompileCounter, which
+    runs the captured graph eagerly: the capture is what is checked here, not a CPU code generator)
+    at two packed lengths of one bucket: one graph, logits equal to the eager prefill's."""
+    from torch._dynamo.testing import CompileCounter
+
+    a, e = embedded
+    counter = CompileCounter()
+    compiled = torch.compile(packed_prefill, fullgraph=True, backend=counter, dynamic=False)
+    totals = []
+    for k in (10, 14):
+        rows = [(e, None), (e, torch.arange(k)), (e, torch.arange(1, k + 1))]
+        b = packed_inputs(a, rows, bucket=64)
+        totals.append((b["plan"].real, b["plan"].total))
+        got, _ = compiled(a.model, b)
+        want, _ = packed_prefill(a.model, b)
+        assert torch.equal(got, want)
+    assert totals[0][0] != totals[1][0] and totals[0][1] == totals[1][1]  # two lengths, one bucket
+    assert counter.frame_count == 1
+
+
+def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch):
+    """`DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go through
+    `torch.compile` (backend: CompileCounter, set in `_packed.COMPILE`); two kept counts of one bucket
+    capture one prefill graph and one step graph (the step: one shape at every step), and the answers
+    are the plain path's (tie rule)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    from .batch_check import compare
+
+    a, e = embedded
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    keeps = [torch.arange(10), torch.arange(3, 17)]
+    ref = one_by_one(a, e, keeps, 4, min_new_tokens=4)
+    use_decode_path(a, bucket=64, static_cache=True, compile=True)
+    try:
+        got = [a.generate(e, k, max_new_tokens=4, min_new_tokens=4) for k in keeps]
+        assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
+        assert [packed_inputs(a, [(e, k)], bucket=64)["plan"].total for k in keeps] == [64, 64]  # one bucket
+        for g, (r, rec) in zip(got, ref):
+            assert len(g.token_ids) == 4 and compare(g.token_ids, r.token_ids, rec.margins) >= 1
+    finally:
+        a.decode_path = PLAIN
+        for name in ("_compiled_prefill", "_compiled_step"):
+            if hasattr(a, name):
+                delattr(a, name)
+        torch._dynamo.reset()
