@@ -35,7 +35,7 @@ What depends on what (so callers can cache across slider moves):
   * lambda, aggregation and the budget only change the cheap selection step.
 Pass the same dict as `cache=` to `prune("mi", ...)` for one (V, T) pair and both are reused.
 
-lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus `torch.topk`, no N_V x N_V work.
+lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus a stable sort, no N_V x N_V work.
 lam < 1 needs each candidate's self-PMI row normaliser, i.e. every row of v~ v~^T: O(N_V^2 d) once,
 then O(N_V) per greedy step. Up to `DENSE_LIMIT` tokens the Gram matrix is held and its columns are
 reused; above it, rows are processed in chunks and columns are recomputed per step (O(N_V d)).
@@ -50,7 +50,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .lam_rule import LAM_RULE
-from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
+from .selection import Selection, check_choice, check_range, cosine_to, gram, top_indices, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
 AGGREGATIONS = ("max", "mean")  # max: Eq. 9-10 (default); mean: Eq. 11, the paper's "global"
@@ -345,7 +345,7 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     relevance = cross.relevance(aggregation)  # (N_V,)
     extras = {"relevance": relevance}
     if lam == 1.0:
-        order = torch.topk(relevance, budget).indices  # modular objective: a sort, no N_V^2 work
+        order = top_indices(relevance, budget)  # modular objective: a sort, no N_V^2 work; ties to the lowest index
         scores = relevance
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),

@@ -168,4 +168,4 @@ def vispruner_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
     drop_round = torch.full((n_v,), -1, dtype=torch.long, device=dev)
     drop_round[rest] = rounds
     order = torch.cat([important, rest[survivors]])  # (K,) important by attention, then diverse
-    return Selection.from_order(order, attn, extras={"important": important.cpu(), "drop_round": drop_round.cpu()})
+    return Selection.from_order(order, attn, extras={"important": important, "drop_round": drop_round})
