@@ -4,9 +4,14 @@ At batch 1 on a GPU a selection is launch-bound: MI's greedy at N_V 576, K 64 is
 kernels, each a few microseconds of host time. Every built-in pre-LLM method with a fixed K is
 written as one capturable computation (no host sync, no data-dependent Python control flow, shapes
 fixed by (N_V, K, dtype); tests/pruners/test_capture.py traces each with
-`torch.compile(fullgraph=True)`), so on CUDA `prune` records it as a CUDA graph the first time a
-(method, K, parameters, input shapes / dtypes / device) is seen and replays it afterwards: one
-graph launch, plus copying the inputs into the graph's buffers and the outputs out of them.
+`torch.compile(fullgraph=True)`), so on CUDA `prune` records it as a CUDA graph once per (method,
+K, parameters, input shapes / dtypes / device) and replays it afterwards: one graph launch, plus
+copying the inputs into the graph's buffers and the outputs out of them. A key is recorded the
+SECOND time it is seen (the first call runs eagerly): recording costs about two eager runs, which
+a shape seen once (a Qwen image of its own size, one gpu-check row) would never win back; the app's
+slider moves, an eval over one model's fixed N_V and a bench's repeats see their keys again.
+Selections over more than `MAX_TOKENS` visual tokens run eagerly: there the work, not the launches,
+dominates, and a graph would hold several N_V x N_V buffers in its memory pool.
 
 Why `torch.cuda.CUDAGraph` on the eager code rather than `torch.compile(mode="reduce-overhead")`:
 recording is one eager run (milliseconds), where compiling a greedy loop unrolled K times takes
@@ -21,7 +26,7 @@ the graph's memory, which the next replay overwrites; the captured call recomput
 Switches: capture is on for CUDA inputs unless the environment sets MIPRUNER_CAPTURE=0 or the code
 runs inside `capture.disabled()` (the benches' eager columns). Any failure to record falls back to
 eager for that key, with one warning. At most `MAX_GRAPHS` graphs are held (least recently used
-dropped), each with its own memory pool.
+dropped), each with its own memory pool (at N_V 576 a few MB; at MAX_TOKENS up to ~70 MB).
 """
 from __future__ import annotations
 
@@ -41,11 +46,13 @@ from .selection import Selection, check_finite, values_checked
 # Built-in methods whose selection is capture-safe (see `capturable` for the parameters that are not).
 CAPTURABLE = frozenset({"mi", "mi_attention", "mi_adaptive", "cdpruner", "divprune", "vispruner", "visionzip",
                         "attention", "similarity", "random"})
-MAX_GRAPHS = 32  # graphs held at once; each holds its inputs, outputs and intermediates
+MAX_GRAPHS = 16  # graphs held at once; each holds its inputs, outputs and intermediates
+MAX_TOKENS = 2048  # above this N_V a selection runs eagerly (compute-bound; a graph's pool grows as N_V^2)
 _TENSOR_INPUTS = ("visual", "text", "attention", "keys", "features", "cls")
 
 _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_capture", default=True)
 _GRAPHS: "OrderedDict[tuple, _Graph | None]" = OrderedDict()  # None: recording failed, run eager
+_SEEN: "OrderedDict[tuple, None]" = OrderedDict()  # keys seen once (recorded on the second sighting)
 _LOCK = threading.Lock()
 
 
@@ -66,7 +73,7 @@ def enabled(device: torch.device) -> bool:
 
 def capturable(name: str, n_v: int, params: dict) -> bool:
     """Whether method `name` with `params` on N_V tokens is one capturable computation."""
-    if name not in CAPTURABLE:
+    if name not in CAPTURABLE or n_v > MAX_TOKENS:
         return False
     if name == "mi_adaptive" and params.get("k_rule", "fixed") != "fixed":
         return False  # the chosen K is a host value (the part after the captured greedy)
@@ -81,6 +88,7 @@ def clear() -> None:
     """Drop every recorded graph (and its memory)."""
     with _LOCK:
         _GRAPHS.clear()
+        _SEEN.clear()
 
 
 def _clone(x: Any) -> Any:
@@ -118,7 +126,7 @@ def _key(name: str, k: int, tensors: dict, static: dict) -> tuple:
 
 def run(spec, k: int, inputs: dict, params: dict) -> Selection:
     """`spec.fn(budget=k, **inputs, **params)` with the input values checked once here; on CUDA (when
-    `enabled` and `capturable`) replayed from a graph recorded on the first call of its key."""
+    `enabled` and `capturable`) replayed from a graph recorded on the second call of its key."""
     fn = spec.fn
     if torch.compiler.is_compiling():  # traced by the caller's torch.compile: the caller owns the edge
         return fn(budget=k, **inputs, **params)
@@ -138,7 +146,13 @@ def run(spec, k: int, inputs: dict, params: dict) -> Selection:
     key = _key(spec.name, k, tensors, static)
     with _LOCK:
         graph = _GRAPHS.get(key, False)
-        if graph is False:
+        if graph is False and key not in _SEEN:  # first sighting: eager (module doc)
+            _SEEN[key] = None
+            while len(_SEEN) > 4 * MAX_GRAPHS:
+                _SEEN.popitem(last=False)
+            graph = None
+        elif graph is False:
+            _SEEN.pop(key, None)
             try:
                 graph = _Graph(fn, tensors, static, visual.device)
             except Exception as e:  # noqa: BLE001  any failure to record: eager for this key, said once
@@ -148,11 +162,12 @@ def run(spec, k: int, inputs: dict, params: dict) -> Selection:
             _GRAPHS[key] = graph
             while len(_GRAPHS) > MAX_GRAPHS:
                 _GRAPHS.popitem(last=False)
-        _GRAPHS.move_to_end(key)
+        else:
+            _GRAPHS.move_to_end(key)
         if graph is not None:
             return graph(tensors)
     with values_checked():
         return fn(budget=k, **inputs, **params)
 
 
-__all__ = ["CAPTURABLE", "MAX_GRAPHS", "capturable", "clear", "disabled", "enabled", "run"]
+__all__ = ["CAPTURABLE", "MAX_GRAPHS", "MAX_TOKENS", "capturable", "clear", "disabled", "enabled", "run"]

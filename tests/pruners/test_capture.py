@@ -11,7 +11,7 @@
   captured; ties go to the lowest index; Random's hash is the documented one; the multi-view
   [CLS] attention is built on its inputs' device.
 - On CUDA (MIPRUNER_TEST_DEVICE=cuda): every method's captured selection (a CUDA-graph replay) is
-  the eager one, on the first call (recorded) and the next (replayed).
+  the eager one, on the first call (eager), the second (recorded) and the third (replayed).
 """
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ def test_what_is_captured():
     assert not capture.capturable("mi_adaptive", N_V, {"k_rule": "gain"})  # its K is read on the host
     assert not capture.capturable("vispruner", mi.DENSE_LIMIT + 1, {})  # the sparse diverse stage syncs
     assert not capture.capturable("fastv", N_V, {})
+    assert not capture.capturable("mi", capture.MAX_TOKENS + 1, {})  # compute-bound there; the pool grows as N_V^2
 
 
 def test_env_switches_capture_off(monkeypatch):
@@ -164,8 +165,11 @@ def test_cuda_graph_replay_is_the_eager_selection(name, params):
     call = lambda: mipruner.prune(name, visual=V, text=T, budget=K, **inputs, **params)  # noqa: E731
     with capture.disabled():
         eager = call()
-    recorded, replayed = call(), call()
+    first = call()  # the key's first sighting runs eagerly
+    assert not capture._GRAPHS
+    recorded, replayed = call(), call()  # recorded on the second, replayed on the third
     assert len(capture._GRAPHS) == 1 and next(iter(capture._GRAPHS.values())) is not None, "not captured"
+    _same(first, eager)
     _same(recorded, eager)
     _same(replayed, eager)
     V.mul_(-1.0)  # new values in the same tensors: the replay reads them
