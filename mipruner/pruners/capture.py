@@ -120,7 +120,7 @@ class _Graph:
 
 
 def _key(name: str, k: int, tensors: dict, static: dict) -> tuple:
-    shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in tensors.items())
+    shapes = tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in tensors.items())
     return name, k, shapes, tuple(sorted((n, repr(v)) for n, v in static.items()))
 
 
