@@ -9,6 +9,7 @@ from mipruner.plugins import load_for_cli, take_plugins_arg
 
 COMMANDS = {
     "pruners": ("mipruner.bench.pruners", "each pruner's median time vs. a V @ T.T + topk floor"),
+    "ops": ("mipruner.bench.ops", "aten ops per selection (profiler) and captured (CUDA graph) vs eager time, every method"),
     "prefill": ("mipruner.bench.prefill", "vision encode, prefill at keep 100/50/25/10%, pruning overhead"),
     "efficiency": ("mipruner.bench.efficiency", "end-to-end latency + peak memory per method x budget (incl. fastv, dart)"),
     "gpu": ("mipruner.bench.gpu", "paper protocol at LLaVA-1.5/NeXT-7B shapes: batch-1 latency vs plain generate, items/s at batch 1/8/32"),

@@ -77,19 +77,22 @@ def views_attention(att_all: torch.Tensor, keys_all: torch.Tensor, view: torch.T
     view (N_V,): the view (image, tile, frame) each token comes from, -1 for tokens the tower never
     saw (LLaVA-NeXT's newlines); pos (N_V,): its index within the view, [CLS] = 0. Row 0 holds each
     token's [CLS] attention within its own view; tokens of different views get 0; key 0 is view 0's
-    [CLS] key.
+    [CLS] key. Built on `att_all`'s device (no host round trip when the tower's maps are on the GPU).
     """
+    dev = att_all.device
+    view, pos = view.to(dev), pos.to(dev)
     seen = view >= 0
     v = view.clamp_min(0)
     p = pos.clamp_min(0)
     n = int(view.numel())
-    att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype)
-    att[0, 1:] = torch.where(seen, att_all[v, 0, p], torch.zeros(()))
+    att = torch.zeros(n + 1, n + 1, dtype=att_all.dtype, device=dev)
+    zero = torch.zeros((), dtype=att_all.dtype, device=dev)
+    att[0, 1:] = torch.where(seen, att_all[v, 0, p], zero)
     same = (view[:, None] == view[None, :]) & seen[:, None] & seen[None, :]  # (N_V, N_V)
-    att[1:, 1:] = torch.where(same, att_all[v[:, None], p[:, None], p[None, :]], torch.zeros(()))
-    keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype)
+    att[1:, 1:] = torch.where(same, att_all[v[:, None], p[:, None], p[None, :]], zero)
+    keys = torch.zeros(n + 1, keys_all.shape[-1], dtype=keys_all.dtype, device=dev)
     keys[0] = keys_all[0, 0]
-    keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros(()))
+    keys[1:] = torch.where(seen[:, None], keys_all[v, p], torch.zeros((), dtype=keys_all.dtype, device=dev))
     return att, keys
 
 

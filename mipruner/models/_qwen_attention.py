@@ -80,4 +80,4 @@ def capture(adapter, vision: dict, store: dict, enabled: bool):
     if order is not None:  # ViT order -> LLM order
         inv = torch.argsort(order)
         attention, keys = attention[inv][:, inv], keys[inv]
-    store["attention"], store["keys"] = attention.cpu(), keys.cpu()
+    store["attention"], store["keys"] = attention, keys  # on the device: the selections read them there

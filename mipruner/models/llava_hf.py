@@ -77,7 +77,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
                    is_video=is_video, ref={k: v for k, v in inputs.items()})
         if need_attention:
-            att, keys = cap["attention"].cpu(), cap["keys"].cpu()  # (F, n+1, n+1), (F, n+1, d_head)
+            att, keys = cap["attention"], cap["keys"]  # (F, n+1, n+1), (F, n+1, d_head), on the tower's device
             out["cls"] = A.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
             if len(images) == 1:
                 out.update(attention=att[0], keys=keys[0], has_cls=True)

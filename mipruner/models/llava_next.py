@@ -55,7 +55,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image, image],
                    ref={k: v for k, v in inputs.items()})
         if need_attention:
-            att, keys = self._token_attention(cap["attention"].cpu(), cap["keys"].cpu(), packed, pixels.shape[-1])
+            att, keys = self._token_attention(cap["attention"], cap["keys"], packed, pixels.shape[-1])  # on the device
             out.update(attention=att, keys=keys, has_cls=True, cls=A.projected_cls(self.model, outputs),  # (views, d)
                        state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu()})
         return out

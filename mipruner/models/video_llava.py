@@ -109,6 +109,6 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels.cpu())
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
         if need_attention:
-            out.update(attention=cap["attention"][0].cpu(), keys=cap["keys"][0].cpu(), has_cls=True,
+            out.update(attention=cap["attention"][0], keys=cap["keys"][0], has_cls=True,
                        cls=A.projected_cls(self.model, outputs))  # (1, d)
         return out

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import capture  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
 
 _REGISTRY: dict[str, "PrunerSpec"] = {}
@@ -265,7 +266,8 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
     methods); budget: int in [1, N_V] (tokens) or float in (0, 1] (share of N_V, rounded half up,
     at least 1). A budget above N_V raises: we never clip silently. Method parameters
     (`lam`, `tau`, `seed`, ...) and inputs (`attention`, `keys`, `cache`, ...) are keyword-only;
-    unknown ones raise TypeError, out-of-range ones ValueError.
+    unknown ones raise TypeError, out-of-range ones ValueError. On CUDA a built-in method's selection is
+    recorded as a CUDA graph once per (method, K, parameters, shapes) and replayed (`capture.py`).
     """
     spec = get_pruner(name)
     if spec.stage == "llm":
@@ -291,7 +293,7 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
             raise ValueError(f"width mismatch: visual has d={visual.shape[1]}, text has d={text.shape[1]}; "
                              "both must live in the LLM's input space")
     k = resolve_budget(budget, n_v)
-    sel = spec.fn(visual=visual, text=text, budget=k, **inputs, **kw)
+    sel = capture.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
     if spec.origin:  # a plug-in's selection is checked before anything reads it
         check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = name

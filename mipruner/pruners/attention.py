@@ -5,7 +5,7 @@ step (dvlab-research/VisionZip, `visionzip/clip_encoder.py` `CLIPVisionTower_Vis
 top-K of [CLS] attention at the tower's feature layer, summed over heads) and, for encoders without a
 [CLS] (Qwen), defines as the attention summed over the other image tokens. No code of its own was
 released. Deviations: the head MEAN instead of the head sum (same ranking); no [CLS] token is kept
-(VisionZip itself keeps it: `visionzip`); ties to the lowest index (topk leaves them to the kernel).
+(VisionZip itself keeps it: `visionzip`); ties to the lowest index on every device (a stable sort).
 
     with a [CLS] token:   Attn_i = A[cls, 1+i]                  (what [CLS] reads from patch i)
     without one:          Attn_i = sum_{j != i} A[j, i]         (column sum over image queries,
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._registry import Param, register_pruner
-from .selection import Selection, check_matrix
+from .selection import Selection, check_matrix, top_indices
 
 
 def has_cls(attention: torch.Tensor | None, n_v: int, *, method: str) -> bool:
@@ -91,5 +91,5 @@ def attention_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
                      ) -> Selection:
     """Attention: top-K visual tokens by vision-encoder [CLS] attention (or received attention)."""
     scores = attention_scores(attention, visual.shape[0], use_cls=use_cls).to(visual.device)  # (N_V,)
-    order = torch.topk(scores, budget).indices  # (K,) highest attention first
+    order = top_indices(scores, budget)  # (K,) highest attention first, ties to the lowest index
     return Selection.from_order(order, scores)

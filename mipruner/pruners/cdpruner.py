@@ -90,27 +90,29 @@ def greedy_map(kernel_rows, diag: torch.Tensor, k: int, fallback: torch.Tensor
     the fallback pick and zeroes the update (no host copy per token).
     """
     n, dev = diag.shape[0], diag.device
-    d2 = diag.to(torch.float32).clone().view(1, n)  # (1, N) d_i^2 = det(L_{S+i}) / det(L_S); -inf once picked
+    # rows: d_i^2 = det(L_{S+i}) / det(L_S), and the fallback priority; -inf in both once picked (one fill)
+    state = torch.stack([diag.to(torch.float32), fallback.to(torch.float32)])  # (2, N)
+    d2 = state[:1]  # (1, N) a view: updated in place
     c = torch.zeros(k, n, device=dev)  # (K, N) row s holds e_i of step s; c_i is the column c[:s, i]
-    order = torch.empty(k, dtype=torch.long, device=dev)
-    gains = torch.empty(k, 1, device=dev)  # each pick's d^2 when picked
     floor = _EPS * diag.max().clamp_min(0.0)  # 0-dim, on the device
-    fb = fallback.to(torch.float32).clone().view(1, n)  # picked tokens are set to -inf
     exhausted = torch.zeros(1, dtype=torch.bool, device=dev)  # sticky: once no token adds volume
+    picks, gains = [], []
     for step in range(k):
-        best, j_map = d2.max(dim=1)  # (1,), (1,): ties to the lowest index
-        exhausted |= best <= floor
-        j = torch.where(exhausted, fb.argmax(dim=1), j_map, out=order[step:step + 1])  # (1,) fallback once exhausted
-        dj2 = torch.index_select(d2, 1, j, out=gains[step:step + 1])  # (1, 1)
-        d2.index_fill_(1, j, -math.inf)
-        fb.index_fill_(1, j, -math.inf)
-        # e_i = (L_ji - <c_j, c_i>) / d_j for every i; no update (e = 0) once exhausted
-        e = torch.addmm(kernel_rows(j), c[:step].index_select(1, j).T, c[:step], alpha=-1)  # (1, N)
-        e = (e / dj2.clamp_min(_TINY).sqrt()).masked_fill_(exhausted, 0.0)
-        c[step:step + 1] = e
-        d2 = d2 - e * e  # (1, N); stays -inf where picked
+        best, top = state.max(dim=1)  # (2,), (2,): the best d^2 and the best fallback; ties to the lowest index
+        exhausted = exhausted | (best[:1] <= floor)
+        j = top.gather(0, exhausted.long())  # (1,) the Cholesky pick, or the fallback's once exhausted
+        dj2 = d2.index_select(1, j)  # (1, 1)
+        state.index_fill_(1, j, -math.inf)
+        picks.append(j)
+        gains.append(dj2)
+        # e_i = (L_ji - <c_j, c_i>) / d_j for every i, written into row `step` of c; e = 0 once exhausted
+        prev = c[:step]  # (step, N)
+        e = torch.addmm(kernel_rows(j), prev.index_select(1, j).T, prev, alpha=-1)  # (1, N)
+        e = torch.div(e, dj2.clamp_min(_TINY).sqrt(), out=c[step:step + 1]).masked_fill_(exhausted, 0.0)
+        d2.sub_(e * e)  # stays -inf where picked
+    order = torch.cat(picks)  # (K,)
     scores = d2[0].clone()  # unpicked: d^2 given the final set
-    scores.index_copy_(0, order, gains[:, 0])
+    scores.index_copy_(0, order, torch.cat(gains)[:, 0])
     return order, scores.clamp_min(0.0)
 
 

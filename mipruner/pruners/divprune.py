@@ -101,21 +101,28 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
 def divprune(visual: torch.Tensor, text: torch.Tensor | None, budget: int) -> Selection:
     """DivPrune: greedy max-min diversity over cosine distance, without looking at the prompt."""
     cos = CosineColumns(visual)
-    n, dev = cos.n, cos.u.device
+    n = cos.n
     first = nearest_neighbour_distance(cos)  # (N_V,)
-    order = torch.empty(budget, dtype=torch.long, device=dev)
-    gains = torch.empty(budget, device=dev)  # each pick's min-distance to the set when picked
-    order2, gains2 = order.view(budget, 1), gains.view(budget, 1)
-    torch.max(first.view(1, n), 1, keepdim=True, out=(gains2[:1], order2[:1]))  # ties to the lowest index
-    # m_i = min_{j in S} d_ij, as (1, N_V); a picked token's entry is set to -inf, which takes it out
-    # of the race and no later minimum can raise.
-    min_dist = 1.0 - cos.cols(order[:1])
-    min_dist.index_fill_(1, order[:1], -torch.inf)
-    for step in range(1, budget):
-        torch.max(min_dist, 1, keepdim=True, out=(gains2[step:step + 1], order2[step:step + 1]))
-        j = order[step:step + 1]  # (1,), stays on the device
-        min_dist = torch.minimum(min_dist, 1.0 - cos.cols(j))  # O(N_V): running min over S
-        min_dist.index_fill_(1, j, -torch.inf)
+    # Rows of the distance matrix with d_jj = -inf: the running minimum m_i = min_{j in S} d_ij then
+    # holds -inf for every picked token, which takes it out of the race (no later minimum can raise it).
+    if cos.dense:
+        dist = (1.0 - cos.cos).fill_diagonal_(-torch.inf)  # (N_V, N_V), built once
+
+        def dist_rows(idx: torch.Tensor) -> torch.Tensor:
+            return dist.index_select(0, idx)  # (m, N_V)
+    else:
+        def dist_rows(idx: torch.Tensor) -> torch.Tensor:  # (m, N_V), O(N_V d) a row
+            return (1.0 - cos.cols(idx)).scatter_(1, idx[:, None], -torch.inf)
+
+    best, j = torch.max(first.view(1, n), 1)  # (1,), (1,): ties to the lowest index
+    picks, gains = [j], [best]  # each pick, and its min-distance to the set when picked
+    min_dist = dist_rows(j)  # (1, N_V) m_i
+    for _ in range(1, budget):  # three kernels a step: max, one row read, minimum; no host copy
+        best, j = torch.max(min_dist, 1)
+        picks.append(j)
+        gains.append(best)
+        min_dist = torch.minimum(min_dist, dist_rows(j))  # O(N_V): running min over S
+    order = torch.cat(picks)  # (K,)
     scores = min_dist[0].clone()  # unpicked: distance to the final set
-    scores.index_copy_(0, order, gains)
+    scores.index_copy_(0, order, torch.cat(gains))
     return Selection.from_order(order, scores, extras={"nearest_neighbour_distance": first})

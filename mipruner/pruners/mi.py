@@ -35,7 +35,7 @@ What depends on what (so callers can cache across slider moves):
   * lambda, aggregation and the budget only change the cheap selection step.
 Pass the same dict as `cache=` to `prune("mi", ...)` for one (V, T) pair and both are reused.
 
-lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus `torch.topk`, no N_V x N_V work.
+lam == 1 is a plain top-K of S_cross: O(N_V N_T d) scoring plus a stable sort, no N_V x N_V work.
 lam < 1 needs each candidate's self-PMI row normaliser, i.e. every row of v~ v~^T: O(N_V^2 d) once,
 then O(N_V) per greedy step. Up to `DENSE_LIMIT` tokens the Gram matrix is held and its columns are
 reused; above it, rows are processed in chunks and columns are recomputed per step (O(N_V d)).
@@ -50,7 +50,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .lam_rule import LAM_RULE
-from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
+from .selection import Selection, check_choice, check_range, cosine_to, gram, top_indices, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
 AGGREGATIONS = ("max", "mean")  # max: Eq. 9-10 (default); mean: Eq. 11, the paper's "global"
@@ -209,9 +209,16 @@ class SelfPMI:
         """
         if self.cos is None:
             return self._terms_t(self.u.index_select(0, idx) @ self.u.T, aggregation)  # (m, d) @ (d, N_V)
+        return self.table(aggregation).index_select(0, idx)
+
+    def table(self, aggregation: str = "max") -> torch.Tensor | None:
+        """The whole (N_V, N_V) matrix whose rows `rows` reads (row j: token j's contribution), or None
+        above DENSE_LIMIT, where it is never held."""
+        if self.cos is None:
+            return None
         if aggregation not in self._dense:
             self._dense[aggregation] = self._terms_t(self.cos, aggregation)  # (N_V, N_V), uses cos = cos.T
-        return self._dense[aggregation].index_select(0, idx)
+        return self._dense[aggregation]
 
     def term(self, j: int, aggregation: str = "max") -> torch.Tensor:
         """What selected token j contributes to every candidate's redundancy: (N_V,)."""
@@ -278,6 +285,8 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
     One step is a handful of (N_V,) kernels on the inputs' device: no host copy, no Python set;
     a picked token leaves the race by setting its lam * S_cross to -inf.
     """
+    if aggregation == "max":
+        return _greedy_max(relevance, self_pmi, k, lam, init)
     n, dev = relevance.shape[0], relevance.device
     c = 1.0 - lam
     base = (lam * relevance).reshape(1, n)  # (1, N_V); picked tokens are set to -inf
@@ -300,6 +309,53 @@ def greedy_select(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float
     scores = torch.where(taken, scores, (base - c * red.value)[0])  # the others: gain given the final set
     scores.index_copy_(0, order, gains)
     return order, scores, red.value[0]
+
+
+def _greedy_max(relevance: torch.Tensor, self_pmi: SelfPMI, k: int, lam: float, init: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`greedy_select` for aggregation "max", three kernels a step (max, one row read, minimum).
+
+    With G[j, i] = lam S_cross_i - (1 - lam) PMI_self(i, j) (G[j, j] = -inf: a kept token leaves the
+    race), the gain given the kept set S is S_i = min_{j in S} G[j, i]: x -> a - c x (c >= 0) is
+    non-increasing also in float32 (each rounding is monotone), so min_j fl(a - fl(c R_j)) is exactly
+    fl(a - fl(c max_j R_j)), the gain the textbook loop computes; same bits, same picks, same ties.
+    G is built once (N_V^2) when the self-PMI is held dense, else one row a step (O(N_V d)).
+    """
+    n, dev = relevance.shape[0], relevance.device
+    c = 1.0 - lam
+    base = lam * relevance  # (N_V,) the gain with nothing kept
+    table = self_pmi.table("max")  # (N_V, N_V) R[j, i] = PMI_self(i, j), or None above DENSE_LIMIT
+    if table is not None:
+        g_all = (base[None, :] - c * table).fill_diagonal_(-math.inf)  # (N_V, N_V) G
+
+        def gain_rows(idx: torch.Tensor) -> torch.Tensor:
+            return g_all.index_select(0, idx)  # (m, N_V)
+    else:
+        seen = []  # the PMI_self rows read, for the redundancy (the same products as the textbook loop's)
+
+        def gain_rows(idx: torch.Tensor) -> torch.Tensor:  # (m, N_V), G's rows recomputed
+            seen.append(self_pmi.rows(idx, "max"))
+            return (base[None, :] - c * seen[-1]).scatter_(1, idx[:, None], -math.inf)
+
+    if init is not None and init.numel():
+        init = init.to(device=dev, dtype=torch.long)
+        gain = gain_rows(init).amin(dim=0, keepdim=True)  # (1, N_V)
+    else:
+        init, gain = None, base.reshape(1, n)
+    picks, gains = [], []
+    for step in range(k):
+        best, j = torch.max(gain, 1)  # (1,), (1,): ties to the lowest index; stays on the device
+        picks.append(j)
+        gains.append(best)
+        row = gain_rows(j)  # (1, N_V)
+        gain = row if (step == 0 and init is None) else torch.minimum(gain, row)
+    order = torch.cat(picks)  # (k,)
+    kept = order if init is None else torch.cat([init, order])
+    rows = table.index_select(0, kept) if table is not None else torch.cat(seen)  # (|kept| (+1), N_V)
+    redundancy = rows.amax(dim=0)  # (N_V,) max_{j in kept} PMI_self(i, j)
+    scores = torch.where(torch.isneginf(gain[0]), base, gain[0])  # unpicked: gain given the final set
+    scores.index_copy_(0, order, torch.cat(gains))  # picked: gain when picked; `init`: lam * S_cross
+    return order, scores, redundancy
 
 
 def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None, key: tuple, make):
@@ -345,7 +401,7 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     relevance = cross.relevance(aggregation)  # (N_V,)
     extras = {"relevance": relevance}
     if lam == 1.0:
-        order = torch.topk(relevance, budget).indices  # modular objective: a sort, no N_V^2 work
+        order = top_indices(relevance, budget)  # modular objective: a sort, no N_V^2 work; ties to the lowest index
         scores = relevance
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),

@@ -28,7 +28,7 @@ import torch
 from ._registry import Param, register_pruner
 from .lam_rule import LAM_RULE
 from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
-from .selection import Selection, check_choice, check_range
+from .selection import Selection, check_choice, check_range, top_indices
 
 K_RULES = ("fixed", "gain", "mass")
 K_RULE = Param.choice("k_rule", "fixed", K_RULES, "how many tokens (budget = the most): fixed = the budget; "
@@ -84,8 +84,8 @@ def mi_adaptive_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
     relevance = cross.relevance(aggregation)  # (N_V,)
     extras = {"relevance": relevance, "k_rule": k_rule}
     if lam == 1.0:
-        top = torch.topk(relevance, budget)  # gains are S_cross itself, already in decreasing order
-        order, gains, scores = top.indices, top.values, relevance
+        order = top_indices(relevance, budget)  # gains are S_cross itself, in decreasing order; ties to the lowest index
+        gains, scores = relevance[order], relevance
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
                            lambda: SelfPMI(visual, tau, normalization))

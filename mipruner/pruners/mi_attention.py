@@ -24,7 +24,7 @@ from ._registry import Param, register_pruner
 from .attention import attention_scores
 from .lam_rule import LAM_RULE
 from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
-from .selection import Selection, check_range
+from .selection import Selection, check_range, top_indices
 
 
 @register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
@@ -52,12 +52,12 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
     relevance = cross.relevance(aggregation)  # (N_V,)
 
     k1 = min(budget, int(math.floor(split * budget + 0.5)))  # K1 = round(split K)
-    round1 = torch.topk(attn, k1).indices  # (K1,) highest attention first, on the inputs' device
+    round1 = top_indices(attn, k1)  # (K1,) highest attention first (ties to the lowest index), on the inputs' device
     k2 = budget - k1
     extras = {"relevance": relevance, "attention": attn}
     if lam == 1.0 or k2 == 0:
         scores = lam * relevance  # (N_V,) lam == 1: S_cross itself, as in `mi`; K2 == 0: no round 2 to score
-        round2 = torch.topk(relevance.index_fill(0, round1, -math.inf), k2).indices  # (K2,)
+        round2 = top_indices(relevance.index_fill(0, round1, -math.inf), k2)  # (K2,)
     else:
         self_pmi = _cached(cache, visual, text, ("self", tau, normalization),
                            lambda: SelfPMI(visual, tau, normalization))

@@ -12,6 +12,8 @@ On a GPU, selecting therefore queues kernels without waiting for them; the first
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,18 +136,47 @@ def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None 
 
 
 def check_matrix(name: str, x: Any, *, ndim: int = 2) -> None:
-    """A float tensor of `ndim` dims with finite values, else ValueError naming `name`."""
+    """A float tensor of `ndim` dims with finite values, else ValueError naming `name` (the values are not
+    read within `values_checked()` or under torch.compile: checked once at the edge instead)."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if not torch.compiler.is_compiling() and not _VALUES_CHECKED.get():
+        check_finite(name, x)
+
+
+# Set by `mipruner.prune` while a method runs on inputs whose values it has checked at the edge: inside,
+# `check_matrix` checks types and shapes only, so a selection makes no host sync for its checks and can
+# be captured as one graph (`capture.py`). Under torch.compile the value checks are the caller's.
+_VALUES_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_values_checked", default=False)
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Within: `check_matrix` skips the finiteness check (the caller made it once, at the edge)."""
+    token = _VALUES_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.reset(token)
+
+
+def check_finite(name: str, x: torch.Tensor) -> None:
+    """ValueError naming `name` when the float tensor x holds NaN or inf (one host sync, two when it does)."""
     # Fast path: a finite sum implies every element is finite (NaN/inf propagate through +), and
     # a sum is one read pass with no (N, d) bool temporary. Only a non-finite sum, a real NaN/inf
     # or an overflow of large values, pays for the exact element-wise check.
     if not bool(torch.isfinite(x.sum(dtype=torch.float32))) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or inf values")
+
+
+def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the k largest entries of the 1-D x, largest first, ties to the LOWEST index on every
+    device (a stable descending sort; `torch.topk` leaves ties to the kernel, which differs on CUDA)."""
+    return torch.sort(x, descending=True, stable=True).indices[:k]
 
 
 def resolve_budget(budget: Any, n: int) -> int:

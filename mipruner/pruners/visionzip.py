@@ -52,7 +52,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .attention import attention_scores, image_keys
-from .selection import Selection, check_matrix, check_range, unit_rows
+from .selection import Selection, check_matrix, check_range, top_indices, unit_rows
 
 
 def dominant_count(budget: int, ratio: float) -> int:
@@ -96,7 +96,7 @@ def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
     n_dom = max(n_dom_all - n_cls, 0)  # dominant patches
     n_patch = budget - n_cls  # patch tokens kept: dominant + contextual
     n_ctx = n_patch - n_dom
-    dominant = torch.topk(attn, n_dom).indices  # (D,) highest attention first
+    dominant = top_indices(attn, n_dom)  # (D,) highest attention first, ties to the lowest index
     rest = _complement(n_v, dominant, dev)  # (N_V - D,) ascending
 
     v = visual.to(torch.float32)
@@ -123,4 +123,4 @@ def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
     tokens[torch.searchsorted(keep, targets)] += delta  # contextual rows := target + mean(assigned)
     prefix = cls[:n_cls].to(visual.dtype) if n_cls else None
     return Selection.from_order(order, attn, tokens=tokens.to(visual.dtype), prefix=prefix,
-                                extras={"merged_into": merged_into.cpu(), "dominant": dominant.cpu()})
+                                extras={"merged_into": merged_into, "dominant": dominant})

@@ -93,14 +93,15 @@ def drop_duplicates(features: torch.Tensor, n_keep: int, drop_per_round: int, *,
     if dense:
         if cos is None:
             raise ValueError(f"the dense path needs the cosine matrix: M = {m} > mi.DENSE_LIMIT")
-        red_of = lambda a, b, _in_b: cos[a[:, None], b[None, :]].amax(dim=1)  # noqa: E731  (|A|,)
+        red_of = lambda a, b, _in_b: cos.index_select(0, a).index_select(1, b).amax(dim=1)  # noqa: E731  (|A|,)
     else:
         red_of = _sparse_redundancy(u, cos)
-    in_b = torch.zeros(m, dtype=torch.bool, device=dev)
+    in_b = None if dense else torch.zeros(m, dtype=torch.bool, device=dev)  # the sparse path's B membership
     for rnd, (size, r) in enumerate(rounds):
         a, b = order[0::2], order[1::2]  # (|A|,), (|B|,): even / odd positions
-        in_b.zero_()
-        in_b[b] = True
+        if in_b is not None:
+            in_b.zero_()
+            in_b[b] = True
         red = red_of(a, b, in_b)  # (|A|,) best cosine on the other side
         rank = torch.argsort(red, descending=True)  # (|A|,) most redundant first; the release's call (ties)
         drop_round[a[rank[:r]]] = rnd
@@ -168,4 +169,4 @@ def vispruner_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
     drop_round = torch.full((n_v,), -1, dtype=torch.long, device=dev)
     drop_round[rest] = rounds
     order = torch.cat([important, rest[survivors]])  # (K,) important by attention, then diverse
-    return Selection.from_order(order, attn, extras={"important": important.cpu(), "drop_round": drop_round.cpu()})
+    return Selection.from_order(order, attn, extras={"important": important, "drop_round": drop_round})

@@ -1,0 +1,148 @@
+"""`python -m mipruner.bench ops`: what one selection costs in launches, and captured vs eager time.
+
+For every pre-LLM method (MI at lam 1 and 0.5 counted apart), on random inputs of N_V visual tokens
+(default 576), width d (default 4096), N_T prompt tokens and a budget K (default 64):
+
+  ops        top-level aten ops of one `mipruner.prune` call (torch profiler; an op called by
+             another op is not counted again). On a GPU each is at least one kernel launch, a few
+             microseconds of host time in eager mode: the count is the launch cost a captured
+             selection (one graph replay) saves. Counted in eager mode, capture off.
+  eager ms   median wall time of `mipruner.prune` with capture off (`capture.disabled()`).
+  captured   median wall time of the same call with capture on: on CUDA, the first call of a
+             (method, shapes, K, parameters) records a CUDA graph and later calls replay it
+             (`mipruner.pruners.capture`); on the CPU there is nothing to capture, so the column
+             shows `torch.compile(fullgraph=True)` of the call with `--cpu-backend` (default
+             "none": not timed; "inductor" needs a C++ compiler and minutes per method).
+  same       whether the captured call keeps the same tokens (keep and order) as the eager one.
+
+Cells are timed round-robin (one call of each method per round) after warm-up, with
+`torch.cuda.synchronize()` around every call on CUDA. Methods that read attention get a
+(N_V+1, N_V+1) softmax matrix with [CLS] first and keys (N_V+1, 64), on the inputs' device.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import time
+
+import torch
+
+import mipruner
+from mipruner.pruners import capture, get_pruner
+
+from .pruners import DTYPES, make_inputs
+from .timing import table
+
+
+def variants(methods: list[str]) -> list[tuple[str, str, dict]]:
+    """(label, pruner name, extra parameters): MI at lam 1 and lam 0.5 apart."""
+    out = []
+    for m in methods:
+        if m == "mi":
+            out += [("mi lam=1", "mi", {"lam": 1.0}), ("mi lam=0.5", "mi", {"lam": 0.5})]
+        else:
+            out.append((m, m, {}))
+    return out
+
+
+def top_level_ops(fn) -> int:
+    """The number of aten ops `fn()` calls directly (ops called by another aten op are not counted)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    n = 0
+    for ev in prof.events():
+        if not ev.name.startswith("aten::"):
+            continue
+        parent = ev.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        n += parent is None
+    return n
+
+
+def _call(name: str, data: dict, k: int, extra: dict):
+    """A zero-argument `mipruner.prune` call of `name` on the inputs it takes from `data`."""
+    sig = inspect.signature(get_pruner(name).fn).parameters
+    kw = {key: val for key, val in data.items() if key in sig}
+    return lambda: mipruner.prune(name, budget=k, **kw, **extra)
+
+
+def _median_ms(calls: dict, repeats: int, sync) -> dict[str, float]:
+    times: dict[str, list[float]] = {label: [] for label in calls}
+    for r in range(repeats + 2):  # two warm-up rounds (the first captures)
+        for label, fn in calls.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if r >= 2:
+                times[label].append(time.perf_counter() - t0)
+    return {label: statistics.median(t) * 1e3 for label, t in times.items()}
+
+
+def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: int, device="cpu",
+        dtype=torch.float32, cpu_backend: str = "none", log=print) -> list[dict]:
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    data = make_inputs(n_v, dim, n_text, 0, True, device, dtype)
+    labels = variants(methods)
+    calls = {label: _call(name, data, k, extra) for label, name, extra in labels}
+    with capture.disabled():
+        ops = {label: top_level_ops(fn) for label, fn in calls.items()}
+        eager = _median_ms(calls, repeats, sync)
+        ref = {label: fn() for label, fn in calls.items()}
+    if device.type == "cuda":
+        captured_calls = calls
+    elif cpu_backend != "none":
+        captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend) for label, fn in calls.items()}
+    else:
+        captured_calls = {}
+    captured = _median_ms(captured_calls, repeats, sync) if captured_calls else {}
+    rows, out = [], []
+    for label, _name, _extra in labels:
+        same = None
+        if label in captured_calls:
+            s = captured_calls[label]()
+            same = torch.equal(s.keep.cpu(), ref[label].keep.cpu()) and torch.equal(s.order.cpu(), ref[label].order.cpu())
+        c = captured.get(label)
+        rows.append([label, str(ops[label]), f"{eager[label]:.2f}", "-" if c is None else f"{c:.2f}",
+                     "-" if c is None else f"{eager[label] / c:.1f}", "-" if same is None else ("yes" if same else "NO")])
+        out.append(dict(method=label, n_v=n_v, d=dim, n_t=n_text, k=k, ops=ops[label], eager_ms=eager[label],
+                        captured_ms=c, same_tokens=same, device=str(device), dtype=str(dtype).replace("torch.", "")))
+    how = "CUDA graph replay" if device.type == "cuda" else (f"torch.compile backend={cpu_backend}"
+                                                             if cpu_backend != "none" else "not timed on the CPU")
+    log(f"N_V={n_v}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
+        f"(torch threads {torch.get_num_threads()}, {repeats} round-robin rounds; captured: {how})")
+    log(table(rows, ["method", "aten ops", "eager ms", "captured ms", "speed-up", "same tokens"]))
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m mipruner.bench ops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n-v", type=int, default=576)
+    p.add_argument("--dim", type=int, default=4096)
+    p.add_argument("--text", type=int, default=32, help="N_T, prompt tokens")
+    p.add_argument("--budget", type=int, default=64)
+    p.add_argument("--methods", default=",".join(mipruner.list_pruners("projector") + mipruner.list_pruners("vision")),
+                   help="pre-LLM methods (default: all of them)")
+    p.add_argument("--repeats", type=int, default=9, help="timed round-robin rounds (after two warm-up rounds)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    p.add_argument("--cpu-backend", default="none", help="on the CPU: torch.compile backend for the captured column "
+                   "(none: not timed; eager: dynamo only; inductor)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", help="also write the rows as JSON to this file")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    for m in methods:
+        if get_pruner(m).stage == "llm":
+            p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
+    rows = run(a.n_v, a.dim, a.text, a.budget, methods, a.repeats, a.device, DTYPES[a.dtype], a.cpu_backend)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)

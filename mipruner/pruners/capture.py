@@ -1,0 +1,173 @@
+"""Selections captured once per shape and replayed: the CUDA-graph path of `mipruner.prune`.
+
+At batch 1 on a GPU a selection is launch-bound: MI's greedy at N_V 576, K 64 is a few hundred small
+kernels, each a few microseconds of host time. Every built-in pre-LLM method with a fixed K is
+written as one capturable computation (no host sync, no data-dependent Python control flow, shapes
+fixed by (N_V, K, dtype); tests/pruners/test_capture.py traces each with
+`torch.compile(fullgraph=True)`), so on CUDA `prune` records it as a CUDA graph once per (method,
+K, parameters, input shapes / dtypes / device) and replays it afterwards: one graph launch, plus
+copying the inputs into the graph's buffers and the outputs out of them. A key is recorded the
+SECOND time it is seen (the first call runs eagerly): recording costs about two eager runs, which
+a shape seen once (a Qwen image of its own size, one gpu-check row) would never win back; the app's
+slider moves, an eval over one model's fixed N_V and a bench's repeats see their keys again.
+Selections over more than `MAX_TOKENS` visual tokens run eagerly: there the work, not the launches,
+dominates, and a graph would hold several N_V x N_V buffers in its memory pool.
+
+Why `torch.cuda.CUDAGraph` on the eager code rather than `torch.compile(mode="reduce-overhead")`:
+recording is one eager run (milliseconds), where compiling a greedy loop unrolled K times takes
+seconds to minutes per K, and a slider in the app moves K; the graph replays the very kernels eager
+mode runs, so captured and eager selections are the same bits on one device.
+
+What stays outside the graph, once per call, at the edge (`prune`): parameter and budget checks
+(host values), the finiteness checks of the inputs (`selection.check_finite`, one host sync each),
+the Selection record's assembly. A `cache=` dict is not used on this path: its entries would live in
+the graph's memory, which the next replay overwrites; the captured call recomputes them instead.
+
+Switches: capture is on for CUDA inputs unless the environment sets MIPRUNER_CAPTURE=0 or the code
+runs inside `capture.disabled()` (the benches' eager columns). Any failure to record falls back to
+eager for that key, with one warning. At most `MAX_GRAPHS` graphs are held (least recently used
+dropped), each with its own memory pool (at N_V 576 a few MB; at MAX_TOKENS up to ~70 MB).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+
+from .selection import Selection, check_finite, values_checked
+
+# Built-in methods whose selection is capture-safe (see `capturable` for the parameters that are not).
+CAPTURABLE = frozenset({"mi", "mi_attention", "mi_adaptive", "cdpruner", "divprune", "vispruner", "visionzip",
+                        "attention", "similarity", "random"})
+MAX_GRAPHS = 16  # graphs held at once; each holds its inputs, outputs and intermediates
+MAX_TOKENS = 2048  # above this N_V a selection runs eagerly (compute-bound; a graph's pool grows as N_V^2)
+_TENSOR_INPUTS = ("visual", "text", "attention", "keys", "features", "cls")
+
+_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_capture", default=True)
+_GRAPHS: "OrderedDict[tuple, _Graph | None]" = OrderedDict()  # None: recording failed, run eager
+_SEEN: "OrderedDict[tuple, None]" = OrderedDict()  # keys seen once (recorded on the second sighting)
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within: `prune` runs every selection eagerly (no graph recorded or replayed)."""
+    token = _ENABLED.set(False)
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether a selection on `device` is captured: CUDA, not switched off (module doc)."""
+    return device.type == "cuda" and _ENABLED.get() and os.environ.get("MIPRUNER_CAPTURE", "1") != "0"
+
+
+def capturable(name: str, n_v: int, params: dict) -> bool:
+    """Whether method `name` with `params` on N_V tokens is one capturable computation."""
+    if name not in CAPTURABLE or n_v > MAX_TOKENS:
+        return False
+    if name == "mi_adaptive" and params.get("k_rule", "fixed") != "fixed":
+        return False  # the chosen K is a host value (the part after the captured greedy)
+    if name == "vispruner":
+        from . import mi
+
+        return n_v <= mi.DENSE_LIMIT  # above it the diverse stage's sparse path reads counts on the host
+    return True
+
+
+def clear() -> None:
+    """Drop every recorded graph (and its memory)."""
+    with _LOCK:
+        _GRAPHS.clear()
+        _SEEN.clear()
+
+
+def _clone(x: Any) -> Any:
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+class _Graph:
+    """One recorded selection: static input buffers, the graph, its output Selection."""
+
+    def __init__(self, fn: Callable[..., Selection], tensors: dict, static: dict, device: torch.device):
+        self.inputs = {k: torch.empty_like(v, device=device).copy_(v) for k, v in tensors.items()}
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), values_checked():
+            fn(**self.inputs, **static)  # warm-up off the capture: lazy library handles and workspaces
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"), values_checked():
+            self.out = fn(**self.inputs, **static)
+
+    def __call__(self, tensors: dict) -> Selection:
+        for k, v in tensors.items():
+            self.inputs[k].copy_(v)
+        self.graph.replay()
+        out = self.out  # in the graph's memory, which the next replay overwrites: copied out
+        return dataclasses.replace(out, **{f.name: _clone(getattr(out, f.name)) for f in dataclasses.fields(out)
+                                           if isinstance(getattr(out, f.name), torch.Tensor)},
+                                   extras={k: _clone(v) for k, v in out.extras.items()})
+
+
+def _key(name: str, k: int, tensors: dict, static: dict) -> tuple:
+    shapes = tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in tensors.items())
+    return name, k, shapes, tuple(sorted((n, repr(v)) for n, v in static.items()))
+
+
+def run(spec, k: int, inputs: dict, params: dict) -> Selection:
+    """`spec.fn(budget=k, **inputs, **params)` with the input values checked once here; on CUDA (when
+    `enabled` and `capturable`) replayed from a graph recorded on the second call of its key."""
+    fn = spec.fn
+    if torch.compiler.is_compiling():  # traced by the caller's torch.compile: the caller owns the edge
+        return fn(budget=k, **inputs, **params)
+    for name in _TENSOR_INPUTS[2:]:  # visual and text were checked by `prune`
+        x = inputs.get(name)
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+            check_finite(name, x)
+    visual = inputs["visual"]
+    if not (enabled(visual.device) and spec.origin == "" and capturable(spec.name, visual.shape[0], params)):
+        with values_checked():
+            return fn(budget=k, **inputs, **params)
+    tensors = {n: v for n, v in inputs.items() if isinstance(v, torch.Tensor)}
+    static = {n: v for n, v in inputs.items() if n not in tensors and n != "cache"}
+    static.update(params, budget=k)
+    if "cache" in inputs:
+        static["cache"] = None  # see the module doc
+    key = _key(spec.name, k, tensors, static)
+    with _LOCK:
+        graph = _GRAPHS.get(key, False)
+        if graph is False and key not in _SEEN:  # first sighting: eager (module doc)
+            _SEEN[key] = None
+            while len(_SEEN) > 4 * MAX_GRAPHS:
+                _SEEN.popitem(last=False)
+            graph = None
+        elif graph is False:
+            _SEEN.pop(key, None)
+            try:
+                graph = _Graph(fn, tensors, static, visual.device)
+            except Exception as e:  # noqa: BLE001  any failure to record: eager for this key, said once
+                warnings.warn(f"mipruner: could not capture {spec.name!r} as a CUDA graph ({type(e).__name__}: "
+                              f"{e}); running it eagerly", RuntimeWarning, stacklevel=3)
+                graph = None
+            _GRAPHS[key] = graph
+            while len(_GRAPHS) > MAX_GRAPHS:
+                _GRAPHS.popitem(last=False)
+        else:
+            _GRAPHS.move_to_end(key)
+        if graph is not None:
+            return graph(tensors)
+    with values_checked():
+        return fn(budget=k, **inputs, **params)
+
+
+__all__ = ["CAPTURABLE", "MAX_GRAPHS", "MAX_TOKENS", "capturable", "clear", "disabled", "enabled", "run"]

@@ -1,0 +1,178 @@
+"""Selections as one capturable computation, the same tokens on every device.
+
+- Every pre-LLM method with a fixed K (MI at lam 1 and 0.5 apart) traces through `mipruner.prune` as
+  ONE graph under `torch.compile(fullgraph=True)` (a graph break raises) at N_V 576, K 64, and keeps
+  the tokens eager mode keeps. Backend: `torch._dynamo.testing.CompileCounter` (dynamo's tracing
+  only, the graph then runs eagerly; it also counts the graphs): inductor would compile a greedy
+  loop unrolled 64 times for minutes on a 2-core CPU, and the capture path on CUDA records the
+  eager kernels anyway (`capture.py`). Width d = 16 (`mipruner.testing.tensor_inputs`): the shapes
+  that matter for tracing are N_V and K; at d < K CDPruner's rank runs out, so its fallback is traced too.
+- Value checks happen once at the edge (`prune`), not inside the method; `capture` decides what is
+  captured; ties go to the lowest index; Random's hash is the documented one; the multi-view
+  [CLS] attention is built on its inputs' device.
+- On CUDA (MIPRUNER_TEST_DEVICE=cuda): every method's captured selection (a CUDA-graph replay) is
+  the eager one, on the first call (eager), the second (recorded) and the third (replayed).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+import mipruner
+from mipruner.models._clip_attention import views_attention
+from mipruner.pruners import capture, get_pruner, mi, rand
+from mipruner.pruners.selection import check_matrix, values_checked
+from mipruner.testing import meta_default, tensor_inputs
+
+from ..conftest import TEST_DEVICE
+
+N_V, K = 576, 64
+FIXED_K = [("mi", {"lam": 1.0}), ("mi", {"lam": 0.5}), ("mi_attention", {}), ("mi_adaptive", {}),
+           ("cdpruner", {}), ("divprune", {}), ("vispruner", {}), ("visionzip", {}), ("attention", {}),
+           ("similarity", {}), ("random", {})]
+
+
+def _inputs(name: str, n: int = N_V, device=TEST_DEVICE) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    spec = get_pruner(name)
+    kw = tensor_inputs(spec, n=n, device=device)
+    inputs = {k: v for k, v in kw.items() if k in ("attention", "keys") and k in _accepted(name)}
+    return kw["visual"], kw["text"], inputs
+
+
+def _accepted(name: str) -> set:
+    import inspect
+
+    return set(inspect.signature(get_pruner(name).fn).parameters)
+
+
+def _same(a, b) -> None:
+    assert torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order)
+    assert torch.equal(a.scores, b.scores)
+    for f in ("pmi", "pivot", "tokens"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), f
+
+
+@pytest.mark.parametrize("name,params", FIXED_K, ids=[f"{n}{''.join(f'-{k}{v}' for k, v in p.items())}" for n, p in FIXED_K])
+def test_one_graph_under_torch_compile_same_tokens(name, params):
+    torch._dynamo.reset()
+    V, T, inputs = _inputs(name, device="cpu")
+    fn = lambda V, T: mipruner.prune(name, visual=V, text=T, budget=K, **inputs, **params)  # noqa: E731
+    counter = CompileCounter()
+    traced = torch.compile(fn, fullgraph=True, backend=counter)(V, T)  # a graph break raises here
+    assert counter.frame_count == 1 and counter.op_count > 0
+    eager = fn(V, T)
+    assert traced.keep.numel() == K
+    _same(traced, eager)
+
+
+def test_values_are_checked_once_at_the_edge():
+    V, T, inputs = _inputs("visionzip", n=20, device="cpu")
+    bad = inputs["attention"].clone()
+    bad[3, 4] = math.nan
+    with pytest.raises(ValueError, match="attention contains NaN or inf"):
+        mipruner.prune("visionzip", visual=V, budget=5, attention=bad, keys=inputs["keys"])
+    with pytest.raises(ValueError, match="keys contains NaN or inf"):
+        mipruner.prune("visionzip", visual=V, budget=5, attention=inputs["attention"], keys=inputs["keys"] * math.inf)
+    with pytest.raises(ValueError, match="visual contains NaN or inf"):
+        mipruner.prune("mi", visual=V * math.nan, text=T, budget=5)
+    # inside the method (within values_checked) the checks read shapes and types only: no host sync
+    with values_checked():
+        check_matrix("attention", bad)
+        with pytest.raises(ValueError, match="must have 2 dims"):
+            check_matrix("attention", bad[0])
+    with pytest.raises(ValueError, match="NaN"):
+        check_matrix("attention", bad)  # the flag is reset on exit
+
+
+def test_what_is_captured():
+    cuda = torch.device("cuda")
+    assert capture.enabled(cuda) and not capture.enabled(torch.device("cpu"))
+    with capture.disabled():
+        assert not capture.enabled(cuda)
+    assert capture.enabled(cuda)
+    for name, _ in FIXED_K:
+        assert capture.capturable(name, N_V, {})
+    assert not capture.capturable("mi_adaptive", N_V, {"k_rule": "gain"})  # its K is read on the host
+    assert not capture.capturable("vispruner", mi.DENSE_LIMIT + 1, {})  # the sparse diverse stage syncs
+    assert not capture.capturable("fastv", N_V, {})
+    assert not capture.capturable("mi", capture.MAX_TOKENS + 1, {})  # compute-bound there; the pool grows as N_V^2
+
+
+def test_env_switches_capture_off(monkeypatch):
+    monkeypatch.setenv("MIPRUNER_CAPTURE", "0")
+    assert not capture.enabled(torch.device("cuda"))
+
+
+@pytest.mark.parametrize("name,params", [("attention", {}), ("visionzip", {}), ("mi", {"lam": 1.0}),
+                                         ("mi_attention", {"lam": 1.0}), ("mi_adaptive", {"lam": 1.0})])
+def test_ties_go_to_the_lowest_index(name, params):
+    n, k = 30, 7
+    V = torch.ones(n, 8, device=TEST_DEVICE)  # every token alike: every score ties
+    T = torch.ones(2, 8, device=TEST_DEVICE)
+    att = torch.full((n + 1, n + 1), 1.0 / (n + 1), device=TEST_DEVICE)
+    keys = torch.ones(n + 1, 4, device=TEST_DEVICE)
+    kw = {"attention": att, "keys": keys} if get_pruner(name).needs_attention else {}
+    sel = mipruner.prune(name, visual=V, text=T, budget=k, **kw, **params)
+    if name == "visionzip":  # D dominant by attention (all tied: the first D), then the stride targets
+        d = int(sel.extras["dominant"].numel())
+        assert sel.order[:d].tolist() == list(range(d))
+    else:
+        assert sel.order.tolist() == list(range(k))
+
+
+def _lowbias32_ref(x: int) -> int:
+    m = 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & m
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & m
+    return x ^ (x >> 16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63 - 1])
+def test_random_priorities_are_the_documented_hash(seed):
+    key = rand.splitmix64(seed)
+    ref = [_lowbias32_ref(_lowbias32_ref(i ^ (key & 0xFFFFFFFF)) ^ (key >> 32)) for i in range(50)]
+    assert rand.priorities(50, seed, TEST_DEVICE).tolist() == ref
+    sel = mipruner.prune("random", visual=torch.zeros(50, 3, device=TEST_DEVICE), budget=9, seed=seed)
+    assert sel.order.tolist() == sorted(range(50), key=lambda i: (-ref[i], i))[:9]
+    assert rand.splitmix64(0) == 0xE220A8397B1DCDAF  # SplitMix64's first output from state 0
+
+
+def test_views_attention_stays_on_its_inputs_device():
+    g = torch.Generator().manual_seed(0)
+    att_all = torch.softmax(torch.randn(2, 5, 5, generator=g), dim=-1)  # 2 views of [CLS] + 4 patches
+    keys_all = torch.randn(2, 5, 3, generator=g)
+    view = torch.tensor([0, 0, 0, 0, -1, 1, 1, 1, 1])
+    pos = torch.tensor([1, 2, 3, 4, 0, 1, 2, 3, 4])
+    ref = views_attention(att_all, keys_all, view, pos)
+    with meta_default():  # a tensor made without device= would land on meta and break the result
+        got = views_attention(att_all, keys_all, view, pos)
+    for a, b in zip(got, ref):
+        assert a.device == att_all.device and torch.equal(a, b)
+    assert ref[0][0, 5] == 0 and ref[0][1, 6] == 0  # the newline token; across views
+
+
+@pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="CUDA graphs: run with MIPRUNER_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("name,params", FIXED_K)
+def test_cuda_graph_replay_is_the_eager_selection(name, params):
+    capture.clear()
+    V, T, inputs = _inputs(name)
+    call = lambda: mipruner.prune(name, visual=V, text=T, budget=K, **inputs, **params)  # noqa: E731
+    with capture.disabled():
+        eager = call()
+    first = call()  # the key's first sighting runs eagerly
+    assert not capture._GRAPHS
+    recorded, replayed = call(), call()  # recorded on the second, replayed on the third
+    assert len(capture._GRAPHS) == 1 and next(iter(capture._GRAPHS.values())) is not None, "not captured"
+    _same(first, eager)
+    _same(recorded, eager)
+    _same(replayed, eager)
+    V.mul_(-1.0)  # new values in the same tensors: the replay reads them
+    with capture.disabled():
+        eager2 = call()
+    _same(call(), eager2)
