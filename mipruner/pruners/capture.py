@@ -121,7 +121,10 @@ class _Graph:
 
 def _key(name: str, k: int, tensors: dict, static: dict) -> tuple:
     shapes = tuple((n, tuple(t.shape), t.dtype, t.device) for n, t in tensors.items())
-    return name, k, shapes, tuple(sorted((n, repr(v)) for n, v in static.items()))
+    # A graph recorded under inference_mode holds inference tensors as its static inputs, which may not be
+    # written outside it (and the reverse): one graph per mode.
+    return (name, k, shapes, tuple(sorted((n, repr(v)) for n, v in static.items())),
+            torch.is_inference_mode_enabled())
 
 
 def run(spec, k: int, inputs: dict, params: dict) -> Selection:

@@ -91,8 +91,7 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
     for start in range(0, n, _CHUNK):
         stop = min(n, start + _CHUNK)
         block = cos.rows(start, stop)  # (chunk, N_V)
-        rows = torch.arange(stop - start, device=dev)
-        block[rows, rows + start] = -torch.inf  # exclude j == i
+        block.diagonal(start).fill_(-torch.inf)  # exclude j == i: entries (r, start + r); a fill, no host scalar copy
         out[start:stop] = 1.0 - block.max(dim=1).values  # (chunk,)
     return out
 

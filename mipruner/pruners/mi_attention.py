@@ -65,7 +65,7 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                                                              init=round1, mean_weights=mean_weights)
         scores[round1] = lam * relevance[round1]  # round-1 tokens: their gain before any redundancy
     rounds = torch.zeros(n_v, dtype=torch.long, device=visual.device)  # (N_V,) round a token came in; 0: pruned
-    rounds[round1], rounds[round2] = 1, 2
+    rounds.index_fill_(0, round1, 1).index_fill_(0, round2, 2)  # fills: no host scalar copied (capturable)
     extras["round"] = rounds
     order = torch.cat([round1, round2])  # (K,)
     return Selection.from_order(order, scores, pmi=cross.pmi, pivot=cross.pivot, extras=extras)

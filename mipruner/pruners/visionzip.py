@@ -64,7 +64,7 @@ def dominant_count(budget: int, ratio: float) -> int:
 def _complement(n: int, chosen: torch.Tensor, device) -> torch.Tensor:
     """The indices of range(n) not in `chosen`, ascending: (n - len(chosen),), without a host sync."""
     mark = torch.zeros(n, dtype=torch.int8, device=device)
-    mark[chosen] = 1
+    mark.index_fill_(0, chosen, 1)  # a fill: no host scalar copied (capturable)
     return torch.argsort(mark, stable=True)[: n - chosen.numel()]  # the unmarked come first, in index order
 
 

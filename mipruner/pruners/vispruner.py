@@ -101,10 +101,10 @@ def drop_duplicates(features: torch.Tensor, n_keep: int, drop_per_round: int, *,
         a, b = order[0::2], order[1::2]  # (|A|,), (|B|,): even / odd positions
         if in_b is not None:
             in_b.zero_()
-            in_b[b] = True
+            in_b.index_fill_(0, b, True)
         red = red_of(a, b, in_b)  # (|A|,) best cosine on the other side
         rank = torch.argsort(red, descending=True)  # (|A|,) most redundant first; the release's call (ties)
-        drop_round[a[rank[:r]]] = rnd
+        drop_round.index_fill_(0, a[rank[:r]], rnd)  # a fill: no host scalar copied (capturable)
         order = torch.cat([a[rank[r:]], b])  # survivors of A by descending redundancy, then B
     return order, drop_round
 
