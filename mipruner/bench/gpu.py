@@ -216,7 +216,7 @@ def main(argv=None) -> list[dict]:
     batches = [int(b) for b in a.batches.split(",") if b.strip()]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from .random_llava import build_random_llava
+    from mipruner.models.llava.random_weights import build_random_llava
 
     out = []
     for shape in shapes:

@@ -34,7 +34,7 @@ LLAVA_REAL = dict(llm_layers=32, vocab_size=32064)
 
 def _llava(family: str) -> Callable:
     def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
-        from .random_llava import build_random_llava
+        from mipruner.models.llava.random_weights import build_random_llava
 
         shape = dict(LLAVA_TINY if tiny else LLAVA_REAL)
         if llm_layers:
@@ -47,7 +47,7 @@ def _module(module: str, fn: str = "build") -> Callable:
     def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
         import importlib
 
-        return getattr(importlib.import_module(f"mipruner.bench.{module}"), fn)(tiny=tiny, device=device, dtype=dtype,
+        return getattr(importlib.import_module(f"mipruner.models.{module}"), fn)(tiny=tiny, device=device, dtype=dtype,
                                                                                  seed=seed, llm_layers=llm_layers)
     return build
 
@@ -72,12 +72,12 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("llava", "LLaVA-1.5-7B", _llava("llava"), ("image", "images", "video"), video_frames=4),
     Family("llava_next", "LLaVA-NeXT-7B", _llava("llava_next"), ("image",)),
-    Family("video_llava", "Video-LLaVA-7B", _module("random_video_llava"), ("image", "video")),
-    Family("qwen2_vl", "Qwen2-VL-2B", _module("random_qwen", "build_qwen2_vl"), ("image", "video")),
-    Family("qwen2_5_vl", "Qwen2.5-VL-3B", _module("random_qwen", "build_qwen2_5_vl"), ("image", "video")),
-    Family("qwen3_vl", "Qwen3-VL-2B", _module("random_qwen", "build_qwen3_vl"), ("image", "video")),
-    Family("llava_onevision", "LLaVA-OneVision-7B", _module("random_onevision"), ("image", "images", "video")),
-    Family("internvl", "InternVL3-8B", _module("random_internvl"), ("image", "images", "video")),
+    Family("video_llava", "Video-LLaVA-7B", _module("llava.random_video_llava"), ("image", "video")),
+    Family("qwen2_vl", "Qwen2-VL-2B", _module("qwen.random_weights", "build_qwen2_vl"), ("image", "video")),
+    Family("qwen2_5_vl", "Qwen2.5-VL-3B", _module("qwen.random_weights", "build_qwen2_5_vl"), ("image", "video")),
+    Family("qwen3_vl", "Qwen3-VL-2B", _module("qwen.random_weights", "build_qwen3_vl"), ("image", "video")),
+    Family("llava_onevision", "LLaVA-OneVision-7B", _module("onevision.random_weights"), ("image", "images", "video")),
+    Family("internvl", "InternVL3-8B", _module("internvl.random_weights"), ("image", "images", "video")),
 ]}
 
 

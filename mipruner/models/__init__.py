@@ -13,14 +13,14 @@ from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
 
 # config.model_type -> "module:Class" (relative to this package)
 FAMILIES: dict[str, str] = {
-    "llava": "llava_hf:LlavaAdapter",
-    "llava_next": "llava_next:LlavaNextAdapter",
-    "video_llava": "video_llava:VideoLlavaAdapter",
-    "llava_onevision": "llava_onevision:LlavaOnevisionAdapter",
-    "internvl": "internvl:InternVLAdapter",
-    "qwen2_vl": "qwen2_vl:Qwen2VLAdapter",
-    "qwen2_5_vl": "qwen2_vl:Qwen2VLAdapter",
-    "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",
+    "llava": "llava.llava_hf:LlavaAdapter",
+    "llava_next": "llava.llava_next:LlavaNextAdapter",
+    "video_llava": "llava.video_llava:VideoLlavaAdapter",
+    "llava_onevision": "onevision.adapter:LlavaOnevisionAdapter",
+    "internvl": "internvl.adapter:InternVLAdapter",
+    "qwen2_vl": "qwen.qwen2_vl:Qwen2VLAdapter",
+    "qwen2_5_vl": "qwen.qwen2_vl:Qwen2VLAdapter",
+    "qwen3_vl": "qwen.qwen3_vl:Qwen3VLAdapter",
 }
 
 _ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")

@@ -11,7 +11,7 @@ import os
 from typing import Callable
 
 from ..media import is_video_path, load_media, load_video
-from ._qwen_video import video_processor_dict
+from .qwen.video import video_processor_dict
 
 
 def video_settings(cfg: dict, defaults: dict) -> dict:

@@ -17,7 +17,7 @@ from PIL import Image
 
 import mipruner
 from mipruner.media import load_image, load_video, write_video
-from mipruner.models.internvl import frame_indices
+from mipruner.models.internvl.adapter import frame_indices
 
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 from .tiny_internvl import IMAGE_SIZE, MAX_TILES, SEQ, save_tiny
@@ -262,7 +262,7 @@ def test_internvl_errors(internvl, tmp_path):
     e = internvl.encode(scene(), PROMPT)
     with pytest.raises(ValueError, match="keep"):
         internvl.prefill_logits(e, keep=torch.tensor([e.n_visual]))
-    from mipruner.models.internvl import _processor
+    from mipruner.models.internvl.adapter import _processor
 
     tok = internvl.tokenizer.__class__.from_pretrained(internvl.name)
     tok.context_image_token = None

@@ -294,7 +294,7 @@ def test_llava_reads_as_many_frames_as_fit_the_context(adapters, encoded, video_
     from types import SimpleNamespace
 
     from mipruner.media import load_video, sample_indices
-    from mipruner.models.llava_hf import TEXT_ROOM, LlavaAdapter
+    from mipruner.models.llava.llava_hf import TEXT_ROOM, LlavaAdapter
 
     real = SimpleNamespace(config=tf.LlavaConfig(), max_positions=4096, default_frames=8)  # llava-1.5-7b-hf
     assert LlavaAdapter.video_frames(real) == 6

@@ -44,12 +44,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video, sample_indices
-from . import _clip_attention as A
-from . import _llava_common as C
-from . import _onevision_layout as L
-from ._qwen_video import read_json
-from ._sampled_video import SampledVideo
+from ...media import MediaError, Video, sample_indices
+from .. import _clip_attention as A
+from .. import _llava_common as C
+from . import layout as L
+from ..qwen.video import read_json
+from .._sampled_video import SampledVideo
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,

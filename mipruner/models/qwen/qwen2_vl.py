@@ -26,15 +26,15 @@ import time
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video, is_video_path, load_image, load_video
-from ..pruners.selection import Selection
-from . import _qwen_attention as QA
-from . import _qwen_video as QV
-from ._decode_path import PLAIN, DecodePath
-from ._qwen_attention import merge_attention
-from ._qwen_video import read_json, smart_resize
-from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
-from .text import text_mask
+from ...media import MediaError, Video, is_video_path, load_image, load_video
+from ...pruners.selection import Selection
+from . import attention as QA
+from . import video as QV
+from .._decode_path import PLAIN, DecodePath
+from .attention import merge_attention
+from .video import read_json, smart_resize
+from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from ..text import text_mask
 
 
 class Qwen2VLAdapter(Adapter):
@@ -348,7 +348,7 @@ class Qwen2VLAdapter(Adapter):
 
     def generate_batch(self, rows, max_new_tokens: int = 64, **gen) -> list[Answer]:
         """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_qwen`)."""
-        from ._batch_qwen import generate_rows
+        from .batch import generate_rows
         return generate_rows(self, list(rows), max_new_tokens, **gen)
 
 

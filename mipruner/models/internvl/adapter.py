@@ -37,14 +37,14 @@ import re
 
 import torch
 
-from ..media import MediaError, Video
-from . import _internvl_layout as L
-from . import _llava_common as C
-from ._clip_attention import feature_layer_index
-from ._onevision_layout import Layout
-from ._qwen_video import read_json
-from ._sampled_video import SampledVideo
-from .llava_onevision import _chat_template, video_pixels
+from ...media import MediaError, Video
+from . import layout as L
+from .. import _llava_common as C
+from .._clip_attention import feature_layer_index
+from ..onevision.layout import Layout
+from ..qwen.video import read_json
+from .._sampled_video import SampledVideo
+from ..onevision.adapter import _chat_template, video_pixels
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,

@@ -27,8 +27,8 @@ import time
 
 import torch
 
-from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
-from .base import Answer, Encoded, keep_indices
+from .._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
+from ..base import Answer, Encoded, keep_indices
 
 
 def _merge_outputs(outs: list):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _qwen_video as QV
-from ._qwen_video import smart_resize_3d
-from .base import Encoded
+from . import video as QV
+from .video import smart_resize_3d
+from ..base import Encoded
 from .qwen2_vl import Qwen2VLAdapter
 
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from .base import TokenGeometry
+from ..base import TokenGeometry
 
 
 def _cells(n_in: int, n_out: int) -> torch.Tensor:

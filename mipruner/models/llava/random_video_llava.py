@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .random_llava import build_tokenizer
+from .random_weights import build_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
@@ -28,7 +28,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
     llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
-    from mipruner.models.video_llava import VideoLlavaAdapter
+    from .video_llava import VideoLlavaAdapter
 
     tok = build_tokenizer(video=True)
     tok.chat_template = CHAT_TEMPLATE

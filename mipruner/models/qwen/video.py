@@ -36,7 +36,7 @@ import os
 import numpy as np
 import torch
 
-from ..media import MediaError
+from ...media import MediaError
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .word_tokenizer import word_tokenizer
+from ..word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
@@ -41,8 +41,8 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
     llava-hf/llava-1.5-7b-hf, gives the real head's cost per decoded token)."""
     import transformers as tf
 
-    from mipruner.models.llava_hf import LlavaAdapter
-    from mipruner.models.llava_next import LlavaNextAdapter
+    from .llava_hf import LlavaAdapter
+    from .llava_next import LlavaNextAdapter
 
     tok = build_tokenizer()
     vision = tf.CLIPVisionConfig(hidden_size=vision_width, intermediate_size=4 * vision_width,
