@@ -1,7 +1,7 @@
 """`python -m mipruner.bench gpu`: the paper's efficiency protocol at 7B shapes, batch 1 and batched.
 
-Per shape (random weights, `random_llava.build_random_llava`: LLaVA-1.5-7B = CLIP ViT-L/14-336 +
-32 Llama layers of 4096; LLaVA-NeXT-7B = the same with anyres tiles) and per cell: `--warmup`
+Per shape (random weights, `mipruner.models.llava.random_weights.build_random_llava`: LLaVA-1.5-7B =
+CLIP ViT-L/14-336 + 32 Llama layers of 4096; LLaVA-NeXT-7B = the same with anyres tiles) and per cell: `--warmup`
 untimed runs (10), then mean +- std over `--repeats` timed runs (30) and the peak memory
 (`efficiency.PeakMemory`), every answer `--new-tokens` long (2, as for POPE; EOS masked).
 

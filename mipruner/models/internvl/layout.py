@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .._clip_attention import capture_block
-from ..onevision.layout import Layout, token_attention
+from .._patch_layout import Layout, token_attention
 
 
 def tile_grid(image_processor, size_hw, tiled: bool) -> tuple[int, int]:

@@ -6,7 +6,7 @@ width 1024, FFN 4096, 16 heads: 16 x 16 patches + [CLS] per frame), features at 
 "default" strategy, a 2-layer GELU projector, and Vicuna-7B (Llama: 32 layers of width 4096, FFN
 11008, 32 heads, 4096 positions). Images give 256 tokens, a video 8 frames x 257 = 2,056.
 tiny=True: the same geometry at 56 px (4 x 4 patches), 2 CLIP layers of width 64, 2 Llama layers
-of width 128 drawn with std 0.2 (answers that depend on the kept tokens). The tokenizer is `random_llava`'s word-level one with <image> and <video>; answers
+of width 128 drawn with std 0.2 (answers that depend on the kept tokens). The tokenizer is `random_weights`'s word-level one with <image> and <video>; answers
 mean nothing.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ How pruning reaches the model, through public inputs only:
 Preprocessing does not need torchvision: hub checkpoints carry a video processor config whose
 processor class imports torchvision, so `AutoProcessor` fails here. We build the inputs from the
 tokenizer and the PIL image processor; images are read as transformers reads them
-(`mipruner.media.load_image`), videos as its video processors do (`_qwen_video`: settings, which
+(`mipruner.media.load_image`), videos as its video processors do (`video.py`: settings, which
 frames, resize target and patch layout, with the deviations listed there).
 """
 from __future__ import annotations
@@ -232,7 +232,7 @@ class Qwen2VLAdapter(Adapter):
         return None
 
     def _attention_capture(self, vision: dict, store: dict, enabled: bool):
-        """A context that captures one ViT block's attention (see `_qwen_attention.capture`)."""
+        """A context that captures one ViT block's attention (see `attention.capture`)."""
         return QA.capture(self, vision, store, enabled)
 
     # ------------------------------------------------------------------ LLM
@@ -347,7 +347,7 @@ class Qwen2VLAdapter(Adapter):
                       input_tokens=n_in, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1)
 
     def generate_batch(self, rows, max_new_tokens: int = 64, **gen) -> list[Answer]:
-        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_qwen`)."""
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`batch.py`)."""
         from .batch import generate_rows
         return generate_rows(self, list(rows), max_new_tokens, **gen)
 
