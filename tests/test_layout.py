@@ -22,8 +22,8 @@ LAYERS = {
 }
 # What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
 # the sweeps (run on the engine's model and lock), and the toy model's scene and question generators for its
-# examples. No pruner, model or in-LLM module.
-UI_ALLOWED = ("mipruner.engine", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
+# examples, and the family table (data: which checkpoints to suggest). No pruner, model or in-LLM module.
+UI_ALLOWED = ("mipruner.engine", "mipruner.models.families", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
               "mipruner.session",
               "mipruner.export")
 
