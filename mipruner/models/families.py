@@ -59,10 +59,13 @@ class Family:
         """The adapter class (imports the family's folder, and transformers)."""
         return self._find(self.adapter)
 
+    def builder_function(self) -> Callable:
+        """The random-weight builder (imports the family's folder)."""
+        return self._find(self.builder) if isinstance(self.builder, str) else self.builder
+
     def build(self, *, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
         """The random-weight model: (adapter, description); see the module doc."""
-        fn = self._find(self.builder) if isinstance(self.builder, str) else self.builder
-        return fn(tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
+        return self.builder_function()(tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
 
 
 _IMAGE_VIDEO = ("image", "video")
