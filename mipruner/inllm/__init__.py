@@ -14,8 +14,10 @@ one method registry (stage "llm"), so they are used like every other method:
 `layer` must lie in [1, number of decoder layers]; at K = number of layers no layer ever sees the
 pruned sequence, so the answer is the unpruned one (only fewer prompt rows get logits).
 
-Supported families: LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; other
-adapters raise NotImplementedError.
+Supported families: every row of the family table (`mipruner.models.FAMILIES`: LLaVA-1.5, LLaVA-NeXT,
+Video-LLaVA, LLaVA-OneVision, InternVL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; the family contract,
+tests/models/test_family_contract.py, runs every in-LLM method on each); an adapter without
+`llm_inputs` raises NotImplementedError.
 """
 from ._run import answer, generate, prefill_logits, prepare
 
