@@ -18,26 +18,16 @@ from collections import OrderedDict
 from typing import Callable
 
 from mipruner.engine import DEFAULT_CACHE_BYTES, CacheBudget, Engine, load_adapter
+from mipruner.models.families import suggested_models
 
 from .messages import plain
 from .policy import ModelPolicy
 
 EMBEDDED = "shapes-llava"
 
-# Real checkpoints offered in the dropdown (any other hub id or local path can be typed in).
-SUGGESTED = (
-    EMBEDDED,
-    "llava-hf/llava-1.5-7b-hf",
-    "llava-hf/llava-v1.6-mistral-7b-hf",
-    "LanguageBind/Video-LLaVA-7B-hf",
-    "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",
-    "llava-hf/llava-onevision-qwen2-7b-ov-hf",
-    "OpenGVLab/InternVL3-1B-hf",
-    "OpenGVLab/InternVL3-8B-hf",
-    "Qwen/Qwen2-VL-2B-Instruct",
-    "Qwen/Qwen2.5-VL-3B-Instruct",
-    "Qwen/Qwen3-VL-2B-Instruct",
-)
+# Real checkpoints offered in the dropdown: each family's suggested ones, from the family table (any other
+# hub id or local path can be typed in).
+SUGGESTED = (EMBEDDED, *suggested_models())
 
 
 class ModelLoadError(RuntimeError):

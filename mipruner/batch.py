@@ -7,7 +7,7 @@ The kept sets differ in length: each row is the prompt its unbatched answer sees
 `inputs_embeds` / `input_ids`, the same explicit positions: LLaVA "compact" / "original", Qwen's
 M-RoPE positions gathered per row and its decoding start per row, Qwen3-VL's deepstack rows per
 row), left-padded to the longest with masked pad columns (`mipruner/models/_batch_llava.py`,
-`_batch_qwen.py`). Greedy tokens equal the one-by-one answers except where two logits of a step
+`qwen/batch.py`). Greedy tokens equal the one-by-one answers except where two logits of a step
 are within float rounding of each other (a batched, masked forward is not bit-identical to an
 unbatched one); tests/models/test_batch_*.py assert equality at every step whose one-by-one top-2
 logit margin exceeds 1e-4.

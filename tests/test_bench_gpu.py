@@ -56,7 +56,7 @@ def test_batch_cells_encode_with_one_tower_call_and_the_view_cells():
     against the six answers of one view and reports their ratio."""
     from mipruner.bench.gpu import TINY, make_batch_run
     from mipruner.bench.prefill import test_image
-    from mipruner.bench.random_llava import build_random_llava
+    from mipruner.models.llava.random_weights import build_random_llava
 
     ad, _ = build_random_llava(llm_layers=2, dtype=__import__("torch").float32, **TINY)
     calls = []

@@ -107,3 +107,24 @@ def test_runnable_snippet_runs_offline(page, index, code):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"{page}, runnable snippet {index + 1}:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+
+
+def test_the_family_tables_are_the_family_table():
+    """README's "Model families" table, its Space front matter's models and docs/models.md name the rows of
+    `mipruner.models.FAMILIES` (the one list): every model_type, no other, and checkpoints it suggests."""
+    from mipruner.models import FAMILIES
+
+    text = read(README)
+    section = text.split("\n## Model families", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in r.strip().strip("|").split("|")] for r in section.splitlines()
+            if r.startswith("| ") and not r.startswith("| family")]
+    assert rows, "README.md has no family table under '## Model families'"
+    types = {t for r in rows for t in re.findall(r"`([^`]+)`", r[1])}
+    assert types == set(FAMILIES), f"README's model_type column {sorted(types)} != the table's {sorted(FAMILIES)}"
+    suggested = {m for f in FAMILIES.values() for m in f.suggested}
+    examples = {m for r in rows if "shapes-llava" not in r[2] for m in re.findall(r"`([^`]+)`", r[2])}
+    assert examples <= suggested, sorted(examples - suggested)
+    front = re.search(r"^models:\n((?:  - .+\n)+)", text, re.M)
+    assert front and {m[4:] for m in front.group(1).splitlines()} <= suggested
+    models_md = read(os.path.join(ROOT, "docs", "models.md"))
+    assert not [f for f in FAMILIES if f"`{f}`" not in models_md]

@@ -155,7 +155,7 @@ def test_left_padded_batches_under_the_math_kernel_in_bf16(paths, fam):
         inputs = dict(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],
                       position_ids=b["position_ids"])
     else:
-        from mipruner.models._batch_qwen import batch_inputs
+        from mipruner.models.qwen.batch import batch_inputs
 
         b = batch_inputs(ad, [(enc, r) for r in rows], 16)
         inputs = {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "mm_encoder_outputs")}

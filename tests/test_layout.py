@@ -22,8 +22,8 @@ LAYERS = {
 }
 # What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
 # the sweeps (run on the engine's model and lock), and the toy model's scene and question generators for its
-# examples. No pruner, model or in-LLM module.
-UI_ALLOWED = ("mipruner.engine", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
+# examples, and the family table (data: which checkpoints to suggest). No pruner, model or in-LLM module.
+UI_ALLOWED = ("mipruner.engine", "mipruner.models.families", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
               "mipruner.session",
               "mipruner.export")
 
@@ -160,3 +160,65 @@ def test_wheel_installs_the_library_without_the_app(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path,
                          env=env).stdout.split()
     assert out[0].startswith(str(target)) and out[1:] == ["False", "True", "None"]
+
+
+def _models_graph() -> dict[str, set[str]]:
+    """mipruner.models.* module -> the mipruner.models.* modules it imports (deferred imports too)."""
+    from .test_import_cycles import import_graph
+
+    return {m: {d for d in deps if d.startswith("mipruner.models.")}
+            for m, deps in import_graph().items() if m.startswith("mipruner.models.")}
+
+
+def _folder(module: str) -> str | None:
+    """The family folder of a mipruner.models module (None for the shared flat modules)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and os.path.isdir(os.path.join(ROOT, *parts))) else None
+
+
+def test_families_import_no_other_family_and_shared_modules_no_family():
+    """A family folder imports only itself and the shared flat modules of mipruner/models/; a shared module
+    imports no family folder (no import runs back up from the shared floor)."""
+    bad = []
+    for me, deps in _models_graph().items():
+        mine = _folder(me)
+        for d in sorted(deps):
+            theirs = _folder(d)
+            if theirs is not None and theirs != mine:
+                bad.append(f"{me} imports {d} (family {theirs})")
+    assert not bad, "\n".join(bad)
+
+
+# Flat for what they are, not for who imports them: the family table, and the test adapter (tests use it).
+SHARED_BY_ROLE = ("mipruner.models.families", "mipruner.models.dummy")
+
+
+def test_flat_models_modules_are_shared():
+    """mipruner/models/ holds a folder per family (or family line) and, flat beside them, only what several
+    families share (or what code outside mipruner.models uses): a flat module that one family alone
+    reaches belongs in that family's folder."""
+    from mipruner.models import FAMILIES
+
+    from .test_import_cycles import import_graph
+
+    graph = import_graph()
+    folders = {f.folder for f in FAMILIES.values()}
+    on_disk = {d for d in os.listdir(os.path.join(ROOT, "mipruner", "models"))
+               if os.path.isfile(os.path.join(ROOT, "mipruner", "models", d, "__init__.py"))}
+    assert on_disk == folders, f"family folders on disk {sorted(on_disk)} != the table's {sorted(folders)}"
+    flat = {m for m in graph if m.startswith("mipruner.models.") and _folder(m) is None}
+    users: dict[str, set[str]] = {m: set() for m in flat}  # flat module -> families / "outside" reaching it
+    for me, deps in graph.items():
+        who = _folder(me) if me.startswith("mipruner.models.") else "outside"
+        if who is None:
+            continue
+        stack, seen = [d for d in deps if d in flat], set()
+        while stack:  # through other flat modules too (_llava_common -> _batch_llava)
+            m = stack.pop()
+            if m not in seen:
+                seen.add(m)
+                users[m].add(who)
+                stack += [d for d in graph.get(m, ()) if d in flat]
+    lonely = [f"{m}: only {sorted(u) or 'nothing'}" for m, u in sorted(users.items())
+              if m not in SHARED_BY_ROLE and len(u) < 2 and "outside" not in u]
+    assert not lonely, "\n".join(lonely)

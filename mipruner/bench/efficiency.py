@@ -217,9 +217,9 @@ def main(argv=None) -> None:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()
     if a.model == "random":
-        from mipruner.models.llava_hf import LlavaAdapter
+        from mipruner.models.llava.llava_hf import LlavaAdapter
 
-        from .random_llava import build_random_llava
+        from mipruner.models.llava.random_weights import build_random_llava
 
         ad, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype)
         if device.type != "cpu":

@@ -1,7 +1,7 @@
 """`python -m mipruner.bench gpu`: the paper's efficiency protocol at 7B shapes, batch 1 and batched.
 
-Per shape (random weights, `random_llava.build_random_llava`: LLaVA-1.5-7B = CLIP ViT-L/14-336 +
-32 Llama layers of 4096; LLaVA-NeXT-7B = the same with anyres tiles) and per cell: `--warmup`
+Per shape (random weights, `mipruner.models.llava.random_weights.build_random_llava`: LLaVA-1.5-7B =
+CLIP ViT-L/14-336 + 32 Llama layers of 4096; LLaVA-NeXT-7B = the same with anyres tiles) and per cell: `--warmup`
 untimed runs (10), then mean +- std over `--repeats` timed runs (30) and the peak memory
 (`efficiency.PeakMemory`), every answer `--new-tokens` long (2, as for POPE; EOS masked).
 
@@ -275,7 +275,7 @@ def main(argv=None) -> list[dict]:
     batches = [int(b) for b in a.batches.split(",") if b.strip()]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from .random_llava import build_random_llava
+    from mipruner.models.llava.random_weights import build_random_llava
 
     out = []
     if a.view:

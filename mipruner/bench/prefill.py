@@ -79,7 +79,7 @@ def main(argv=None) -> None:
     dtype = getattr(torch, a.dtype)
     t0 = time.perf_counter()
     if a.model == "random":
-        from .random_llava import build_random_llava
+        from mipruner.models.llava.random_weights import build_random_llava
 
         adapter, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype)
     else:

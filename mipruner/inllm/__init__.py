@@ -18,8 +18,11 @@ Writing one: `register_inllm` with a function of a `DecoderRun` (`mipruner.inllm
 API: `run.at(layer)` -> `StageView` (attention of chosen query rows, hidden states, key norms),
 `run.keep(view, visual, merge=Merge(...))`); FastV, DART and SparseVLM are written on it.
 
-Supported families: LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; other
-adapters raise NotImplementedError.
+
+Supported families: every row of the family table (`mipruner.models.FAMILIES`: LLaVA-1.5, LLaVA-NeXT,
+Video-LLaVA, LLaVA-OneVision, InternVL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL; the family contract,
+tests/models/test_family_contract.py, runs every in-LLM method on each); an adapter without
+`llm_inputs` raises NotImplementedError.
 """
 from ._run import answer, generate, prefill_logits, prepare
 from .api import POSITIONS, QUERIES, DecoderRun, Merge, StageView, register_inllm

@@ -1,4 +1,4 @@
-"""Model adapters, one file per family, imported lazily from a name -> "module:Class" table.
+"""Model adapters, one folder per family, imported lazily from the family table (`families.FAMILIES`).
 
 `load(name_or_path)` reads the model's config, picks the family from `model_type`, and returns
 that family's adapter. Importing this package does not import transformers.
@@ -6,22 +6,10 @@ that family's adapter. Importing this package does not import transformers.
 from __future__ import annotations
 
 import difflib
-import importlib
 
 from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
+from .families import FAMILIES, Family
 from .shipped import shipped
-
-# config.model_type -> "module:Class" (relative to this package)
-FAMILIES: dict[str, str] = {
-    "llava": "llava_hf:LlavaAdapter",
-    "llava_next": "llava_next:LlavaNextAdapter",
-    "video_llava": "video_llava:VideoLlavaAdapter",
-    "llava_onevision": "llava_onevision:LlavaOnevisionAdapter",
-    "internvl": "internvl:InternVLAdapter",
-    "qwen2_vl": "qwen2_vl:Qwen2VLAdapter",
-    "qwen2_5_vl": "qwen2_vl:Qwen2VLAdapter",
-    "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",
-}
 
 # Short names that resolve to models shipped under assets/ (inside the installed package: shipped.py).
 ALIASES: dict[str, str] = {"shapes-llava": shipped("shapes-llava")}
@@ -34,8 +22,7 @@ def adapter_class(model_type: str) -> type[Adapter]:
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"Unsupported model type ({model_type!r}).{hint} Supported families: "
                          f"{', '.join(sorted(FAMILIES))}")
-    module, cls = FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(f".{module}", __name__), cls)
+    return FAMILIES[model_type].adapter_class()
 
 
 def resolve(name_or_path: str) -> str:
@@ -56,5 +43,5 @@ def load(name_or_path: str, device=None, dtype=None, **kwargs) -> Adapter:
     return cls.from_pretrained(path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "TokenGeometry", "adapter_class",
+__all__ = ["ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "Family", "TokenGeometry", "adapter_class",
            "keep_indices", "load", "resolve"]

@@ -3,7 +3,7 @@ cache, optionally `torch.compile`), and what the batched decoders share.
 
 `DecodePath()` is the plain path: `adapter.generate` is exactly what it was (one prompt, dynamic
 KV cache, nothing padded). Any other `DecodePath` sends every answer, batched or not, through
-the family's batched decoder (`_batch_llava`, `_batch_qwen`) with:
+the family's batched decoder (`_batch_llava`, `qwen/batch.py`) with:
 
   bucket        prompt lengths left-padded up to a multiple of `bucket` (masked pad columns), and
                 the static cache sized to a multiple of it, so that kept-token counts fall into a

@@ -1,9 +1,10 @@
-"""What the three LLaVA families share: loading, prompt building, splicing kept tokens, generation.
-Vision-encoder attention capture is in `_clip_attention.py`, the map from processed pixels back to
-the original image in `_llava_geometry.py`.
+"""What the LLaVA-style families (LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, LLaVA-OneVision, InternVL) share:
+loading, prompt building, splicing kept tokens, generation. Vision-encoder attention capture is in
+`_clip_attention.py`, the map from processed pixels back to the original image in `llava/geometry.py`.
 
-The family files (`llava_hf.py`, `llava_next.py`, `video_llava.py`) only say how to turn media into
-processor inputs, visual tokens and their geometry. Everything that runs the LLM lives here:
+The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevision/adapter.py`,
+`internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
+geometry. Everything that runs the LLM lives here:
 
   encode          media + prompt -> templated prompt -> input_ids with N_V visual placeholders;
                   visual tokens V from the model's public `get_image_features` / `get_video_features`;

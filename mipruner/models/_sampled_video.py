@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+import numpy as np
+import torch
+from PIL import Image
+
 from ..media import is_video_path, load_media, load_video
-from ._qwen_video import video_processor_dict
+from ._hub_files import video_processor_dict
 
 
 def video_settings(cfg: dict, defaults: dict) -> dict:
@@ -25,6 +29,18 @@ def video_settings(cfg: dict, defaults: dict) -> dict:
         size = {"height": edge, "width": edge}
     s["size"] = size
     return s
+
+
+def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
+    """(F, 3, H, W) float32: each frame RGB, resized to size, rescaled and normalised."""
+    h, w = int(s["size"]["height"]), int(s["size"]["width"])
+    arr = np.stack([np.asarray(f.convert("RGB").resize((w, h), resample=int(s["resample"])), dtype=np.float32)
+                    for f in frames])  # (F, H, W, 3)
+    if s["do_rescale"]:
+        arr = arr * np.float32(s["rescale_factor"])
+    if s["do_normalize"]:
+        arr = (arr - np.asarray(s["image_mean"], np.float32)) / np.asarray(s["image_std"], np.float32)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))
 
 
 class SampledVideo:

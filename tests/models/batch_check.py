@@ -82,3 +82,29 @@ def compare_all(batched, reference) -> tuple[int, int]:
         total += len(ref.token_ids)
         assert b.input_tokens == ref.input_tokens and b.visual_tokens == ref.visual_tokens
     return done, total
+
+
+def assert_selections_batch_equals_one_by_one(a, e, positions: str, min_share: float = 0.5) -> None:
+    """Several selections of one encoding (none, MI, VisionZip, 1 token, all but one) as one left-padded
+    batch give the one-by-one answers (the tie rule), tokens compared on at least `min_share` of the steps;
+    the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
+    import mipruner
+    from mipruner.batch import answer_batch, use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    n = e.n_visual
+    g = torch.Generator().manual_seed(3)
+    sels = [None, mipruner.select(a, e, "mi", max(1, n // 4), lam=0.5),
+            mipruner.select(a, e, "visionzip", max(2, n // 3))]
+    sels += [torch.randperm(n, generator=g)[:k] for k in (1, n - 1)]
+    ref = one_by_one(a, e, sels, 6, positions=positions)
+    scores = Scores()
+    got = answer_batch(a, e, sels, max_new_tokens=6, positions=positions, logits_processor=[scores])
+    check_logits(scores, ref)
+    done, total = compare_all(got, ref)
+    assert done >= min_share * total, (done, total)  # tokens compared up to each row's first near-tie
+    try:
+        use_decode_path(a, bucket=16, static_cache=True)
+        assert a.generate(e, max_new_tokens=6, positions=positions).token_ids == ref[0][0].token_ids
+    finally:
+        a.decode_path = PLAIN

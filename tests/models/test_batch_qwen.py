@@ -10,14 +10,16 @@ import pytest
 import torch
 
 import mipruner
+import mipruner.models
 from mipruner.batch import answer_batch, answer_items, use_decode_path
 from mipruner.models._decode_path import PLAIN
 
 from . import tiny_qwen
+from .anchor import reference_inputs as plain_inputs
 from .batch_check import Scores, check_logits, compare, compare_all, one_by_one
-from .test_qwen_family import plain_inputs, scene, video
+from .test_qwen_family import scene, video
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+FAMILIES = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"]
 PROMPT = "What is red in the image?"
 NEW = 6
 BUCKET = 16  # the GPU path's length bucket in these tests

@@ -17,7 +17,7 @@ from PIL import Image
 
 import mipruner
 from mipruner.media import load_image, load_video, write_video
-from mipruner.models.internvl import frame_indices
+from mipruner.models.internvl.adapter import frame_indices
 
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 from .tiny_internvl import IMAGE_SIZE, MAX_TILES, SEQ, save_tiny
@@ -59,17 +59,25 @@ def encoded(internvl, video_path):
     return {k: internvl.encode(_media(k, video_path), PROMPT, need_attention=True) for k in KINDS}
 
 
+def test_internvl_checkpoints_in_the_dropdown():
+    from components.hub import SUGGESTED
+
+    assert {"OpenGVLab/InternVL3-1B-hf", "OpenGVLab/InternVL3-8B-hf"} <= set(SUGGESTED)
+
+
 def test_internvl_loads(internvl):
     assert internvl.family == "internvl"
     assert internvl.model.config.vision_config._attn_implementation == "eager"
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# The contract (test_family_contract.py) runs the anchor on the wide image, several images and the clip;
+# here, the square image and the small one (one tile, no thumbnail).
+@pytest.mark.parametrize("kind", ["square", "small"])
 def test_internvl_keep_all_is_the_unpruned_model(internvl, encoded, kind):
     assert_keep_all_is_the_unpruned_model(internvl, encoded[kind])
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["square", "small"])
 def test_internvl_pruned_equals_masked_full_sequence(internvl, encoded, kind):
     assert_pruned_equals_masked_full_sequence(internvl, encoded[kind])
 
@@ -240,29 +248,13 @@ def test_internvl_extreme_shapes(internvl, size):
     torch.testing.assert_close(internvl.prefill_logits(e), internvl.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("name", mipruner.list_pruners())
-@pytest.mark.parametrize("kind", ["wide", "video"])
-def test_internvl_every_method(internvl, encoded, name, kind):
-    e = encoded[kind]
-    k = max(2, e.n_visual // 4)
-    sel = mipruner.select(internvl, e, name, k, cache={})
-    assert sel.keep.numel() + (0 if sel.prefix is None else sel.prefix.shape[0]) == k
-    assert mipruner.select(internvl, e, name, e.n_visual).keep.tolist() == list(range(e.n_visual))
-    ans = mipruner.answer(internvl, e, sel, max_new_tokens=2)  # in-LLM methods run through llm_inputs
-    assert 1 <= len(ans.token_ids) <= 2
-    if name == "sparsevlm":  # its recycled (merged) tokens reach the LLM besides the K kept
-        assert ans.visual_tokens >= k
-    else:
-        assert ans.visual_tokens == k
-
-
 def test_internvl_errors(internvl, tmp_path):
     with pytest.raises(ValueError, match="prompt"):
         internvl.encode(scene(), "  ")
     e = internvl.encode(scene(), PROMPT)
     with pytest.raises(ValueError, match="keep"):
         internvl.prefill_logits(e, keep=torch.tensor([e.n_visual]))
-    from mipruner.models.internvl import _processor
+    from mipruner.models.internvl.adapter import _processor
 
     tok = internvl.tokenizer.__class__.from_pretrained(internvl.name)
     tok.context_image_token = None
@@ -275,28 +267,9 @@ def test_internvl_errors(internvl, tmp_path):
 def test_internvl_batch_equals_one_by_one(internvl, encoded, kind, positions):
     """Several selections of one encoding as one left-padded batch give the one-by-one answers
     (batch_check's tie rule); the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
-    from mipruner.batch import answer_batch, use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from .batch_check import assert_selections_batch_equals_one_by_one
 
-    from .batch_check import Scores, check_logits, compare_all, one_by_one
-
-    a, e = internvl, encoded[kind]
-    n = e.n_visual
-    g = torch.Generator().manual_seed(3)
-    sels = [None, mipruner.select(a, e, "mi", max(1, n // 4), lam=0.5),
-            mipruner.select(a, e, "visionzip", max(2, n // 3))]
-    sels += [torch.randperm(n, generator=g)[:k] for k in (1, n - 1)]
-    ref = one_by_one(a, e, sels, 6, positions=positions)
-    scores = Scores()
-    got = answer_batch(a, e, sels, max_new_tokens=6, positions=positions, logits_processor=[scores])
-    check_logits(scores, ref)
-    done, total = compare_all(got, ref)
-    assert done >= 0.5 * total, (done, total)  # tokens compared up to each row's first near-tie
-    try:
-        use_decode_path(a, bucket=16, static_cache=True)
-        assert a.generate(e, max_new_tokens=6, positions=positions).token_ids == ref[0][0].token_ids
-    finally:
-        a.decode_path = PLAIN
+    assert_selections_batch_equals_one_by_one(internvl, encoded[kind], positions, min_share=0.5)
 
 
 def official_processor(a, video_processor=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mipruner.bench.random_internvl import build
+from mipruner.models.internvl.random_weights import build
 
 from .tiny_llava import scene
 

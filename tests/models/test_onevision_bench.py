@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from mipruner.bench.random_onevision import build
+from mipruner.models.onevision.random_weights import build
 
 from .tiny_llava import scene
 

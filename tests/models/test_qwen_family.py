@@ -1,6 +1,8 @@
 """Qwen2-VL, Qwen2.5-VL and Qwen3-VL adapters on tiny checkpoints built offline (tiny_qwen.py).
 
-For each family, image and video:
+For each family (the keep-all anchor and the masked prune on an image and a video file are the family
+contract, tests/models/test_family_contract.py; (a) and (b) here run them on a 5-frame clip that the
+temporal patch pads to 6):
   (a) keep-all: prefill logits IDENTICAL to `model(**inputs)`, greedy answer equal to
       `model.generate(**inputs, do_sample=False)` token for token;
   (b) keep 25%: the LLM input shrinks by exactly N_V - K, and the logits equal (1e-5) a run on
@@ -20,12 +22,14 @@ import torch
 from PIL import Image, ImageDraw
 
 import mipruner
+import mipruner.models
 from mipruner.media import Video, write_video
 from mipruner.pruners.selection import Selection
 
 from . import tiny_qwen
+from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+FAMILIES = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"]
 PROMPT = "What is red in the image?"
 
 
@@ -58,57 +62,21 @@ def encoded(adapters):
 CASES = [(k, m) for k in FAMILIES for m in ("image", "video")]
 
 
-def plain_inputs(enc):
-    st = enc.state
-    return dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], **st["vision_inputs"],
-                **st["rope_kwargs"])
+# ---------------------------------------------------------------------------------------- (a), (b)
+# The contract (test_family_contract.py) runs both on an image and a video file; here, the in-memory
+# 5-frame clip that the temporal patch pads to 6 frames.
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_keep_all_identical_to_transformers_odd_frames(adapters, encoded, kind):
+    assert_keep_all_is_the_unpruned_model(adapters[kind], encoded[kind, "video"])
 
 
-# ---------------------------------------------------------------------------------------- (a)
-@pytest.mark.parametrize("kind,media", CASES)
-def test_keep_all_identical_to_transformers(adapters, encoded, kind, media):
-    ad, enc = adapters[kind], encoded[kind, media]
-    with torch.no_grad():
-        ref = ad.model(**plain_inputs(enc)).logits[0].float()
-    assert torch.equal(ad.prefill_logits(enc), ref)
-    assert torch.equal(ad.prefill_logits(enc, keep=list(range(enc.n_visual))), ref)
-    with torch.no_grad():
-        g = ad.model.generate(**plain_inputs(enc), do_sample=False, max_new_tokens=6)
-    ans = ad.generate(enc, max_new_tokens=6)
-    assert ans.token_ids == g[0, enc.state["input_ids"].shape[1]:].tolist()
-    assert ans.input_tokens == enc.state["input_ids"].shape[1] and ans.visual_tokens == enc.n_visual
-
-
-# ---------------------------------------------------------------------------------------- (b)
-def masked_reference(ad, enc, keep):
-    """Full sequence, full positions; dropped visual tokens masked out of every query's attention."""
-    st = enc.state
-    L = st["input_ids"].shape[1]
-    dropped = torch.ones(enc.n_visual, dtype=torch.bool)
-    dropped[keep] = False
-    seq_keep = torch.ones(L, dtype=torch.bool)
-    seq_keep[st["visual_positions"][dropped]] = False
-    allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & seq_keep[None, :]
-    allowed |= torch.eye(L, dtype=torch.bool)  # a dropped query attends to itself only (never read)
-    with torch.no_grad():
-        out = ad.model(**plain_inputs(enc), position_ids=st["positions"], attention_mask=allowed[None, None])
-    return out.logits[0, seq_keep].float(), seq_keep
-
-
-@pytest.mark.parametrize("kind,media", CASES)
-def test_pruned_equals_masked_full_sequence(adapters, encoded, kind, media):
-    ad, enc = adapters[kind], encoded[kind, media]
-    gen = torch.Generator().manual_seed(0)
-    k = max(1, enc.n_visual // 4)
-    keep = torch.randperm(enc.n_visual, generator=gen)[:k]
-    pruned = ad.prefill_logits(enc, keep=keep)
-    L = enc.state["input_ids"].shape[1]
-    assert pruned.shape[0] == L - (enc.n_visual - k)
-    ref, _ = masked_reference(ad, enc, keep)
-    torch.testing.assert_close(pruned, ref, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_pruned_equals_masked_full_sequence_odd_frames(adapters, encoded, kind):
+    ad, enc = adapters[kind], encoded[kind, "video"]
+    assert_pruned_equals_masked_full_sequence(ad, enc)
+    keep = torch.randperm(enc.n_visual, generator=torch.Generator().manual_seed(0))[:max(1, enc.n_visual // 4)]
     ans = ad.generate(enc, keep=Selection.from_order(keep, torch.zeros(enc.n_visual)), max_new_tokens=3)
-    assert ans.input_tokens == L - (enc.n_visual - k) and ans.visual_tokens == k
-    assert 1 <= len(ans.token_ids) <= 3
+    assert ans.visual_tokens == keep.numel() and 1 <= len(ans.token_ids) <= 3
 
 
 def test_merged_tokens_are_fed_in_keep_order(adapters, encoded):

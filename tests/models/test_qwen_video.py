@@ -1,4 +1,4 @@
-"""Qwen video rules (`mipruner.models._qwen_video`) against the installed transformers code.
+"""Qwen video rules (`mipruner.models.qwen.video`) against the installed transformers code.
 
 The Qwen video processors cannot be built or imported without torchvision (CI has none), so the
 references are their functions compiled from the installed transformers source (`official.installed`):
@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from mipruner.media import MediaError
-from mipruner.models import _qwen_video as QV
+from mipruner.models.qwen import video as QV
 
 from .official import QWEN2_VIDEO, QWEN3_VIDEO, VideoFunctions, class_attributes, installed
 

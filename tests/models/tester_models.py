@@ -22,9 +22,11 @@ import os
 
 import torch
 
+import mipruner.models
+
 from . import tiny_internvl, tiny_llava, tiny_onevision, tiny_qwen
 
-FAMILIES = ["llava", "llava_next", "video_llava", "llava_onevision", "internvl", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+FAMILIES = list(mipruner.models.FAMILIES)  # the family table's rows
 
 CLIP = dict(hidden_size=32, projection_dim=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 LLAMA = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, hidden_act="gelu")

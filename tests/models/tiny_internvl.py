@@ -8,7 +8,7 @@ tied embeddings. Ours: 1024 positions instead of 512 (8 video frames take 512 vi
 the tokenizer: a word-level one with InternVL's special tokens (<img>, </img>, <IMG_CONTEXT>, <video>)
 named as the hub tokenizer names them (start_image_token, end_image_token, context_image_token,
 video_token), and the chat template transformers' conversion script writes (an image is
-"<IMG_CONTEXT>\\n", a video "<video>\\n"): `mipruner.bench.random_internvl.build_tokenizer`. The
+"<IMG_CONTEXT>\\n", a video "<video>\\n"): `mipruner.models.internvl.random_weights.build_tokenizer`. The
 image processor is transformers' GotOcr2 one (PIL) at 64 px, up to 6 tiles (the hub checkpoints allow
 12 at 448 px), with ImageNet normalisation as the hub checkpoints ship it.
 """
@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from mipruner.bench.random_internvl import build_tokenizer
+from mipruner.models.internvl.random_weights import build_tokenizer
 
 IMAGE_SIZE, PATCH, MAX_TILES = 64, 4, 6
 SEQ = (IMAGE_SIZE // PATCH // 2) ** 2  # tokens per tile after the 0.5 pixel shuffle

@@ -7,15 +7,15 @@ both travel through the public `mm_encoder_outputs` input (`deepstack_features`)
 
 Videos: each token-frame gets its own "<t seconds><|vision_start|>...<|vision_end|>" block in the
 prompt (as Qwen3VLProcessor does); which frames are read and the resize target (pixel budget over
-t * h * w, t the real number of frames) follow Qwen3VLVideoProcessor (`_qwen_video`).
+t * h * w, t the real number of frames) follow Qwen3VLVideoProcessor (`video.py`).
 """
 from __future__ import annotations
 
 import torch
 
-from . import _qwen_video as QV
-from ._qwen_video import smart_resize_3d
-from .base import Encoded
+from . import video as QV
+from .video import smart_resize_3d
+from ..base import Encoded
 from .qwen2_vl import Qwen2VLAdapter
 
 

@@ -30,10 +30,10 @@ import contextlib
 
 import torch
 
-from ..media import MediaError, Video
-from . import _clip_attention as A
-from . import _llava_common as C
-from . import _llava_geometry as G
+from ...media import MediaError, Video
+from .. import _clip_attention as A
+from .. import _llava_common as C
+from . import geometry as G
 from .llava_hf import image_geometry
 
 

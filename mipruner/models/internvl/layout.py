@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from ._clip_attention import capture_block
-from ._onevision_layout import Layout, token_attention
+from .._clip_attention import capture_block
+from .._patch_layout import Layout, token_attention
 
 
 def tile_grid(image_processor, size_hw, tiled: bool) -> tuple[int, int]:

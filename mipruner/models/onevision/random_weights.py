@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .word_tokenizer import word_tokenizer
+from ..word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}<|im_start|>user "
@@ -38,7 +38,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
     llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
-    from mipruner.models.llava_onevision import LlavaOnevisionAdapter, _processor
+    from .adapter import LlavaOnevisionAdapter, _processor
 
     tok = build_tokenizer()
     default = tf.LlavaOnevisionConfig()

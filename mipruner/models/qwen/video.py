@@ -5,8 +5,8 @@ Our own code, written from transformers 5.x `models/qwen2_vl/video_processing_qw
 (`Qwen2VLVideoProcessor`: class defaults, `__init__`, `sample_frames`, `resize`, `patchify`; Qwen2.5-VL
 uses the same class) and `models/qwen3_vl/video_processing_qwen3_vl.py` (`Qwen3VLVideoProcessor`,
 its module-level `smart_resize`), and from `video_processing_utils.BaseVideoProcessor.get_video_processor_dict`
-(which file holds the settings). tests/models/test_qwen_video.py runs the installed transformers
-functions against these.
+(which file holds the settings: `_hub_files.video_processor_dict`). tests/models/test_qwen_video.py
+runs the installed transformers functions against these.
 
   settings  the official class's defaults, updated from the checkpoint's files in transformers'
             order: the "video_processor" entry of processor_config.json, else
@@ -29,14 +29,13 @@ processor does with `do_sample_frames` off.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import numpy as np
 import torch
 
-from ..media import MediaError
+from ...media import MediaError
+from .._hub_files import read_json, video_processor_dict
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -53,34 +52,6 @@ QWEN3_DEFAULTS = dict(
     QWEN2_DEFAULTS, size={"shortest_edge": 128 * 32 * 32, "longest_edge": 32 * 32 * 768},
     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], patch_size=16, do_sample_frames=True, fps=2,
     max_video_tokens=768)
-
-
-def read_json(path: str, name: str) -> dict:
-    """A JSON file of a local checkpoint directory or a cached hub checkpoint; {} when absent."""
-    local = os.path.join(path, name)
-    if not os.path.isfile(local):
-        try:
-            from transformers.utils import cached_file
-            local = cached_file(path, name, _raise_exceptions_for_missing_entries=False,
-                                _raise_exceptions_for_connection_errors=False)
-        except (OSError, ValueError):
-            local = None
-    if not local or not os.path.isfile(local):
-        return {}
-    with open(local) as f:
-        return json.load(f)
-
-
-def video_processor_dict(path: str) -> dict:
-    """The dict transformers builds the video processor from (see the module doc for the order)."""
-    nested = read_json(path, "processor_config.json").get("video_processor")
-    if nested:
-        return dict(nested)
-    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
-        found = read_json(path, name)
-        if found:
-            return found
-    return {}
 
 
 def video_settings(cfg: dict, qwen3: bool) -> dict:

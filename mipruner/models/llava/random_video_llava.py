@@ -6,14 +6,14 @@ width 1024, FFN 4096, 16 heads: 16 x 16 patches + [CLS] per frame), features at 
 "default" strategy, a 2-layer GELU projector, and Vicuna-7B (Llama: 32 layers of width 4096, FFN
 11008, 32 heads, 4096 positions). Images give 256 tokens, a video 8 frames x 257 = 2,056.
 tiny=True: the same geometry at 56 px (4 x 4 patches), 2 CLIP layers of width 64, 2 Llama layers
-of width 128 drawn with std 0.2 (answers that depend on the kept tokens). The tokenizer is `random_llava`'s word-level one with <image> and <video>; answers
+of width 128 drawn with std 0.2 (answers that depend on the kept tokens). The tokenizer is `random_weights`'s word-level one with <image> and <video>; answers
 mean nothing.
 """
 from __future__ import annotations
 
 import torch
 
-from .random_llava import build_tokenizer
+from .random_weights import build_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
@@ -28,7 +28,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
     llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
-    from mipruner.models.video_llava import VideoLlavaAdapter
+    from .video_llava import VideoLlavaAdapter
 
     tok = build_tokenizer(video=True)
     tok.chat_template = CHAT_TEMPLATE

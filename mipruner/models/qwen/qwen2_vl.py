@@ -15,7 +15,7 @@ How pruning reaches the model, through public inputs only:
 Preprocessing does not need torchvision: hub checkpoints carry a video processor config whose
 processor class imports torchvision, so `AutoProcessor` fails here. We build the inputs from the
 tokenizer and the PIL image processor; images are read as transformers reads them
-(`mipruner.media.load_image`), videos as its video processors do (`_qwen_video`: settings, which
+(`mipruner.media.load_image`), videos as its video processors do (`video.py`: settings, which
 frames, resize target and patch layout, with the deviations listed there).
 """
 from __future__ import annotations
@@ -26,15 +26,15 @@ import time
 import torch
 from PIL import Image
 
-from ..media import MediaError, Video, is_video_path, load_image, load_video
-from ..pruners.selection import Selection
-from . import _qwen_attention as QA
-from . import _qwen_video as QV
-from ._decode_path import PLAIN, DecodePath
-from ._qwen_attention import merge_attention
-from ._qwen_video import read_json, smart_resize
-from .base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
-from .text import text_mask
+from ...media import MediaError, Video, is_video_path, load_image, load_video
+from ...pruners.selection import Selection
+from . import attention as QA
+from . import video as QV
+from .._decode_path import PLAIN, DecodePath
+from .attention import merge_attention
+from .video import read_json, smart_resize
+from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from ..text import text_mask
 
 
 class Qwen2VLAdapter(Adapter):
@@ -232,7 +232,7 @@ class Qwen2VLAdapter(Adapter):
         return None
 
     def _attention_capture(self, vision: dict, store: dict, enabled: bool):
-        """A context that captures one ViT block's attention (see `_qwen_attention.capture`)."""
+        """A context that captures one ViT block's attention (see `attention.capture`)."""
         return QA.capture(self, vision, store, enabled)
 
     # ------------------------------------------------------------------ LLM
@@ -347,8 +347,8 @@ class Qwen2VLAdapter(Adapter):
                       input_tokens=n_in, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1)
 
     def generate_batch(self, rows, max_new_tokens: int = 64, **gen) -> list[Answer]:
-        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_qwen`)."""
-        from ._batch_qwen import generate_rows
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`batch.py`)."""
+        from .batch import generate_rows
         return generate_rows(self, list(rows), max_new_tokens, **gen)
 
 

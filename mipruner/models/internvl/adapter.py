@@ -2,7 +2,7 @@
 InternVL2.5 "-hf" checkpoints): InternViT + pixel shuffle (0.5) + 2-layer MLP + Qwen2.5 (or InternLM2 /
 Llama), one image, several images, video.
 
-Tokens in LLM order and their geometry are described in `_internvl_layout.py`. In short, each image
+Tokens in LLM order and their geometry are described in `layout.py`. In short, each image
 becomes "<img>" + (tiles [+ thumbnail]) x image_seq_length <IMG_CONTEXT> tokens + "</img>" (tiles:
 the image stretched to the c x r canvas of S px tiles the GotOcr2 image processor picks, up to
 max_patches; the thumbnail: the whole image at S x S, only when there are several tiles); several
@@ -37,14 +37,13 @@ import re
 
 import torch
 
-from ..media import MediaError, Video
-from . import _internvl_layout as L
-from . import _llava_common as C
-from ._clip_attention import feature_layer_index
-from ._onevision_layout import Layout
-from ._qwen_video import read_json
-from ._sampled_video import SampledVideo
-from .llava_onevision import _chat_template, video_pixels
+from ...media import MediaError, Video
+from . import layout as L
+from .. import _llava_common as C
+from .._clip_attention import feature_layer_index
+from .._patch_layout import Layout
+from .._hub_files import read_chat_template, read_json
+from .._sampled_video import SampledVideo, video_pixels
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -134,7 +133,7 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
 
         tok = AutoTokenizer.from_pretrained(path)
         ip = AutoImageProcessor.from_pretrained(path)
-        return _processor(ip, tok, read_json(path, "processor_config.json"), _chat_template(path, tok)), tok, ip
+        return _processor(ip, tok, read_json(path, "processor_config.json"), read_chat_template(path, tok)), tok, ip
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         return super()._template(prompt, kind, 1 if kind == "video" else n_media)

@@ -1,7 +1,8 @@
 """Where every LLaVA-OneVision visual token comes from: for each vision-tower patch (view, position)
 the visual token it feeds (its "owner") and its pixel box in the original image; from these the
 tokens' geometry (boxes = the union of their patches), and the tower's attention and keys pooled to
-tokens (`token_attention`). Also the video frames as transformers' video processor prepares them.
+tokens (`token_attention`, in the shared `_patch_layout.py`). Also the video frames as transformers'
+video processor prepares them.
 
 Token order, as `LlavaOnevisionModel.get_image_features` / `get_video_features` build it:
   one image      base view (g x g), then the unpadded tile canvas row by row, each row followed by
@@ -22,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from .base import TokenGeometry
+from .._patch_layout import Layout
 
 
 def _cells(n_in: int, n_out: int) -> torch.Tensor:
@@ -32,46 +33,6 @@ def _cells(n_in: int, n_out: int) -> torch.Tensor:
 
 def _patch_boxes(rows: torch.Tensor, cols: torch.Tensor, patch: int) -> torch.Tensor:
     return torch.stack([cols * patch, rows * patch, (cols + 1) * patch, (rows + 1) * patch], -1).double()
-
-
-class Layout:
-    """Accumulates tokens (kind, frame, row, col) and patch -> token ownership with pixel boxes."""
-
-    def __init__(self, n_views: int, n_pos: int):
-        self.n_views, self.n_pos = n_views, n_pos
-        self.kind: list[str] = []
-        self.frame, self.row, self.col = [], [], []
-        self.owner = torch.full((n_views, n_pos), -1, dtype=torch.long)
-        self.pbox = torch.zeros(n_views, n_pos, 4, dtype=torch.float64)
-        self.fixed: dict[int, torch.Tensor] = {}  # token -> box for tokens that own no patch
-        self.grids, self.sizes = [], []
-
-    def add(self, kind: str, frame: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> int:
-        start = len(self.kind)
-        self.kind += [kind] * int(frame.numel())
-        self.frame.append(frame.long()), self.row.append(row.long()), self.col.append(col.long())
-        return start
-
-    def own(self, view, pos, token, box) -> None:
-        self.owner[view, pos] = token
-        self.pbox[view, pos] = box
-
-    def geometry(self) -> TokenGeometry:
-        n = len(self.kind)
-        own = self.owner.flatten()
-        seen = own >= 0
-        boxes = self.pbox.view(-1, 4)[seen]
-        idx = own[seen]
-        lo = torch.full((n, 2), math.inf, dtype=torch.float64).scatter_reduce(
-            0, idx[:, None].expand(-1, 2), boxes[:, :2], "amin")
-        hi = torch.full((n, 2), -math.inf, dtype=torch.float64).scatter_reduce(
-            0, idx[:, None].expand(-1, 2), boxes[:, 2:], "amax")
-        box = torch.cat([lo, hi], -1)
-        for t, b in self.fixed.items():
-            box[t] = b
-        box = torch.where(torch.isfinite(box), box, torch.zeros((), dtype=box.dtype))
-        return TokenGeometry(frame=torch.cat(self.frame), row=torch.cat(self.row), col=torch.cat(self.col),
-                             box=box.float(), kind=list(self.kind), grids=list(self.grids), sizes=list(self.sizes))
 
 
 def _grid(g: int):
@@ -171,27 +132,3 @@ def video_frames(lay: Layout, n_frames: int, size_wh, g: int, patch: int) -> Non
         lay.sizes.append((W, H))
     nl = lay.add("newline", torch.full((1,), n_frames - 1), torch.full((1,), h), torch.full((1,), h))
     lay.fixed[nl] = torch.tensor([0.0, 0.0, W, H], dtype=torch.float64)
-
-
-def token_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor, offset: int):
-    """Per-view attention (views, n, n) and keys (views, n, d) of the tower -> (N_V, N_V) over the
-    visual tokens (a token's row: the mean over its patches of the attention summed over each
-    other token's patches; 0 across views and for newlines) and keys (N_V, d) (mean over patches).
-    `offset`: hidden-state rows before the first patch (1 when the "default" strategy drops one)."""
-    n = len(lay.kind)
-    out = torch.zeros(n, n, dtype=att.dtype)
-    ksum = torch.zeros(n, keys.shape[-1], dtype=keys.dtype)
-    count = torch.zeros(n, dtype=att.dtype)
-    for v in range(lay.n_views):
-        own = lay.owner[v]
-        pos = torch.nonzero(own >= 0).flatten()
-        if not pos.numel():
-            continue
-        tok = own[pos]
-        a = att[v][pos + offset][:, pos + offset]  # (p, p) patch queries x patch keys
-        cols = torch.zeros(a.shape[0], n, dtype=att.dtype).index_add_(1, tok, a)  # summed per key token
-        out.index_add_(0, tok, cols)
-        ksum.index_add_(0, tok, keys[v][pos + offset])
-        count.index_add_(0, tok, torch.ones_like(tok, dtype=att.dtype))
-    div = count.clamp_min(1)
-    return out / div[:, None], ksum / div[:, None]

@@ -1,7 +1,7 @@
 """LLaVA-OneVision (transformers `LlavaOnevisionForConditionalGeneration`, model_type "llava_onevision";
 also the class of LLaVA-Video checkpoints): SigLIP + 2-layer MLP + Qwen2, one image, several images, video.
 
-Tokens in LLM order and their geometry are described in `_onevision_layout.py`. In short:
+Tokens in LLM order and their geometry are described in `layout.py`. In short:
   one image     anyres_max_9: base view (kind "base", frame 0, g x g), then the unpadded tile canvas
                 (kind "tile", frame 1, shrunk bilinearly when over 9 tiles' worth), each canvas row
                 closed by a "newline" token (frame 1, col = canvas width, box = its row's extent).
@@ -38,18 +38,16 @@ prior; the in-LLM methods (FastV, DART, SparseVLM) read the decoder through `llm
 from __future__ import annotations
 
 import contextlib
-import os
 
-import numpy as np
 import torch
-from PIL import Image
 
-from ..media import MediaError, Video, sample_indices
-from . import _clip_attention as A
-from . import _llava_common as C
-from . import _onevision_layout as L
-from ._qwen_video import read_json
-from ._sampled_video import SampledVideo
+from ...media import MediaError, Video, sample_indices
+from .. import _clip_attention as A
+from .. import _llava_common as C
+from . import layout as L
+from .._hub_files import read_chat_template, read_json
+from .._patch_layout import Layout, token_attention
+from .._sampled_video import SampledVideo, video_pixels
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -78,18 +76,6 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     return sample_indices(total, n)
 
 
-def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
-    """(F, 3, H, W) float32: each frame RGB, resized to size, rescaled and normalised."""
-    h, w = int(s["size"]["height"]), int(s["size"]["width"])
-    arr = np.stack([np.asarray(f.convert("RGB").resize((w, h), resample=int(s["resample"])), dtype=np.float32)
-                    for f in frames])  # (F, H, W, 3)
-    if s["do_rescale"]:
-        arr = arr * np.float32(s["rescale_factor"])
-    if s["do_normalize"]:
-        arr = (arr - np.asarray(s["image_mean"], np.float32)) / np.asarray(s["image_std"], np.float32)
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(0, 3, 1, 2)))
-
-
 def _processor(ip, tok, pcfg: dict, model_config, chat_template):
     """transformers' LlavaOnevisionProcessor on the checkpoint's parts, without a video processor."""
     from transformers import LlavaOnevisionProcessor
@@ -109,21 +95,6 @@ def _processor(ip, tok, pcfg: dict, model_config, chat_template):
     return p
 
 
-def _chat_template(path: str, tok):
-    local = os.path.join(path, "chat_template.jinja")
-    if not os.path.isfile(local):
-        try:
-            from transformers.utils import cached_file
-            local = cached_file(path, "chat_template.jinja", _raise_exceptions_for_missing_entries=False,
-                                _raise_exceptions_for_connection_errors=False)
-        except (OSError, ValueError):
-            local = None
-    if local and os.path.isfile(local):
-        with open(local) as f:
-            return f.read()
-    return read_json(path, "chat_template.json").get("chat_template") or getattr(tok, "chat_template", None)
-
-
 class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
     family = "llava_onevision"
     model_class_name = "LlavaOnevisionForConditionalGeneration"
@@ -137,7 +108,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
         tok = AutoTokenizer.from_pretrained(path)
         ip = AutoImageProcessor.from_pretrained(path)
         proc = _processor(ip, tok, read_json(path, "processor_config.json"), AutoConfig.from_pretrained(path),
-                          _chat_template(path, tok))
+                          read_chat_template(path, tok))
         return proc, tok, ip
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
@@ -171,11 +142,11 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
                 batch_num_images=inputs["batch_num_images"].to(self.device), return_dict=True)
         visual = torch.cat(list(out.pooler_output), dim=0)  # (N_V, d)
         if len(images) == 1:
-            lay = L.Layout(int(pixels.shape[1]), g * g)
+            lay = Layout(int(pixels.shape[1]), g * g)
             L.anyres_image(lay, self.model, inputs["image_sizes"][0], g, patch)
             frames = [images[0], images[0]]
         else:
-            lay = L.Layout(len(images), g * g)
+            lay = Layout(len(images), g * g)
             for k, im in enumerate(images):
                 L.square_image(lay, k, k, im.size, g, patch)
             frames = list(images)
@@ -196,7 +167,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
             out = self.model.model.get_video_features(pixel_values_videos=pixels.to(self.device, self.dtype),
                                                       return_dict=True)
         visual = out.pooler_output.flatten(0, 1)  # (F * ceil(g/2)^2 + 1, d)
-        lay = L.Layout(len(frames), g * g)
+        lay = Layout(len(frames), g * g)
         L.video_frames(lay, len(frames), frames[0].size, g, patch)
         ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=pixels)
         res = self._finish(lay, visual, ids, frames, ref, cap, need_attention, offset)
@@ -209,7 +180,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
             raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=frames, ref=ref)
         if need_attention:
-            att, keys = L.token_attention(lay, cap["attention"].cpu(), cap["keys"].cpu(), offset)
+            att, keys = token_attention(lay, cap["attention"].cpu(), cap["keys"].cpu(), offset)
             out.update(attention=att, keys=keys, has_cls=False, cls=None,
                        state={"attention_all": cap["attention"].cpu()})
         return out

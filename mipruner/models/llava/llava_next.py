@@ -28,10 +28,10 @@ import contextlib
 import numpy as np
 import torch
 
-from . import _clip_attention as A
-from . import _llava_common as C
-from . import _llava_geometry as G
-from .base import TokenGeometry
+from .. import _clip_attention as A
+from .. import _llava_common as C
+from . import geometry as G
+from ..base import TokenGeometry
 
 
 class LlavaNextAdapter(C.LlavaFamilyAdapter):

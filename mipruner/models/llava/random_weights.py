@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .word_tokenizer import word_tokenizer
+from ..word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
@@ -41,8 +41,8 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
     llava-hf/llava-1.5-7b-hf, gives the real head's cost per decoded token)."""
     import transformers as tf
 
-    from mipruner.models.llava_hf import LlavaAdapter
-    from mipruner.models.llava_next import LlavaNextAdapter
+    from .llava_hf import LlavaAdapter
+    from .llava_next import LlavaNextAdapter
 
     tok = build_tokenizer()
     vision = tf.CLIPVisionConfig(hidden_size=vision_width, intermediate_size=4 * vision_width,
@@ -78,3 +78,27 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
     desc = (f"random-weight {what}: CLIP {vision_layers}x{vision_width} @ {image_size}px/patch {patch}, "
             f"Llama {llm_layers}x{llm_width} (ffn {llm_ffn}), {str(dtype).replace('torch.', '')}")
     return cls(model, proc, tok, ip, name=f"random-{family}"), desc
+
+
+# The family table's builders (`mipruner.models.families`). Tiny: widths as `bench gpu --tiny`, 2 Llama layers
+# drawn with std 0.2 (answers that depend on the kept tokens); real: LLaVA-1.5-7B's tower, all 32 Llama-7B
+# layers and its 32,064-row vocabulary (llava-hf/llava-1.5-7b-hf's config.json; the word-level tokenizer uses
+# the first few rows).
+LLAVA_TINY = dict(image_size=56, patch=14, vision_layers=2, vision_width=64, llm_layers=2, llm_width=128, llm_ffn=256,
+                  text_init=0.2)
+LLAVA_REAL = dict(llm_layers=32, vocab_size=32064)
+
+
+def _build(family: str, *, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    shape = dict(LLAVA_TINY if tiny else LLAVA_REAL)
+    if llm_layers:
+        shape["llm_layers"] = llm_layers
+    return build_random_llava(family=family, device=device, dtype=dtype, seed=seed, **shape)
+
+
+def build_llava(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    return _build("llava", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
+
+
+def build_llava_next(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+    return _build("llava_next", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .word_tokenizer import word_tokenizer
+from ..word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (  # transformers' conversion script's template (an image is <IMG_CONTEXT>, as the processor reads it)
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
@@ -49,7 +49,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B", llm_la
     llm_layers: the LLM's depth instead of the config's."""
     import transformers as tf
 
-    from mipruner.models.internvl import InternVLAdapter, _processor
+    from .adapter import InternVLAdapter, _processor
 
     if shape not in TEXT_SHAPES:
         raise ValueError(f"shape must be one of {sorted(TEXT_SHAPES)}, got {shape!r}")

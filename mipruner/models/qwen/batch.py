@@ -32,9 +32,9 @@ import time
 
 import torch
 
-from . import _packed as P
-from ._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
-from .base import Answer, Encoded, keep_indices
+from .. import _packed as P
+from .._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
+from ..base import Answer, Encoded, keep_indices
 
 
 def _merge_outputs(outs: list):

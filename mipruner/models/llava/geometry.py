@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .base import TokenGeometry
+from ..base import TokenGeometry
 
 
 def _size_get(size, key):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .word_tokenizer import word_tokenizer
+from ..word_tokenizer import word_tokenizer
 
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
@@ -96,8 +96,8 @@ def build_tokenizer():
 def _build(family: str, *, tiny: bool, device, dtype, seed: int, llm_layers: int | None = None):
     import transformers as tf
 
-    from mipruner.models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
-    from mipruner.models.qwen3_vl import Qwen3VLAdapter
+    from .qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
+    from .qwen3_vl import Qwen3VLAdapter
 
     tok = build_tokenizer()
     shape = (TINY if tiny else REAL)[family]

@@ -21,10 +21,10 @@ import contextlib
 
 import torch
 
-from ..media import Video, load_media
-from . import _clip_attention as A
-from . import _llava_common as C
-from . import _llava_geometry as G
+from ...media import Video, load_media
+from .. import _clip_attention as A
+from .. import _llava_common as C
+from . import geometry as G
 
 
 TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the answer (at most 1/8 of the context)

@@ -1,0 +1,1 @@
+"""LLaVA-OneVision: adapter, AnyRes-max layout and the random-weight builder at real shapes."""

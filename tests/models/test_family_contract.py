@@ -1,0 +1,213 @@
+"""The family contract, written once and run on every row of the family table (`mipruner.models.FAMILIES`),
+as timm runs one test over its model registry. Ids read `<check>[<family>-<medium or method>]`.
+
+Each family's tiny checkpoint comes from tests/models/tiny.py. For every medium the family's adapter reads
+(image, several images, video; the table's `media`):
+  keep_all        keeping every visual token = the model's own forward and greedy answer (anchor.py);
+  masked_prune    a pruned prefill = the model's own forward over the full sequence with the dropped
+                  tokens hidden from attention (anchor.py);
+  every_method    every registered method selects K tokens (K = all: all of them, in order) and answers
+                  on them through `mipruner.answer`;
+  app_panels      the app's handlers, as a user runs them (image and video): every method's panels, the
+                  answers, a click and the export;
+  lmms_answers    the lmms-eval model answers one item of each medium, pruned by MI and by FastV;
+  family_table    the table finds the family's adapter, random-weight builder, tiny checkpoint and doc page.
+What inputs the adapters build, against transformers' own processors, is test_official_table.py (the same
+families, from transformers' tester configs). Per-family files keep only what is particular to a family.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import mipruner
+from mipruner.media import write_video
+from mipruner.models import FAMILIES
+
+from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
+from .tiny import TINY, save_tiny
+from .tiny_llava import scene
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROMPT = "What colour is the square?"
+MEDIUMS = [(f, m) for f, fam in FAMILIES.items() for m in fam.media]
+# The app draws the views the model reads side by side; the panel of the 120 px image is wider than this
+# (OneVision: the base view and the tile canvas; InternVL: the tile canvas and the thumbnail), the panel of
+# the 12-frame 80 px clip wider than this (eight frames).
+IMAGE_WIDER_THAN = {"llava_onevision": 2 * 120, "internvl": 2 * 120}
+VIDEO_WIDER_THAN = {"llava_onevision": 7 * 80, "internvl": 7 * 80}
+
+
+def _ids(cases):
+    return [f"{a}-{b}" for a, b in cases]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_grad():
+    torch.manual_seed(0)
+    with torch.no_grad():
+        yield
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("families")
+
+
+@pytest.fixture(scope="module")
+def files(root):
+    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
+    scene(120, 80, square=(30, 20, 60, 50)).save(root / "pic.png")
+    return {"video": write_video(frames, str(root / "clip.mp4")), "image": str(root / "pic.png")}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(root):
+    """family -> its tiny checkpoint's folder, written on first use."""
+    made = {}
+
+    def get(family: str) -> str:
+        if family not in made:
+            made[family] = save_tiny(family, str(root / "ckpt" / f"tiny-{family}"))
+        return made[family]
+    return get
+
+
+@pytest.fixture(scope="module")
+def adapter(checkpoint):
+    loaded = {}
+
+    def get(family: str):
+        if family not in loaded:
+            loaded[family] = mipruner.load(checkpoint(family), device="cpu")
+        return loaded[family]
+    return get
+
+
+@pytest.fixture(scope="module")
+def encoded(adapter, files):
+    done = {}
+
+    def get(family: str, medium: str):
+        if (family, medium) not in done:
+            media = {"image": scene(120, 40, square=(80, 10, 100, 30)),
+                     "images": [scene(40, 20, seed=1), scene(30, 60, seed=2)], "video": files["video"]}[medium]
+            done[family, medium] = adapter(family).encode(media, PROMPT, need_attention=True)
+        return done[family, medium]
+    return get
+
+
+@pytest.mark.parametrize("family,medium", MEDIUMS, ids=_ids(MEDIUMS))
+def test_keep_all(adapter, encoded, family, medium):
+    assert_keep_all_is_the_unpruned_model(adapter(family), encoded(family, medium))
+
+
+@pytest.mark.parametrize("family,medium", MEDIUMS, ids=_ids(MEDIUMS))
+def test_masked_prune(adapter, encoded, family, medium):
+    assert_pruned_equals_masked_full_sequence(adapter(family), encoded(family, medium))
+
+
+METHODS = [(f, name) for f in FAMILIES for name in mipruner.list_pruners()]
+
+
+@pytest.mark.parametrize("family,name", METHODS, ids=_ids(METHODS))
+def test_every_method(adapter, encoded, family, name):
+    a = adapter(family)
+    for medium in [m for m in ("image", "video") if m in FAMILIES[family].media]:
+        e = encoded(family, medium)
+        k = max(2, e.n_visual // 4)
+        sel = mipruner.select(a, e, name, k, cache={})
+        assert sel.keep.numel() + (0 if sel.prefix is None else sel.prefix.shape[0]) == k
+        assert mipruner.select(a, e, name, e.n_visual).keep.tolist() == list(range(e.n_visual))
+        ans = mipruner.answer(a, e, sel, max_new_tokens=2)  # in-LLM methods run through llm_inputs
+        assert 1 <= len(ans.token_ids) <= 2
+        if name == "sparsevlm":  # its recycled (merged) tokens reach the LLM besides the K kept
+            assert ans.visual_tokens >= k
+        else:
+            assert ans.visual_tokens == k
+
+
+@pytest.fixture(scope="module")
+def app(root):
+    from components.hub import ModelHub
+    from components.logic import AppLogic
+    from components.policy import ModelPolicy
+
+    hub = ModelHub("shapes-llava", device="cpu", policy=ModelPolicy(model_dirs=(str(root / "ckpt"),)))
+    hub.load_default()
+    return AppLogic(hub, max_new_tokens=3)
+
+
+PANELS = [(f, m) for f, m in MEDIUMS if m in ("image", "video")]
+
+
+@pytest.mark.parametrize("family,kind", PANELS, ids=_ids(PANELS))
+def test_app_panels(app, checkpoint, files, family, kind):
+    from components.settings import Settings
+
+    path = checkpoint(family)
+    st, msg = app.encode(None, path, kind, files["image"] if kind == "image" else None,
+                         files["video"] if kind == "video" else None, PROMPT)
+    assert f"tiny-{family}" in msg and "instead" not in msg
+    names = mipruner.list_pruners()
+    for i in range(0, len(names), 3):
+        views, summary = app.view(st, Settings(methods=tuple(names[i:i + 3]), budget=0.25))
+        for v in views:
+            assert abs(v.kept - 0.25 * st.n_visual) <= 1 and len(v.selection.keep) <= v.kept
+            w, h = v.mask.size
+            assert np.asarray(v.heatmap).shape[:2] == (h, w)
+            assert np.asarray(v.mask).std() > 0  # something is drawn
+    assert w > {"image": IMAGE_WIDER_THAN, "video": VIDEO_WIDER_THAN}[kind].get(family, 0)
+    out = app.generate(st, Settings(methods=("mi", "fastv"), budget=0.25), 3)
+    assert out["reference"]["visual_tokens"] == st.n_visual
+    assert app.inspect(st, Settings(methods=("mi",), budget=0.25), w * 0.3, h * 0.3)["token"] is not None
+    exported = app.export(st, Settings(methods=("mi",), budget=0.25), app.new_export_dir())
+    assert any(f.endswith("mi_mask.png") for f in exported)
+
+
+LMMS = [(f, m) for f in FAMILIES for m in ("mi", "fastv")]
+
+
+@pytest.mark.parametrize("family,method", LMMS, ids=_ids(LMMS))
+def test_lmms_answers(checkpoint, root, family, method):
+    pytest.importorskip("lmms_eval")
+    from mipruner.lmms.model import MiPruner
+
+    video = write_video([scene(48, 32, seed=i) for i in range(6)], str(root / f"lmms-{family}-{method}.mp4"))
+    items = {"image": [scene(60, 40)], "images": [scene(30, 30, seed=1), scene(40, 20, seed=2)], "video": [video]}
+    docs = dict(enumerate(items[m] for m in FAMILIES[family].media))
+    model = MiPruner(pretrained=checkpoint(family), method=method, budget="25%", device="cpu")
+    assert model.adapter.family == family
+    model.task_dict = {"t": {"test": docs}}
+    reqs = [SimpleNamespace(args=(PROMPT, {"max_new_tokens": 2, "until": []}, lambda doc: doc, i, "t", "test"))
+            for i in docs]
+    out = model.generate_until(reqs)
+    assert len(out) == len(docs) and all(isinstance(t, str) for t in out) and model.calls == len(docs)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_table(family):
+    from components.hub import SUGGESTED
+
+    fam = FAMILIES[family]
+    assert os.path.isdir(os.path.join(ROOT, "mipruner", "models", fam.folder))
+    cls = fam.adapter_class()
+    assert issubclass(cls, mipruner.models.Adapter) and cls.__module__.startswith(f"mipruner.models.{fam.folder}.")
+    builder = fam.builder_function()
+    assert callable(builder) and builder.__module__.startswith(f"mipruner.models.{fam.folder}.")
+    assert family in TINY
+    with open(os.path.join(ROOT, fam.doc)) as f:
+        assert f"`{family}`" in f.read(), f"{fam.doc} does not name `{family}`"
+    assert fam.suggested and set(fam.suggested) <= set(SUGGESTED)
+
+
+def test_the_family_table_is_the_only_list():
+    """The bench's zoo and tester table are the family table's rows, not lists of their own."""
+    from . import tester_models
+
+    assert list(tester_models.FAMILIES) == list(FAMILIES)
+    assert set(TINY) == set(FAMILIES)
