@@ -32,8 +32,9 @@ def _list(text: str) -> tuple[str, ...]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MIPRUNER_MODEL", "shapes-llava"),
-                   help="hub id, local directory or 'shapes-llava' (default; env MIPRUNER_MODEL)")
+    p.add_argument("--model", default=None,
+                   help="hub id, local directory or 'shapes-llava' (env MIPRUNER_MODEL; default: on a Hugging Face "
+                        "Space a small real model for its hardware, components/space_default.py; else 'shapes-llava')")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
@@ -59,7 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
     p.add_argument("--max-sessions", type=int, default=1000,
                    help="browser sessions whose state the server keeps, least recently used dropped (default 1000)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.model_role = ""  # e.g. "this Space's default on a CPU": named by the status line if it cannot be loaded
+    if args.model is None:
+        from components.space_default import start_model
+
+        args.model, args.model_role = start_model()
+    return args
 
 
 def model_policy(args: argparse.Namespace):
@@ -95,14 +102,22 @@ def build(args: argparse.Namespace):
                    cache_bytes=args.cache_mb << 20)
     problems = load_for_cli(args.plugins)  # also printed to stderr
     freeze("the app loads plug-ins only at start-up, from its own flags and environment")
-    print(hub.load_default(), flush=True)
-    notes = " ".join(problems)
-    hub.startup_message = " ".join(m for m in (hub.startup_message, notes) if m)
+    print(hub.load_default(getattr(args, "model_role", "")), flush=True)
+    fell_back = hub.default == hub.fallback != args.model  # the start-up model could not be loaded
+    notes = " ".join(([hub.startup_message] if fell_back else []) + list(problems))
+    hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
     files = FileBudget([get_upload_folder()], args.files_mb << 20)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes)
     return build_demo(logic, auto_answers=hub.default == hub.fallback)
+
+
+def hardware_note(hub) -> str:
+    """On a Space serving a real model: why answers wait for Generate (components/space_default.py)."""
+    from components.space_default import HARDWARE_NOTE, hardware, on_space
+
+    return HARDWARE_NOTE[hardware()] if on_space() and hub.default != hub.fallback else ""
 
 
 def main(argv=None) -> None:
