@@ -52,9 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--allow-models", default=os.environ.get("MIPRUNER_ALLOW_MODELS"),
                    help="model ids or glob patterns visitors may load, comma-separated ('*' = any id; default: "
                         "the dropdown's models when hosted, any id when local; env MIPRUNER_ALLOW_MODELS)")
-    p.add_argument("--max-model-gb", type=float, default=float(os.environ.get("MIPRUNER_MAX_MODEL_GB", 30)),
+    p.add_argument("--max-model-gb", type=float, default=None,
                    help="refuse checkpoints larger than this, read from the hub before downloading (0: no cap; "
-                        "default 30)")
+                        "default 30, 5 on a CPU Space; env MIPRUNER_MAX_MODEL_GB)")
     p.add_argument("--model-dirs", default=os.environ.get("MIPRUNER_MODEL_DIRS", ""),
                    help="folders visitors may load local models from, comma-separated (default: none)")
     p.add_argument("--cache-mb", type=int, default=int(os.environ.get("MIPRUNER_CACHE_MB", 1024)),
@@ -73,10 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.dtype is not None and args.dtype not in DTYPES:  # from MIPRUNER_DTYPE (argparse checks only flags)
         p.error(f"MIPRUNER_DTYPE must be one of {', '.join(sorted(DTYPES))}, got {args.dtype!r}")
     args.model_role = ""  # e.g. "this Space's default on a CPU": named by the status line if it cannot be loaded
-    if args.model is None:
-        from components.space_default import start_model
+    from components.space_default import max_model_gb, start_model
 
+    if args.model is None:
         args.model, args.model_role = start_model()
+    if args.max_model_gb is None:
+        args.max_model_gb = max_model_gb()
     return args
 
 

@@ -28,6 +28,11 @@ HOSTED_DEFAULT = {
     "cpu": "llava-hf/llava-onevision-qwen2-0.5b-ov-hf",  # 0.89 B; fewer vision-tower patches than InternVL3-1B
 }
 
+# The largest checkpoint (GB on the hub, mostly bf16) visitors may load on a Space of that hardware when the
+# owner sets no MIPRUNER_MAX_MODEL_GB: on a CPU the app loads fp32, twice the checkpoint, and CPU basic has
+# 16 GB (the 0.5-2 B models fit; a 7 B model would exhaust it). None: the app's own default (30).
+HOSTED_MAX_MODEL_GB = {"cpu": 5.0, "zero-gpu": None, "gpu": None}
+
 # What the page says under the model when answers do not follow every change (app.build_demo's auto_answers
 # is off for a real model): why the visitor presses Generate answers. Figures: docs/space.md.
 HARDWARE_NOTE = {
@@ -70,4 +75,17 @@ def start_model(env=None, cuda: bool | None = None) -> tuple[str, str]:
     return EMBEDDED, ""
 
 
-__all__ = ["EMBEDDED", "HARDWARE_NOTE", "HOSTED_DEFAULT", "ROLE", "hardware", "on_space", "start_model"]
+def max_model_gb(env=None, cuda: bool | None = None, default: float = 30.0) -> float:
+    """The size cap visitors' models get: MIPRUNER_MAX_MODEL_GB when set, on a Space its hardware's
+    (HOSTED_MAX_MODEL_GB), else `default`."""
+    env = os.environ if env is None else env
+    if env.get("MIPRUNER_MAX_MODEL_GB"):
+        return float(env["MIPRUNER_MAX_MODEL_GB"])
+    if on_space(env):
+        cap = HOSTED_MAX_MODEL_GB[hardware(env, cuda)]
+        return default if cap is None else cap
+    return default
+
+
+__all__ = ["EMBEDDED", "HARDWARE_NOTE", "HOSTED_DEFAULT", "HOSTED_MAX_MODEL_GB", "ROLE", "hardware", "max_model_gb",
+           "on_space", "start_model"]

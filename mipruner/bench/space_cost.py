@@ -20,7 +20,9 @@ Each is timed once (a visitor's first request: cold caches), in seconds; peak re
 
 `--params`: the parameters of every suggested model, counted as the GPU check counts them (the model
 built from its config on the meta device: no memory, no weights; `sum(p.numel())`, tied weights once),
-with the weights' bytes in bf16 and fp32, as a Markdown table. No timing.
+with the weights' bytes in bf16 and fp32 and whether they fit each kind of Space hardware (`HARDWARE_GB`:
+"yes" within 85% of its memory, "tight" within it, "no"; on a CPU fp32, the app's default there, else bf16),
+as a Markdown table. No timing.
 """
 from __future__ import annotations
 
@@ -91,12 +93,32 @@ def count_params(model_id: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# Space hardware -> its memory in GB (CPU: RAM; GPU: the GPU's), from the hub's Space hardware documentation
+HARDWARE_GB = {"CPU basic": 16, "T4": 16, "L4 / A10G": 24, "ZeroGPU": 70}
+ROOM = 0.85  # weights above this share of the memory leave too little for activations, caches and the server
+
+
+def fits(weights_gb: float, memory_gb: float) -> str:
+    """"yes" (weights within ROOM of the memory), "tight" (within it), "no"."""
+    return "yes" if weights_gb <= ROOM * memory_gb else "tight" if weights_gb <= memory_gb else "no"
+
+
+def cpu_fit(bf16_gb: float, fp32_gb: float, memory_gb: float) -> str:
+    """On a CPU the app loads fp32 unless MIPRUNER_DTYPE=bf16."""
+    if fp32_gb <= ROOM * memory_gb:
+        return "yes (fp32)"
+    return {"yes": "bf16", "tight": "bf16, tight", "no": "no"}[fits(bf16_gb, memory_gb)]
+
+
 def params_table(ids=None) -> list[dict]:
     rows = []
     for mid in ids or SHAPES:
         n = count_params(mid)
-        rows.append({"model": mid, "params_b": round(n / 1e9, 2), "bf16_gb": round(2 * n / 1e9, 1),
-                     "fp32_gb": round(4 * n / 1e9, 1)})
+        bf16, fp32 = 2 * n / 1e9, 4 * n / 1e9
+        row = {"model": mid, "params_b": round(n / 1e9, 2), "bf16_gb": round(bf16, 1), "fp32_gb": round(fp32, 1)}
+        for hw, gb in HARDWARE_GB.items():
+            row[hw] = cpu_fit(bf16, fp32, gb) if hw.startswith("CPU") else fits(bf16, gb)
+        rows.append(row)
     return rows
 
 
@@ -175,9 +197,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.params:
         rows = params_table()
-        print("| model | parameters (B) | bf16 weights (GB) | fp32 weights (GB) |\n|---|---|---|---|")
+        hws = " | ".join(f"{hw} ({gb} GB)" for hw, gb in HARDWARE_GB.items())
+        print(f"| model | parameters (B) | bf16 weights (GB) | fp32 weights (GB) | {hws} |\n|" + "---|" * (4 + len(HARDWARE_GB)))
         for r in rows:
-            print(f"| `{r['model']}` | {r['params_b']:.2f} | {r['bf16_gb']:.1f} | {r['fp32_gb']:.1f} |")
+            print(f"| `{r['model']}` | {r['params_b']:.2f} | {r['bf16_gb']:.1f} | {r['fp32_gb']:.1f} | "
+                  + " | ".join(r[hw] for hw in HARDWARE_GB) + " |")
         result: object = rows
     else:
         result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads)

@@ -96,6 +96,14 @@ def test_the_defaults_are_suggested_models_of_the_sizes_asked():
     assert count_params(CPU_DEFAULT) < 1e9
 
 
+def test_the_memory_table_says_what_fits():
+    from mipruner.bench.space_cost import cpu_fit, fits
+
+    assert [fits(w, 16) for w in (13.6, 14.1, 16.0, 16.1)] == ["yes", "tight", "tight", "no"]
+    assert cpu_fit(1.8, 3.6, 16) == "yes (fp32)" and cpu_fit(7.5, 15.0, 16) == "bf16"
+    assert cpu_fit(14.1, 28.3, 16) == "bf16, tight" and cpu_fit(16.1, 32.1, 16) == "no"
+
+
 def test_parse_args_starts_locally_on_the_embedded_model_and_on_a_space_on_its_default(monkeypatch):
     import app
 
@@ -109,6 +117,16 @@ def test_parse_args_starts_locally_on_the_embedded_model_and_on_a_space_on_its_d
     assert (args.model, args.model_role) == (CPU_DEFAULT, "this Space's default on a CPU")
     assert app.parse_args(["--model", "shapes-llava"]).model_role == ""
     assert CPU_DEFAULT in app.model_policy(args).allow  # hosted: the suggested models, the default among them
+    # a CPU Space loads fp32: visitors' checkpoints are capped at 5 GB unless the owner says otherwise
+    assert args.max_model_gb == 5.0 and app.model_policy(args).max_bytes == 5 * 10**9
+    monkeypatch.setenv("MIPRUNER_MAX_MODEL_GB", "12")
+    assert app.parse_args([]).max_model_gb == 12.0 and app.parse_args(["--max-model-gb", "0"]).max_model_gb == 0
+    monkeypatch.delenv("MIPRUNER_MAX_MODEL_GB")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert app.parse_args([]).max_model_gb == 30.0  # a GPU Space: the app's default
+    monkeypatch.delenv("SPACE_ID")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert app.parse_args([]).max_model_gb == 30.0  # locally too
 
 
 def test_the_caps_a_space_owner_sets_are_environment_variables(monkeypatch):
@@ -222,3 +240,8 @@ def test_docs_space_command_runs_offline(cmd):
     assert argv[0] == "python", cmd
     run = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, f"{cmd}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    if "--params" in argv:  # the page's memory table is this command's output
+        rows = [ln for ln in run.stdout.splitlines() if ln.startswith("| `")]
+        assert len(rows) == len(SUGGESTED) - 1
+        page = read(os.path.join("docs", "space.md"))
+        assert [r for r in rows if r not in page] == []
