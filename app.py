@@ -8,8 +8,8 @@ Without --model (or MIPRUNER_MODEL) the app starts locally on the embedded model
 (assets/), so it works offline; on a Hugging Face Space (SPACE_ID set) on a small real model chosen for
 the Space's hardware (components/space_default.py). A start-up model that cannot be loaded leaves the
 embedded model serving, and the status line says which and why. On a Space this file is the entry point
-(README front matter); the model, the allow-list and the caps have environment variables (MIPRUNER_*, see --help) for the Space's
-settings. Deploying one: docs/space.md.
+(README front matter); the model, the allow-list and the caps have environment variables (MIPRUNER_*,
+see --help) for the Space's settings. Deploying one: docs/space.md.
 Hosted (a Space, --share, or a non-loopback --host), visitors may load only the dropdown's models
 unless --allow-models says otherwise; anywhere, checkpoints above --max-model-gb (read from the
 hub's metadata before downloading) and local folders outside --model-dirs are refused.

@@ -100,7 +100,8 @@ class ModelHub:
             self._load(self.fallback)
             tried = f"{self.default!r}, {role}," if role else repr(self.default)
             why = e.why or str(e)
-            self.startup_message = f"Could not load {tried} because {why}, so the embedded model {self.fallback!r} serves instead."
+            self.startup_message = (f"Could not load {tried} because {why}, so the embedded model {self.fallback!r} "
+                                    "serves instead.")
             self.default = self.fallback
         return self.startup_message
 

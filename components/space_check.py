@@ -77,7 +77,8 @@ def problems(root: str = ROOT, readme: str | None = None, requirements: str | No
     if pin is None:
         out.append("requirements.txt pins no gradio (gradio==X): the Space would install its SDK and then another")
     elif str(meta.get("sdk_version")) != pin:
-        out.append(f"front matter sdk_version {meta.get('sdk_version')!r} differs from requirements.txt's gradio=={pin}")
+        out.append(f"front matter sdk_version {meta.get('sdk_version')!r} differs from requirements.txt's "
+                   f"gradio=={pin}")
     py = str(meta.get("python_version", ""))
     if not re.fullmatch(r"3\.\d+", py):
         out.append(f"front matter python_version {py!r} is not a Python version like '3.11'")

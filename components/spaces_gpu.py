@@ -53,7 +53,8 @@ def generate_seconds(rows: int, max_new_tokens: int) -> int:
     """The duration of one Generate: the unpruned answer and each method's decode as one batch of `rows`,
     `max_new_tokens` steps; GENERATE_TOKEN_S per token per row (several times the H100's 7B steps),
     plus GENERATE_BASE_S for the call's start and the batch's prefill, at most GENERATE_MAX_S."""
-    return int(min(GENERATE_MAX_S, GENERATE_BASE_S + math.ceil(GENERATE_TOKEN_S * max(1, rows) * max(1, max_new_tokens))))
+    steps = GENERATE_TOKEN_S * max(1, rows) * max(1, max_new_tokens)
+    return int(min(GENERATE_MAX_S, GENERATE_BASE_S + math.ceil(steps)))
 
 
 def has_spaces() -> bool:
@@ -168,4 +169,5 @@ def move_tensors(obj, device):
     return go(obj)
 
 
-__all__ = ["DURATIONS", "GENERATE_BASE_S", "GENERATE_MAX_S", "GENERATE_TOKEN_S", "generate_seconds", "gpu", "has_spaces", "in_caller", "in_worker", "move_tensors", "on_zero_gpu", "prepare"]
+__all__ = ["DURATIONS", "GENERATE_BASE_S", "GENERATE_MAX_S", "GENERATE_TOKEN_S", "generate_seconds", "gpu",
+           "has_spaces", "in_caller", "in_worker", "move_tensors", "on_zero_gpu", "prepare"]

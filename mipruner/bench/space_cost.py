@@ -198,7 +198,8 @@ def main(argv=None) -> int:
     if a.params:
         rows = params_table()
         hws = " | ".join(f"{hw} ({gb} GB)" for hw, gb in HARDWARE_GB.items())
-        print(f"| model | parameters (B) | bf16 weights (GB) | fp32 weights (GB) | {hws} |\n|" + "---|" * (4 + len(HARDWARE_GB)))
+        print(f"| model | parameters (B) | bf16 weights (GB) | fp32 weights (GB) | {hws} |")
+        print("|" + "---|" * (4 + len(HARDWARE_GB)))
         for r in rows:
             print(f"| `{r['model']}` | {r['params_b']:.2f} | {r['bf16_gb']:.1f} | {r['fp32_gb']:.1f} | "
                   + " | ".join(r[hw] for hw in HARDWARE_GB) + " |")
