@@ -96,6 +96,23 @@ def test_the_defaults_are_suggested_models_of_the_sizes_asked():
     assert count_params(CPU_DEFAULT) < 1e9
 
 
+def test_the_onevision_half_billion_shape():
+    """llava-onevision-qwen2-0.5b-ov-hf as transformers' conversion script builds it: SigLIP-so400m (26 layers)
+    and Qwen2-0.5B-Instruct (24 x 896, tied embeddings), 151,936 + 2 rows padded to 64."""
+    import torch
+
+    from mipruner.bench.random_onevision import build
+
+    ad, desc = build(tiny=False, device="meta", dtype=torch.bfloat16, shape="0.5B")
+    t = ad.model.config.text_config
+    assert (t.num_hidden_layers, t.hidden_size, t.intermediate_size, t.vocab_size) == (24, 896, 4864, 152000)
+    assert ad.model.lm_head.weight is ad.model.model.language_model.embed_tokens.weight
+    assert sum(p.numel() for p in ad.model.parameters()) == pytest.approx(0.894e9, abs=1e6)
+    assert "Qwen2 24x896" in desc and "SigLIP 26x1152" in desc
+    with pytest.raises(ValueError, match="shape must be one of"):
+        build(tiny=False, device="meta", dtype=torch.bfloat16, shape="3B")
+
+
 def test_the_memory_table_says_what_fits():
     from mipruner.bench.space_cost import cpu_fit, fits
 
