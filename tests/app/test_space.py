@@ -190,14 +190,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def space_app(tmp_path_factory):
-    """app.py as a CPU Space starts it (SPACE_ID set, no MIPRUNER_MODEL), the hub unreachable (HF_HUB_OFFLINE)
-    and an empty hub cache, so the default model cannot be loaded."""
+def start_space(tmp_path_factory, **extra):
+    """app.py as a CPU Space starts it: SPACE_ID set, no GPU, the hub unreachable (HF_HUB_OFFLINE) and an
+    empty hub cache; `extra`: more environment. Returns (process, url, log path) once it serves."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MIPRUNER_MODEL", "SPACES_ZERO_GPU", "SYSTEM")}
     env.update(SPACE_ID="someone/mipruner", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
-               HF_HOME=str(tmp_path_factory.mktemp("hf-home")), OMP_NUM_THREADS="1")
+               HF_HOME=str(tmp_path_factory.mktemp("hf-home")), OMP_NUM_THREADS="1", **extra)
     log = tmp_path_factory.mktemp("space-log") / "app.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=out,
@@ -213,6 +212,20 @@ def space_app(tmp_path_factory):
                 proc.kill()
                 pytest.fail(f"app.py did not start as a Space:\n{log.read_text()[-3000:]}")
             time.sleep(1)
+    return proc, url, log
+
+
+def page_props(url) -> dict:
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    return {c["props"].get("elem_id"): c["props"] for c in client.config["components"] if "props" in c}
+
+
+@pytest.fixture(scope="module")
+def space_app(tmp_path_factory):
+    """No MIPRUNER_MODEL and no hub: the CPU default cannot be loaded."""
+    proc, url, log = start_space(tmp_path_factory)
     yield url, log
     proc.terminate()
     proc.wait(30)
@@ -227,7 +240,7 @@ def test_a_space_without_a_hub_serves_the_embedded_model_and_says_why(space_app)
 
     url, log = space_app
     client = Client(url, verbose=False)
-    props = {c["props"].get("elem_id"): c["props"] for c in client.config["components"] if "props" in c}
+    props = page_props(url)
     assert props["model-status"]["value"] == FALLBACK  # the page's status line: one sentence
     assert props["model"]["value"] == EMBEDDED and props["auto-answers"]["value"] is True  # the toy answers fast
     example = next(e for e in load_examples() if e["kind"] == "image")
@@ -235,6 +248,22 @@ def test_a_space_without_a_hub_serves_the_embedded_model_and_says_why(space_app)
                                 *control_values(Settings(), 196), api_name="/encode")
     assert status.startswith("**shapes-llava**: 1 image -> 196 visual tokens") and status.endswith(" " + FALLBACK)
     assert FALLBACK in log.read_text()  # and the Space's log
+
+
+def test_a_cpu_space_on_a_real_model_does_not_answer_by_itself_and_says_why(tmp_path_factory):
+    """The owner's model (here a tiny OneVision checkpoint in a local folder) loads: answers wait for
+    Generate, and the status line says why."""
+    from tests.models.tiny_onevision import save_tiny
+
+    path = save_tiny(str(tmp_path_factory.mktemp("owner") / "tiny-onevision"))
+    proc, url, _ = start_space(tmp_path_factory, MIPRUNER_MODEL=path)
+    try:
+        props = page_props(url)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert props["model-status"]["value"] == f"Model {path!r} loaded. {HARDWARE_NOTE['cpu']}"
+    assert props["model"]["value"] == path and props["auto-answers"]["value"] is False
 
 
 # -- docs/space.md's commands ------------------------------------------------------------------
