@@ -128,8 +128,13 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
-def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log=print) -> dict:
-    """The steps of the module docstring, timed once each; returns the figures (seconds)."""
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log=_say, save=None) -> dict:
+    """The steps of the module docstring, timed once each; returns the figures (seconds).
+    save(figures): called after each step (a run stopped by a time limit keeps what it measured)."""
     t0 = time.perf_counter()
     import gradio  # noqa: F401  (the app's start-up imports it: its time counts)
     import torch
@@ -143,6 +148,13 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log
     if threads:
         torch.set_num_threads(threads)
     out: dict = {"tiny": tiny, "threads": torch.get_num_threads(), "dtype": "float32", "new_tokens": new_tokens}
+
+    def done(line: str) -> None:
+        out["peak_rss_gb"] = round(_rss_gb(), 2)
+        log(line)
+        if save:
+            save(out)
+
     out["imports_s"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -151,7 +163,7 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log
     out["model"], out["params_b"] = desc, round(sum(p.numel() for p in adapter.model.parameters()) / 1e9, 3)
     out["model_s"] = time.perf_counter() - t
     out["startup_s"] = time.perf_counter() - t0
-    log(f"{desc}: {out['params_b']} B parameters, built in {out['model_s']:.1f} s")
+    done(f"{desc}: {out['params_b']} B parameters, built in {out['model_s']:.1f} s")
 
     session = engine.new_session()
     with tempfile.TemporaryDirectory() as tmp:  # the app hands the engine an uploaded file's path
@@ -162,13 +174,13 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log
         out["encode_s"] = time.perf_counter() - t
     enc = engine.encoded(session, key)
     out["n_visual"] = int(enc.n_visual)
-    log(f"encode: {out['encode_s']:.1f} s, {enc.n_visual} visual tokens")
+    done(f"encode: {out['encode_s']:.1f} s, {enc.n_visual} visual tokens")
 
     t = time.perf_counter()
     ans = engine.generate(session, key, None, max_new_tokens=new_tokens)  # as the page's reference answer
     out["unpruned_s"], out["unpruned_tokens"] = time.perf_counter() - t, len(ans.token_ids)
     out["input_tokens"] = ans.input_tokens
-    log(f"unpruned answer: {out['unpruned_s']:.1f} s ({len(ans.token_ids)} new tokens, {ans.input_tokens} input)")
+    done(f"unpruned answer: {out['unpruned_s']:.1f} s ({len(ans.token_ids)} new tokens, {ans.input_tokens} input)")
 
     t = time.perf_counter()
     sel = mipruner.select(adapter, enc, "mi", 0.1)
@@ -176,14 +188,13 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log
     ans = mipruner.answer(adapter, enc, sel, max_new_tokens=new_tokens)
     out["mi_10_s"], out["mi_10_tokens"] = time.perf_counter() - t, len(ans.token_ids)
     out["mi_10_kept"] = int(sel.keep.numel())
-    log(f"MI at 10% ({out['mi_10_kept']} tokens): {out['mi_10_s']:.1f} s (selection {out['mi_10_select_s']:.2f} s)")
+    done(f"MI at 10% ({out['mi_10_kept']} tokens): {out['mi_10_s']:.1f} s (selection {out['mi_10_select_s']:.2f} s)")
 
     t = time.perf_counter()
     views = engine.view(session, key, list(SIX), 0.1)  # as AppLogic.view: each selection and its panel drawn
     out["view_6_s"] = time.perf_counter() - t
     out["view_6_methods"] = {v.method: round(v.prune_ms + v.render_ms) for v in views}
-    log(f"one view of {len(views)} methods: {out['view_6_s']:.1f} s ({out['view_6_methods']} ms)")
-    out["peak_rss_gb"] = round(_rss_gb(), 2)
+    done(f"one view of {len(views)} methods: {out['view_6_s']:.1f} s ({out['view_6_methods']} ms)")
     return out
 
 
@@ -205,14 +216,19 @@ def main(argv=None) -> int:
                   + " | ".join(r[hw] for hw in HARDWARE_GB) + " |")
         result: object = rows
     else:
-        result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads)
+        result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads,
+                         save=(lambda got: _write(a.json, got)) if a.json else None)
         keys = ("startup_s", "encode_s", "unpruned_s", "mi_10_s", "view_6_s")
         print("| " + " | ".join(keys) + " | peak RSS (GB) |\n|" + "---|" * (len(keys) + 1))
         print("| " + " | ".join(f"{result[k]:.1f}" for k in keys) + f" | {result['peak_rss_gb']:.1f} |")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+        _write(a.json, result)
     return 0
+
+
+def _write(path: str, figures) -> None:
+    with open(path, "w") as f:
+        json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":
