@@ -36,8 +36,8 @@ HOSTED_MAX_MODEL_GB = {"cpu": 5.0, "zero-gpu": None, "gpu": None}
 # What the page says under the model when answers do not follow every change (app.build_demo's auto_answers
 # is off for a real model): why the visitor presses Generate answers. Figures: docs/space.md.
 HARDWARE_NOTE = {
-    "cpu": ("This Space runs on a CPU: one answer of a real model takes about a minute here, so answers "
-            "are not automatic; press Generate answers."),
+    "cpu": ("This Space runs on a CPU: encoding a photo and each answer of a real model take minutes here, so "
+            "answers are not automatic; press Generate answers."),
     "zero-gpu": ("This Space borrows a GPU for each call (ZeroGPU) and every call counts against your daily GPU "
                  "quota, so answers are not automatic; press Generate answers."),
     "gpu": "",
