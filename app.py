@@ -4,8 +4,12 @@
                   [--allow-models IDS] [--max-model-gb GB] [--model-dirs DIRS] [--cache-mb MB] [--files-mb MB]
                   [--plugins MODULES]
 
-Without --model (or when it cannot be loaded) the embedded model `shapes-llava` (assets/) is used,
-so the app works offline. On a Hugging Face Space this file is the entry point (README front matter).
+Without --model (or MIPRUNER_MODEL) the app starts locally on the embedded model `shapes-llava`
+(assets/), so it works offline; on a Hugging Face Space (SPACE_ID set) on a small real model chosen for
+the Space's hardware (components/space_default.py). A start-up model that cannot be loaded leaves the
+embedded model serving, and the status line says which and why. On a Space this file is the entry point
+(README front matter); the model, the allow-list and the caps have environment variables (MIPRUNER_*,
+see --help) for the Space's settings. Deploying one: docs/space.md.
 Hosted (a Space, --share, or a non-loopback --host), visitors may load only the dropdown's models
 unless --allow-models says otherwise; anywhere, checkpoints above --max-model-gb (read from the
 hub's metadata before downloading) and local folders outside --model-dirs are refused.
@@ -32,34 +36,50 @@ def _list(text: str) -> tuple[str, ...]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=os.environ.get("MIPRUNER_MODEL", "shapes-llava"),
-                   help="hub id, local directory or 'shapes-llava' (default; env MIPRUNER_MODEL)")
+    p.add_argument("--model", default=None,
+                   help="hub id, local directory or 'shapes-llava' (env MIPRUNER_MODEL; default: on a Hugging Face "
+                        "Space a small real model for its hardware, components/space_default.py; else 'shapes-llava')")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                   help="weights dtype (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=os.environ.get("MIPRUNER_DTYPE") or None,
+                   help="weights dtype (default: bf16 on GPU, fp32 on CPU; env MIPRUNER_DTYPE)")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     p.add_argument("--share", action="store_true", help="also serve through a public gradio.live link")
-    p.add_argument("--max-file-size", default="50mb", help="largest upload accepted (default 50mb)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
+    p.add_argument("--max-file-size", default=os.environ.get("MIPRUNER_MAX_FILE_SIZE", "50mb"),
+                   help="largest upload accepted (default 50mb; env MIPRUNER_MAX_FILE_SIZE)")
+    p.add_argument("--max-new-tokens", type=int, default=int(os.environ.get("MIPRUNER_MAX_NEW_TOKENS", 32)),
+                   help="answer length limit (default 32; env MIPRUNER_MAX_NEW_TOKENS)")
     p.add_argument("--allow-models", default=os.environ.get("MIPRUNER_ALLOW_MODELS"),
                    help="model ids or glob patterns visitors may load, comma-separated ('*' = any id; default: "
                         "the dropdown's models when hosted, any id when local; env MIPRUNER_ALLOW_MODELS)")
-    p.add_argument("--max-model-gb", type=float, default=float(os.environ.get("MIPRUNER_MAX_MODEL_GB", 30)),
+    p.add_argument("--max-model-gb", type=float, default=None,
                    help="refuse checkpoints larger than this, read from the hub before downloading (0: no cap; "
-                        "default 30)")
+                        "default 30, 5 on a CPU Space; env MIPRUNER_MAX_MODEL_GB)")
     p.add_argument("--model-dirs", default=os.environ.get("MIPRUNER_MODEL_DIRS", ""),
                    help="folders visitors may load local models from, comma-separated (default: none)")
-    p.add_argument("--cache-mb", type=int, default=1024,
-                   help="cached encodings of all sessions together, least recently used dropped first (default 1024)")
-    p.add_argument("--files-mb", type=int, default=1024,
-                   help="rendered panels and exports kept on disk, oldest removed first (default 1024)")
+    p.add_argument("--cache-mb", type=int, default=int(os.environ.get("MIPRUNER_CACHE_MB", 1024)),
+                   help="cached encodings of all sessions together, least recently used dropped first (default 1024; "
+                        "env MIPRUNER_CACHE_MB)")
+    p.add_argument("--files-mb", type=int, default=int(os.environ.get("MIPRUNER_FILES_MB", 1024)),
+                   help="rendered panels and exports kept on disk, oldest removed first (default 1024; "
+                        "env MIPRUNER_FILES_MB)")
     p.add_argument("--plugins", default=None,
                    help="modules or .py files registering more methods, comma-separated, imported at start-up "
                         "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
-    p.add_argument("--max-sessions", type=int, default=1000,
-                   help="browser sessions whose state the server keeps, least recently used dropped (default 1000)")
-    return p.parse_args(argv)
+    p.add_argument("--max-sessions", type=int, default=int(os.environ.get("MIPRUNER_MAX_SESSIONS", 1000)),
+                   help="browser sessions whose state the server keeps, least recently used dropped (default 1000; "
+                        "env MIPRUNER_MAX_SESSIONS)")
+    args = p.parse_args(argv)
+    if args.dtype is not None and args.dtype not in DTYPES:  # from MIPRUNER_DTYPE (argparse checks only flags)
+        p.error(f"MIPRUNER_DTYPE must be one of {', '.join(sorted(DTYPES))}, got {args.dtype!r}")
+    args.model_role = ""  # e.g. "this Space's default on a CPU": named by the status line if it cannot be loaded
+    from components.space_default import max_model_gb, start_model
+
+    if args.model is None:
+        args.model, args.model_role = start_model()
+    if args.max_model_gb is None:
+        args.max_model_gb = max_model_gb()
+    return args
 
 
 def model_policy(args: argparse.Namespace):
@@ -95,14 +115,22 @@ def build(args: argparse.Namespace):
                    cache_bytes=args.cache_mb << 20)
     problems = load_for_cli(args.plugins)  # also printed to stderr
     freeze("the app loads plug-ins only at start-up, from its own flags and environment")
-    print(hub.load_default(), flush=True)
-    notes = " ".join(problems)
-    hub.startup_message = " ".join(m for m in (hub.startup_message, notes) if m)
+    print(hub.load_default(getattr(args, "model_role", "")), flush=True)
+    fell_back = hub.default == hub.fallback != args.model  # the start-up model could not be loaded
+    notes = " ".join(([hub.startup_message] if fell_back else []) + list(problems))
+    hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
     files = FileBudget([get_upload_folder()], args.files_mb << 20)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes)
     return build_demo(logic, auto_answers=hub.default == hub.fallback)
+
+
+def hardware_note(hub) -> str:
+    """On a Space serving a real model: why answers wait for Generate (components/space_default.py)."""
+    from components.space_default import HARDWARE_NOTE, hardware, on_space
+
+    return HARDWARE_NOTE[hardware()] if on_space() and hub.default != hub.fallback else ""
 
 
 def main(argv=None) -> None:

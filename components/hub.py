@@ -31,20 +31,27 @@ SUGGESTED = (EMBEDDED, *suggested_models())
 
 
 class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says why in plain words."""
+    """A model could not be loaded; the message says why in plain words (`why`: the reason alone)."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why
+
+
+def load_error_reason(err: BaseException) -> str:
+    """Why a load failed, in plain words (a clause, no full stop)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
+        return "not enough memory to load it"
+    if isinstance(err, (OSError, ValueError)) and any(s in str(err) for s in (
+            "offline", "not a local folder", "cannot load a model config", "Connection", "resolve")):
+        return "its files are not on this machine and the model hub cannot be reached"
+    return plain(text)[:300].rstrip(". ")
 
 
 def describe_load_error(name: str, err: BaseException) -> str:
     """A plain-language reason for a failed load."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    if isinstance(err, MemoryError) or "out of memory" in str(err).lower():
-        why = "not enough memory to load it"
-    elif isinstance(err, (OSError, ValueError)) and any(s in str(err) for s in (
-            "offline", "not a local folder", "cannot load a model config", "Connection", "resolve")):
-        why = "its files are not on this machine and the model hub cannot be reached"
-    else:
-        why = plain(text)[:300]
-    return f"Could not load {name!r} ({why})."
+    return f"Could not load {name!r} ({load_error_reason(err)})."
 
 
 class ModelHub:
@@ -70,8 +77,10 @@ class ModelHub:
         self.policy.trusted = tuple(dict.fromkeys((*self.policy.trusted, default, fallback)))
         self.cache = CacheBudget(cache_bytes)
 
-    def load_default(self) -> str:
-        """Load the start-up model (or the fallback when it fails); returns a status message."""
+    def load_default(self, role: str = "") -> str:
+        """Load the start-up model (or the fallback when it fails); returns a status message. When it
+        fails, one sentence names the model tried, its `role` when given (e.g. "this Space's default on
+        a CPU") and why, and says that the fallback serves instead."""
         try:
             self._load(self.default)
             self.startup_message = f"Model {self.default!r} loaded."
@@ -79,7 +88,10 @@ class ModelHub:
             if self.default == self.fallback:
                 raise
             self._load(self.fallback)
-            self.startup_message = f"{e} Using the embedded model {self.fallback!r} instead."
+            tried = f"{self.default!r}, {role}," if role else repr(self.default)
+            why = e.why or str(e)
+            self.startup_message = (f"Could not load {tried} because {why}, so the embedded model {self.fallback!r} "
+                                    "serves instead.")
             self.default = self.fallback
         return self.startup_message
 
@@ -102,12 +114,12 @@ class ModelHub:
                 return self._engines[name]
             refused = self.policy.refusal(name)
             if refused:
-                raise ModelLoadError(f"Could not load {name!r} ({refused}).")
+                raise ModelLoadError(f"Could not load {name!r} ({refused}).", refused)
             try:
                 adapter = self._adapter(name)
             except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up
                 gc.collect()
-                raise ModelLoadError(describe_load_error(name, e)) from e
+                raise ModelLoadError(describe_load_error(name, e), load_error_reason(e)) from e
             self._engines[name] = Engine(adapter, name=name, cache=self.cache)
             while len(self._engines) > self.max_loaded:
                 victim = next((k for k in self._engines if k not in (self.fallback, name)), None)
@@ -127,4 +139,4 @@ class ModelHub:
             return self._load(self.fallback), f"{e} Showing the embedded model {self.fallback!r} instead."
 
 
-__all__ = ["EMBEDDED", "ModelHub", "ModelLoadError", "SUGGESTED", "describe_load_error"]
+__all__ = ["EMBEDDED", "ModelHub", "ModelLoadError", "SUGGESTED", "describe_load_error", "load_error_reason"]

@@ -23,7 +23,7 @@ from mipruner.media import is_video_path
 from .hub import ModelHub
 from .messages import clean_prompt, plain, unknown_words_warning
 from .settings import Settings
-from .spaces_gpu import GPU_SECONDS, VIEW_SECONDS
+from .spaces_gpu import DURATIONS, generate_seconds
 
 MAX_PANELS = 6
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
@@ -135,13 +135,22 @@ class AppLogic:
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
         if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: every handler that runs the model's tensors
-            self.encode = gpu(self.encode, GPU_SECONDS, adopt=self._adopt)
-            self.generate = gpu(self.generate, GPU_SECONDS, adopt=self._adopt)
+            self.encode = gpu(self.encode, DURATIONS["encode"], adopt=self._adopt)
+            self.generate = gpu(self.generate, self._generate_seconds, adopt=self._adopt)
             # selections; FastV, DART and SparseVLM run decoder layers (export calls view)
-            self.view = gpu(self.view, VIEW_SECONDS, adopt=self._adopt)
-            self.inspect = gpu(self.inspect, VIEW_SECONDS, adopt=self._adopt)
+            self.view = gpu(self.view, DURATIONS["view"], adopt=self._adopt)
+            self.inspect = gpu(self.inspect, DURATIONS["inspect"], adopt=self._adopt)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _generate_seconds(self, state=None, settings=None, max_new_tokens=None, *args, **kwargs) -> int:
+        """ZeroGPU's duration for one Generate, from generate's own arguments (spaces_gpu.generate_seconds)."""
+        rows = 1 + min(len(getattr(settings, "methods", ()) or ()), MAX_PANELS)
+        try:
+            n = int(max_new_tokens or self.max_new_tokens)
+        except (TypeError, ValueError, OverflowError):  # generate itself refuses it, in a sentence
+            n = self.max_new_tokens
+        return generate_seconds(rows, n)
 
     def _adopt(self, state: UIState) -> None:
         """A state back from a ZeroGPU worker: its session goes under the app's byte cap again."""

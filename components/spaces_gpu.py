@@ -7,9 +7,10 @@ does it:
     before anything imports torch; imported later, the model would be placed by an unpatched torch
     (which sees no GPU on a ZeroGPU Space: a 7B model left on the CPU);
   * load the model at start-up, on "cuda" (the engine's default device when torch reports one);
-  * decorate every function that runs tensors on the GPU: `AppLogic` wraps encode and generate
-    (GPU_SECONDS), and view and inspect (VIEW_SECONDS: a slider move selects on the encoding's
-    tensors, and FastV, DART and SparseVLM run decoder layers to select);
+  * decorate every function that runs tensors on the GPU, with a duration sized per kind of call
+    (`DURATIONS`, `generate_seconds`; below): `AppLogic` wraps encode, generate, view and inspect (a
+    slider move selects on the encoding's tensors, and FastV, DART and SparseVLM run decoder layers
+    to select);
   * no `torch.compile` there: the app decodes on the plain path (`mipruner.batch.use_decode_path`
     is never called by the app).
 A decorated call runs in a forked worker that receives its arguments and returns its result
@@ -26,14 +27,34 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import types
 from typing import Callable
 
 import numpy as np
 from PIL import Image
 
-GPU_SECONDS = 120  # per call: encode or generate on a 7B model fits well inside
-VIEW_SECONDS = 30  # per slider move: selections, and at most the first K decoder layers once per K
+# `spaces.GPU(duration=...)`: the most seconds a call may hold the GPU. ZeroGPU refuses a call whose duration
+# exceeds the visitor's remaining daily quota (2 min unauthenticated, 3.5 min for a free account, per the
+# ZeroGPU page of the hub docs), and shorter durations queue first, so each kind of call asks for what it
+# needs with a margin, not one large figure. Sized from the CUDA gpu-check report (docs/gpu/, H100, bf16, 7-8 B
+# at full size): one encode 0.07-1.2 s (the first, cold, the longest), a selection under 0.1 s (FastV, DART,
+# SparseVLM included: their first K decoder layers), an unpruned + pruned pair of 4-token answers in one
+# batch 0.1-0.7 s. A ZeroGPU call adds its own start (the worker, the session's encodings pickled both ways).
+DURATIONS = {
+    "encode": 30,   # the vision tower once (a video: its sampled frames, decoded in the call) and the prompt
+    "view": 15,     # every slider move: selections, and at most the first K decoder layers once per K
+    "inspect": 15,  # one patch's PMI with every prompt word (MI's selection at the current settings)
+}
+GENERATE_BASE_S, GENERATE_TOKEN_S, GENERATE_MAX_S = 10, 0.05, 120
+
+
+def generate_seconds(rows: int, max_new_tokens: int) -> int:
+    """The duration of one Generate: the unpruned answer and each method's decode as one batch of `rows`,
+    `max_new_tokens` steps; GENERATE_TOKEN_S per token per row (several times the H100's 7B steps),
+    plus GENERATE_BASE_S for the call's start and the batch's prefill, at most GENERATE_MAX_S."""
+    steps = GENERATE_TOKEN_S * max(1, rows) * max(1, max_new_tokens)
+    return int(min(GENERATE_MAX_S, GENERATE_BASE_S + math.ceil(steps)))
 
 
 def has_spaces() -> bool:
@@ -60,8 +81,9 @@ def on_zero_gpu() -> bool:
     return bool(getattr(Config, "zero_gpu", False))
 
 
-def gpu(fn: Callable, duration: int = GPU_SECONDS, adopt: Callable | None = None) -> Callable:
+def gpu(fn: Callable, duration: int | Callable = 60, adopt: Callable | None = None) -> Callable:
     """`fn(state, ...)` as a ZeroGPU task (see the module's docstring); `fn` itself off ZeroGPU.
+    duration: seconds, or a callable of `fn`'s arguments returning seconds (spaces' dynamic duration);
     adopt(state): what the caller's process re-attaches to a state that came back (the byte cap)."""
     if not has_spaces():
         return fn
@@ -147,4 +169,5 @@ def move_tensors(obj, device):
     return go(obj)
 
 
-__all__ = ["GPU_SECONDS", "VIEW_SECONDS", "gpu", "has_spaces", "in_caller", "in_worker", "move_tensors", "on_zero_gpu", "prepare"]
+__all__ = ["DURATIONS", "GENERATE_BASE_S", "GENERATE_MAX_S", "GENERATE_TOKEN_S", "generate_seconds", "gpu",
+           "has_spaces", "in_caller", "in_worker", "move_tensors", "on_zero_gpu", "prepare"]

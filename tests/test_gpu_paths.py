@@ -227,13 +227,21 @@ def test_every_handler_that_runs_the_model_is_wrapped(fake_spaces, monkeypatch):
     monkeypatch.syspath_prepend(str(fake_spaces))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
     from components.logic import AppLogic
-    from components.spaces_gpu import GPU_SECONDS, VIEW_SECONDS, gpu
+    from components.settings import Settings
+    from components.spaces_gpu import DURATIONS, generate_seconds, gpu
 
     import spaces
 
-    AppLogic(None, gpu=gpu)
-    assert sorted(spaces.WRAPPED) == sorted([("encode", GPU_SECONDS), ("generate", GPU_SECONDS),
-                                             ("view", VIEW_SECONDS), ("inspect", VIEW_SECONDS)])
+    logic = AppLogic(None, gpu=gpu, max_new_tokens=32)
+    wrapped = dict(spaces.WRAPPED)
+    assert sorted(wrapped) == ["encode", "generate", "inspect", "view"]
+    assert {k: wrapped[k] for k in DURATIONS} == DURATIONS == {"encode": 30, "view": 15, "inspect": 15}
+    # generate's duration is spaces' dynamic kind: a function of generate's own arguments
+    s6 = Settings(methods=("mi", "random", "similarity", "attention", "divprune", "fastv"))
+    assert wrapped["generate"](None, s6, 32) == generate_seconds(7, 32) == 10 + 12
+    assert wrapped["generate"](None, s6) == generate_seconds(7, logic.max_new_tokens)
+    assert wrapped["generate"](None, Settings(methods=("mi",)), 512) == 10 + 52 == generate_seconds(2, 512)
+    assert generate_seconds(7, 512) == 120  # the cap
 
 
 def test_the_state_a_zerogpu_handler_receives_pickles():

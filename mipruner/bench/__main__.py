@@ -17,6 +17,8 @@ COMMANDS = {
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "gpu-check": ("mipruner.bench.gpu_check", "GPU acceptance: every family x media x method x 2 budgets + keep-all anchor, "
                   "the paper's protocol; one JSON report"),
+    "space-cost": ("mipruner.bench.space_cost", "a CPU Space's waits (start-up, encode, answers, a view) at the smallest "
+                   "suggested model's real shape; --params: every suggested model's size"),
     "browser": ("mipruner.bench.browser", "slider move -> every panel updated in Chromium (p50/p95), embedded model"),
 }
 
