@@ -137,6 +137,38 @@ def test_keep_all_anchor_fails_when_the_answers_differ(tiny_llava, monkeypatch):
     assert all(r["ok"] for r in others) and info["n_visual"] == anchor["n_visual"] == anchor["kept"]
 
 
+@pytest.mark.parametrize("logits_equal", [True, False])
+def test_keep_all_anchor_when_the_unpruned_answer_is_not_reproducible(tiny_llava, monkeypatch, logits_equal):
+    """Seen on an H100 in bf16: `generate` gave two different greedy answers on the same inputs. Then the
+    anchor asks the unpruned answer again; when that differs too, the prefill logits decide (bit-equal: ok,
+    with a note; different: the anchor fails)."""
+    real, real_logits = type(tiny_llava).generate, type(tiny_llava).prefill_logits
+    calls = {"none": 0}
+
+    def generate(self, encoded, keep=None, max_new_tokens=64, **gen):
+        ans = real(self, encoded, keep, max_new_tokens=max_new_tokens, **gen)
+        if keep is None:
+            calls["none"] += 1
+            if calls["none"] == 1:  # the first unpruned draw: a near-tie that went the other way
+                ans.token_ids = [t + 1 for t in ans.token_ids]
+        return ans
+
+    def prefill_logits(self, encoded, keep=None, positions=None):
+        out = real_logits(self, encoded, keep, positions)
+        return out if logits_equal or keep is None else out + 1
+
+    monkeypatch.setattr(tiny_llava, "generate", generate.__get__(tiny_llava))
+    monkeypatch.setattr(tiny_llava, "prefill_logits", prefill_logits.__get__(tiny_llava))
+    rows, _ = check_media(tiny_llava, "llava", "image", zoo.make_media("image", True), zoo.PROMPTS["image"],
+                          ["random"], SHARES, 3, Clock(torch.device("cpu")), log=lambda *_: None)
+    anchor = rows[0]
+    assert anchor["method"] == KEEP_ALL and calls["none"] >= 2
+    if logits_equal:
+        assert anchor["ok"] and "not reproducible" in anchor["note"], anchor
+    else:
+        assert not anchor["ok"] and "prefill logits differ" in anchor["error"], anchor
+
+
 def test_media_that_fail_to_encode_fail_their_rows(tiny_llava):
     rows, info = check_media(tiny_llava, "llava", "image", object(), "what?", ["mi"], SHARES, 2,
                              Clock(torch.device("cpu")), log=lambda *_: None)
