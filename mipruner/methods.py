@@ -13,11 +13,10 @@ method's stage.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Iterable
 
 from .models.base import Answer, Encoded
-from .pruners._registry import INPUTS, PrunerSpec, check_plugin_selection, get_pruner, prune
+from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, prune
 from .pruners.lam_rule import resolve_lam
 from .pruners.selection import Selection, resolve_budget
 
@@ -29,13 +28,10 @@ def needs_attention(methods: Iterable[str]) -> bool:
     return any(get_pruner(m).needs_attention for m in methods)
 
 
-def _inputs(spec: PrunerSpec, encoded: Encoded, cache: dict | None) -> dict:
+def _inputs(spec: MethodSpec, encoded: Encoded, cache: dict | None) -> dict:
     """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes."""
-    sig = inspect.signature(spec.fn).parameters
     kw = {}
-    for name in INPUTS:
-        if name not in sig:
-            continue
+    for name in spec.inputs:
         if name == "cache":
             if cache is not None:
                 kw["cache"] = cache.setdefault(spec.name, {})

@@ -5,10 +5,9 @@ that family's adapter. Importing this package does not import transformers.
 """
 from __future__ import annotations
 
-import difflib
-import importlib
 import os
 
+from ..registry import Registry
 from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
 
 # config.model_type -> "module:Class" (relative to this package)
@@ -23,6 +22,12 @@ FAMILIES: dict[str, str] = {
     "qwen3_vl": "qwen3_vl:Qwen3VLAdapter",
 }
 
+# The same table as one registry object (`mipruner.registry.Registry`, as the methods'): lazy entries,
+# imported on first use.
+ADAPTERS = Registry("model type")
+for _type, _target in FAMILIES.items():
+    ADAPTERS.register_lazy(_type, f"{__name__}.{_target}")
+
 _ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
 # Short names that resolve to models shipped under assets/.
 ALIASES: dict[str, str] = {"shapes-llava": os.path.join(_ASSETS, "shapes-llava")}
@@ -30,13 +35,7 @@ ALIASES: dict[str, str] = {"shapes-llava": os.path.join(_ASSETS, "shapes-llava")
 
 def adapter_class(model_type: str) -> type[Adapter]:
     """The adapter class for a config `model_type`; unsupported types raise with the list."""
-    if model_type not in FAMILIES:
-        close = difflib.get_close_matches(model_type, list(FAMILIES), n=2)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"Unsupported model type ({model_type!r}).{hint} Supported families: "
-                         f"{', '.join(sorted(FAMILIES))}")
-    module, cls = FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(f".{module}", __name__), cls)
+    return ADAPTERS.get(model_type)
 
 
 def resolve(name_or_path: str) -> str:
@@ -57,5 +56,5 @@ def load(name_or_path: str, device=None, dtype=None, **kwargs) -> Adapter:
     return cls.from_pretrained(path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "TokenGeometry", "adapter_class",
+__all__ = ["ADAPTERS", "ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "TokenGeometry", "adapter_class",
            "keep_indices", "load", "resolve"]

@@ -3,7 +3,7 @@
 Each method is one decorated function in its own module; importing this package registers the
 pre-LLM ones (the in-LLM methods of `mipruner.inllm` register into the same registry).
 """
-from ._registry import (Param, PrunerSpec, all_params, did_you_mean, get_pruner, list_pruners, prune,
+from ._registry import (MethodSpec, Param, PrunerSpec, all_params, did_you_mean, get_pruner, list_pruners, prune,
                         register_pruner, unregister_pruner)
 from .selection import Selection, resolve_budget
 
@@ -19,5 +19,5 @@ from . import vispruner  # noqa: E402,F401
 from . import mi_attention  # noqa: E402,F401
 from . import mi_adaptive  # noqa: E402,F401
 
-__all__ = ["Param", "PrunerSpec", "Selection", "all_params", "did_you_mean", "get_pruner", "list_pruners", "prune",
+__all__ = ["MethodSpec", "Param", "PrunerSpec", "Selection", "all_params", "did_you_mean", "get_pruner", "list_pruners", "prune",
            "register_pruner", "resolve_budget", "unregister_pruner"]
