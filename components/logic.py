@@ -15,8 +15,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mipruner.engine import EncodingKey, FileBudget, MethodView, Session, StaleKeyError, method_spec, method_specs, \
-    selection_to_json
+from mipruner.engine import MethodView, method_spec, method_specs
+from mipruner.export import selection_to_json
+from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 from mipruner.media import is_video_path
 
 from .hub import ModelHub
