@@ -28,7 +28,7 @@ from typing import Callable
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
-from mipruner.pruners import MethodSpec, Param, Selection, all_params, get_pruner, list_pruners
+from mipruner.pruners import MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners
 
 from . import viz
 from .answer_cache import answer_key
@@ -301,5 +301,5 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "load_adapter",
-           "method_spec", "method_specs", "parameters"]
+__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
+           "load_adapter", "method_spec", "method_specs", "parameters"]

@@ -55,7 +55,7 @@ import torch
 
 from ..models.base import Answer
 from ..pruners._registry import Param, register_pruner
-from ..pruners.selection import Selection, resolve_budget
+from ..pruners.selection import Selection
 from ._decoder import Stage, advance, apply_stage, continue_prefix, logits_of, prefill_cache, run_staged, start
 from ._run import Started, _get_prompt, timed_greedy
 from ._sparsevlm_schedule import (RELEASED_COUNTS, RELEASED_DEPTH, RELEASED_LAYERS, RELEASED_TOKENS,  # noqa: F401
@@ -305,7 +305,7 @@ RECYCLE = Param.real("recycle_ratio", 0.3, 0.0, 1.0, "share of each stage's drop
 def sparsevlm(adapter, encoded, budget, *, cache: dict | None = None, recycle_ratio: float = 0.3) -> Selection:
     """SparseVLM: text raters rank the visual tokens at three layers; dropped ones partly merged."""
     prompt = _get_prompt(adapter, encoded, cache)
-    k = resolve_budget(budget, encoded.n_visual)
+    k = budget  # an int in [1, N_V]: mipruner.select resolved it
     key = ("sparsevlm", k, float(recycle_ratio))
     if cache is not None and key in cache:
         sel = cache[key]

@@ -255,6 +255,15 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
         raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {bad_inputs}; "
                         f"{name!r} accepts {sorted((*spec.inputs, *spec.param_names))}")
     kw = spec.bind({k: v for k, v in params.items() if k not in INPUTS})
+    return run_pre_llm(spec, visual, text, budget, inputs, kw)
+
+
+def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | None, budget, inputs: dict,
+                kw: dict) -> Selection:
+    """Pre-LLM method `spec` on tensors, its parameters `kw` already bound (`MethodSpec.bind`) and
+    its `inputs` already checked: what `prune` and `mipruner.select` share once they have validated
+    what they were given. Checks the tensors, resolves the budget, checks a plug-in's selection."""
+    name = spec.name
     check_matrix("visual", visual)
     n_v = visual.shape[0]
     if n_v == 0:

@@ -50,7 +50,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .lam_rule import LAM_RULE
-from .selection import Selection, check_choice, check_range, cosine_to, gram, unit_rows
+from .selection import Selection, cosine_to, gram, unit_rows
 
 NORMALIZATIONS = ("softmax", "minmax")  # softmax: Eq. 7 (default); minmax: App. B.2 ablation
 AGGREGATIONS = ("max", "mean")  # max: Eq. 9-10 (default); mean: Eq. 11, the paper's "global"
@@ -314,20 +314,6 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
     return cache[key]
 
 
-def mi_params(lam: float, tau: float, aggregation: str, normalization: str,
-              mean_weights: str = "all") -> tuple[float, float]:
-    """MI's settings checked once for every MI method (mi, mi_attention, mi_adaptive): (lam, tau);
-    a bad value raises ValueError naming it."""
-    lam = check_range("lam", lam, 0.0, 1.0)
-    tau = check_range("tau", tau, 0.0, math.inf, lo_open=True)
-    if math.isinf(tau):
-        raise ValueError("tau must be finite")
-    check_choice("aggregation", aggregation, AGGREGATIONS)
-    check_choice("normalization", normalization, NORMALIZATIONS)
-    check_choice("mean_weights", mean_weights, MEAN_WEIGHTS_CHOICES)
-    return lam, tau
-
-
 @register_pruner("mi", needs=("text",), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner", is_mi=True,
                  score_label="greedy MI gain (nats)")
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
@@ -339,7 +325,6 @@ def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam_rule: str = "auto",  # applied by mipruner.select from the prompt (lam_rule.py)
               cache: dict | None = None) -> Selection:
     """MI-Pruner: maximise PMI with the prompt, minus PMI with what is already kept (paper Alg. 1)."""
-    lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)
     cross = _cached(cache, visual, text, ("cross", tau, normalization),
                     lambda: cross_pmi(visual, text, tau, normalization))
     relevance = cross.relevance(aggregation)  # (N_V,)
