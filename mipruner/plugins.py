@@ -34,7 +34,8 @@ import sys
 from importlib.metadata import entry_points
 from typing import Callable, Iterable
 
-from .pruners._registry import METHODS, DuplicateNameError
+from .pruners import METHODS
+from .registry import DuplicateNameError
 
 GROUP = "mipruner.pruners"
 ENV = "MIPRUNER_PLUGINS"
