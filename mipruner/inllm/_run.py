@@ -58,8 +58,9 @@ def _prefix(prompt, layer: int, cache: dict | None):
 
 
 def prepare(adapter, encoded: Encoded, budget, layer, cache: dict | None):
-    """(prompt, K, k, prefix): the unpruned prompt, the checked layer K, the budget in tokens and
-    layers 0..K-1 run on the full prompt (cached in `cache` per (encoding, K))."""
+    """(prompt, K, k, prefix): the unpruned prompt, the checked layer K, the budget in tokens (`budget`,
+    an int in [1, N_V] that `mipruner.select` resolved) and layers 0..K-1 run on the full prompt
+    (cached in `cache` per (encoding, K))."""
     prompt = _get_prompt(adapter, encoded, cache)
     layer = _layer(prompt, layer)
     k = budget  # an int in [1, N_V]: mipruner.select resolved it

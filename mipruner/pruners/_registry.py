@@ -1,5 +1,5 @@
-"""The method registry: one dict, filled by a decorator (timm's `_registry.py` pattern), for every
-selection method wherever it selects.
+"""The method registry: one registry object, filled by a decorator (timm's `_registry.py` pattern),
+for every selection method wherever it selects.
 
 A method is one decorated function in one file, registered as a `MethodSpec` in `METHODS` (a
 `mipruner.registry.Registry`: plug-ins, `mipruner.plugins`, go through its public operations too).
@@ -20,9 +20,10 @@ the registry object stores whatever entry it is given.
 
 `prune(name, visual=..., text=..., budget=...)` is the front door for pre-LLM methods on plain
 tensors: it resolves the name (with a "did you mean" on typos), validates parameters against their
-`Param`s, resolves the budget and checks the tensors. It and `mipruner.select` are the edges: the
-method functions below them get an int budget in [1, N_V] and validated parameters, and trust them. Methods of stage "llm" need a model: call
+`Param`s, resolves the budget and checks the tensors. Methods of stage "llm" need a model: call
 `mipruner.select(adapter, encoded, name, budget)` (`mipruner/methods.py`), which serves every stage.
+`prune` and `select` are the edges: the method functions below them get an int budget in [1, N_V]
+and validated parameters, and trust them.
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
 INPUTS = ("attention", "keys", "features", "cls", "cache")
-
 
 
 @dataclass(frozen=True)
