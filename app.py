@@ -105,7 +105,7 @@ def build(args: argparse.Namespace):
     from components.logic import AppLogic
     from components.spaces_gpu import gpu
     from components.ui import build_demo
-    from mipruner.engine import FileBudget
+    from mipruner.session import FileBudget
     from mipruner.plugins import freeze, load_for_cli
 
     # Gradio's files (uploads, rendered panels, exports) in a folder of this app's own, kept under --files-mb

@@ -17,8 +17,9 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from mipruner.engine import DEFAULT_CACHE_BYTES, CacheBudget, Engine, load_adapter
+from mipruner.engine import DEFAULT_CACHE_BYTES, Engine, load_adapter
 from mipruner.models.families import suggested_models
+from mipruner.session import CacheBudget
 
 from .messages import plain
 from .policy import ModelPolicy

@@ -15,10 +15,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mipruner.failures import guarded
-from mipruner.engine import EncodingKey, FileBudget, MethodView, Session, StaleKeyError, method_spec, method_specs, \
-    selection_to_json
+from mipruner.engine import MethodView, method_spec, method_specs
+from mipruner.export import selection_to_json
 from mipruner.media import is_video_path
+from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from .hub import ModelHub
 from .messages import clean_prompt, plain, unknown_words_warning
@@ -298,7 +298,7 @@ class AppLogic:
         mi = engine.prune(state.session, state.key, "mi", budget, **params)
         kept_by = []
         for m in list(settings.methods)[:MAX_PANELS]:
-            sel, _ = guarded(m, lambda m=m: engine.prune(state.session, state.key, m, budget, **params))
+            sel, _ = engine.try_prune(state.session, state.key, m, budget, **params)
             if sel is not None and idx in set(sel.keep.tolist()):  # a method failing here is shown in its panel
                 kept_by.append(m)
         geo = enc.geometry
@@ -341,14 +341,12 @@ class AppLogic:
 
 
 def check_methods(methods) -> tuple[str, ...]:
-    """The chosen method names, validated; at least one, at most MAX_PANELS."""
+    """The chosen methods: at least one, at most MAX_PANELS (their names are checked by `Settings`)."""
     methods = tuple(methods or ())
     if not methods:
         raise UserError("choose at least one method")
     if len(methods) > MAX_PANELS:
         raise UserError(f"choose at most {MAX_PANELS} methods at once")
-    for m in methods:
-        method_spec(m)
     return methods
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mipruner.engine import TEXT_MODES, method_spec
+from mipruner.engine import TEXT_MODES, check_budget, method_spec
 from mipruner.engine import parameters as all_params
 
 FIELDS = {"methods": "m", "budget": "b", "text_mode": "tm", "heat": "ht"}
@@ -42,13 +42,10 @@ class Settings:
                 _bad("methods", str(e))
         if len(set(methods)) != len(methods):
             _bad("methods", f"duplicate methods in {list(methods)}")
-        b = budget
-        if isinstance(b, bool) or not isinstance(b, (int, float)):
-            _bad("budget", f"must be an int >= 1 (tokens) or a float in (0, 1] (share), got {b!r}")
-        if isinstance(b, float) and not (0.0 < b <= 1.0):
-            _bad("budget", f"a share must be in (0, 1], got {b}")
-        if isinstance(b, int) and b < 1:
-            _bad("budget", f"tokens must be >= 1, got {b}")
+        try:
+            b = check_budget(budget)
+        except ValueError as e:
+            _bad("budget", str(e))
         if text_mode not in TEXT_MODES:
             _bad("text_mode", f"must be one of {TEXT_MODES}, got {text_mode!r}")
         if isinstance(heat, bool) or not isinstance(heat, int) or heat < -1:

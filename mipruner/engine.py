@@ -5,14 +5,21 @@ generate) run under a lock. Everything per user lives in a `Session` (one per br
 which holds its own small LRU cache of encodings, keyed by (model, media content hash, prompt,
 text_mode, need_attention) and expiring by count and by idle age. Per encoding it also keeps the
 MI cache (`cache=` of `mipruner.prune`, which makes a slider move cheap), the render `Layout`, and
-the answers generated so far. Sessions share no mutable state; the engine holds no per-user state.
+the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU order, the byte
+cap). Sessions share no mutable state; the engine holds no per-user state.
 One `CacheBudget` (shared by every engine of an app) caps the bytes of all sessions' encodings
 together, least recently used first: memory stays bounded however many sessions come and go.
 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
-of each method, `generate(key, method, ...)` for answers, and `method_specs()` / `parameters()` /
-`TEXT_MODES` for what to offer (the registry's specs), so `components/` imports no pruner, model
-or in-LLM module.
+of each method (drawn by `render.py`), `generate(key, method, ...)` for answers (kept under
+`answer_cache.answer_key`), and `method_specs()` / `parameters()` / `TEXT_MODES` for what to offer
+(the registry's `MethodSpec`s), so `components/` imports no pruner, model or in-LLM module.
+
+Budgets, method names and parameters come validated from the edges (the app's settings, the
+Python API's `mipruner.select`); the engine passes them on and does not check them again, except
+that `view` resolves the budget against the encoding once, before any panel, so a budget that does
+not fit is the request's error and not each method's (`failures.py`: a failing method costs only
+its own panel).
 """
 from __future__ import annotations
 
@@ -22,17 +29,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from PIL import Image
-
 import mipruner
 from mipruner.models.text import TEXT_MODES
-from mipruner.pruners import Param, PrunerSpec, Selection, all_params, get_pruner, list_pruners, resolve_budget
+from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
+                              resolve_budget)
 
 from . import viz
+from .answer_cache import answer_key
 from .export import selection_to_json
 from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
-from .session import CacheBudget, CachedEncoding, EncodingKey, FileBudget, Session, StaleKeyError, media_hash, nbytes
+from .render import MethodView, failed_view, render_view
+from .session import CacheBudget, CachedEncoding, EncodingKey, Session, media_hash, nbytes
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
 
@@ -42,12 +50,12 @@ def load_adapter(name_or_path: str, device=None, dtype=None):
     return mipruner.load(name_or_path, device=device, dtype=dtype)
 
 
-def method_specs() -> list[PrunerSpec]:
+def method_specs() -> list[MethodSpec]:
     """Every registered method's spec (name, label, stage, needs, params), sorted by name."""
     return [get_pruner(n) for n in list_pruners()]
 
 
-def method_spec(name: str) -> PrunerSpec:
+def method_spec(name: str) -> MethodSpec:
     """The spec of method `name`; unknown names raise ValueError with "did you mean"."""
     return get_pruner(name)
 
@@ -58,44 +66,24 @@ def parameters() -> dict[str, Param]:
 
 
 @dataclass(frozen=True)
-class MethodSpec:
-    """A method to show: registry name, optional label and parameter overrides."""
+class Panel:
+    """A method to show in one panel: its registry name, an optional label and parameter overrides
+    (so one method can take two panels). An unknown name raises where it is used, with "did you mean"."""
 
     name: str
     params: dict = field(default_factory=dict, hash=False)
     label: str = ""
-
-    def __post_init__(self):
-        get_pruner(self.name)  # unknown names raise with "did you mean"
 
     @property
     def title(self) -> str:
         return self.label or self.name
 
 
-@dataclass
-class MethodView:
-    """What one method panel shows after a slider move."""
-
-    method: str
-    label: str
-    selection: Selection | None  # None when the method failed (`error`)
-    kept: int
-    share: float  # kept / N_V
-    prune_ms: float
-    render_ms: float
-    mask: Image.Image | None
-    heatmap: Image.Image | None  # PMI with `heat_token` for MI methods when given, else the method's scores
-    heat_title: str
-    pivot: Image.Image | None = None  # MI methods: pivot words; merging methods: `viz.merge_map`
-    legend: list[tuple[str, str]] | None = None
-    error: str | None = None  # one sentence when this method raised or broke the contract on this input
+def _panel(m) -> Panel:
+    return m if isinstance(m, Panel) else Panel(m)
 
 
 # ---------------------------------------------------------------------------------- the engine
-
-def _freeze(params: dict) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 class Engine:
@@ -157,6 +145,13 @@ class Engine:
         for key in session.keys():
             self._account(session, key)
 
+    def _attach(self, session: Session) -> Session:
+        """A session without a byte cap (made by hand, or unpickled and not adopted) comes under this
+        engine's."""
+        if session.budget is None:
+            session.budget = self.cache
+        return session
+
     def _account(self, session: Session, key: EncodingKey) -> None:
         """Report the entry's current size to the byte cap (which may drop other entries)."""
         if self._weights is None:  # the model's own tensors are shared, never charged to a session
@@ -169,7 +164,7 @@ class Engine:
             e = session.entries.get(key)
             size = nbytes(e, self._weights) if e is not None else 0
         if e is not None:
-            (session.budget or self.cache).charge(session, key, size)
+            self._attach(session).charge(key, size)
 
     # -- encode
 
@@ -177,44 +172,24 @@ class Engine:
                need_attention: bool | None = None, methods=()) -> EncodingKey:
         """Encode (media, prompt) unless this session has it cached; returns the cache key.
 
-        need_attention=None: True when any of `methods` (names or MethodSpecs) needs the vision
+        need_attention=None: True when any of `methods` (names or Panels) needs the vision
         encoder's attention. An encoding with attention also serves requests without it.
         """
         if need_attention is None:
-            names = [m.name if isinstance(m, MethodSpec) else m for m in methods]
-            need_attention = mipruner.needs_attention(names)
+            need_attention = mipruner.needs_attention([_panel(m).name for m in methods])
         key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
-        with session.lock:
-            now = self.clock()
-            session.expire(now)
-            for k in (key, key._replace(need_attention=True)):
-                if k in session.entries:
-                    session.entries.move_to_end(k)
-                    session.entries[k].last_used = now
-                    (session.budget or self.cache).touch(session, k)
-                    return k
+        found = self._attach(session).find((key, key._replace(need_attention=True)), self.clock())
+        if found is not None:
+            return found
         with self._model_lock:
             enc = self.adapter.encode(media, prompt, text_mode=text_mode, need_attention=bool(need_attention))
-        with session.lock:
-            now = self.clock()
-            session.entries[key] = CachedEncoding(encoded=enc, last_used=now)
-            session.entries.move_to_end(key)
-            session.expire(now)
+        session.put(key, enc, self.clock())
         self._account(session, key)
         return key
 
     def entry(self, session: Session, key: EncodingKey) -> CachedEncoding:
         """The cached encoding for `key`; StaleKeyError when it was evicted, expired or never made."""
-        with session.lock:
-            now = self.clock()
-            session.expire(now)
-            if key not in session.entries:
-                raise StaleKeyError("this encoding is no longer cached (expired or evicted): encode again")
-            e = session.entries[key]
-            e.last_used = now
-            session.entries.move_to_end(key)
-        (session.budget or self.cache).touch(session, key)
-        return e
+        return self._attach(session).get(key, self.clock())
 
     def encoded(self, session: Session, key: EncodingKey):
         return self.entry(session, key).encoded
@@ -245,71 +220,50 @@ class Engine:
         self._account(session, key)
         return sel
 
+    def try_prune(self, session: Session, key: EncodingKey, method: str, budget,
+                  **params) -> tuple[Selection | None, str | None]:
+        """`prune`, a failing method costing only its own result (`failures.guarded`): (selection, None),
+        or (None, the sentence of its failure)."""
+        return guarded(method, lambda: self.prune(session, key, method, budget, **params))
+
     def view(self, session: Session, key: EncodingKey, methods: list, budget, params: dict | None = None,
              heat_token: int | None = None) -> list[MethodView]:
         """Prune with each method and render its panel: mask, heatmap, pivot map (MI methods).
 
-        methods: MethodSpecs or names; params: shared pruner parameters, overridden per MethodSpec;
+        methods: Panels or names; params: shared pruner parameters, overridden per Panel;
         heat_token: a scoring-text token index for the MI methods' PMI heatmap (None: the scores).
         A method that raises or breaks the contract on this input costs only its own panel: its view
         has `error` (one sentence) and no selection or images; the other views render. A built-in's
         ValueError (settings that do not fit this input) stays the request's error (`request_errors`).
         """
         e = self.entry(session, key)
-        enc = e.encoded
         lay = self.layout(session, key)
         out = []
-        resolve_budget(budget, enc.n_visual)  # a bad budget is the request's error, not a method's
+        resolve_budget(budget, e.encoded.n_visual)  # a bad budget is the request's error, not a method's
         with session.lock:
             for m in methods:
-                spec = m if isinstance(m, MethodSpec) else MethodSpec(m)
-                view, why = guarded(spec.name, lambda spec=spec: self._view_one(e, enc, lay, spec, budget, params,
-                                                                                heat_token), request_errors(spec.name))
-                out.append(view or MethodView(method=spec.name, label=spec.title, selection=None, kept=0, share=0.0,
-                                              prune_ms=0.0, render_ms=0.0, mask=None, heatmap=None, heat_title="",
-                                              error=why))
+                panel = _panel(m)
+                view, why = guarded(panel.name, lambda panel=panel: self._view_one(e, lay, panel, budget, params,
+                                                                                   heat_token),
+                                    request_errors(panel.name))
+                out.append(view or failed_view(panel.name, panel.title, why))
         self._account(session, key)
         return out
 
-    def _view_one(self, e: CachedEncoding, enc, lay, spec: MethodSpec, budget, params: dict | None,
+    def _view_one(self, e: CachedEncoding, lay, panel: Panel, budget, params: dict | None,
                   heat_token: int | None) -> MethodView:
         t0 = time.perf_counter()
-        sel = self._prune(e, spec.name, budget, {**(params or {}), **spec.params})
-        t1 = time.perf_counter()
-        mask = viz.kept_mask(enc, sel, layout=lay)
-        pivot = legend = None  # maps that follow the scores alone are redrawn only when they change
-        if sel.pmi is not None and sel.pivot is not None:
-            pivot, legend = e.drawn(("pivot", spec.title), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=lay))
-        elif sel.merged_into is not None:  # a merging method: which dropped patch went into which kept one
-            pivot, legend = viz.merge_map(enc, sel, layout=lay)
-        if heat_token is not None and sel.pmi is not None:
-            heat = e.drawn(("pmi", spec.title, heat_token), sel.pmi[:, heat_token],
-                           lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=lay))
-            title = f"PMI with {enc.scoring_tokens[heat_token]!r}"
-        else:
-            heat, title = e.drawn(("scores", spec.title), sel.scores,
-                                  lambda: viz.scores_heatmap(enc, sel.scores, layout=lay)), f"{spec.name} scores"
-        t2 = time.perf_counter()
-        return MethodView(method=spec.name, label=spec.title, selection=sel, kept=sel.budget,
-                          share=sel.budget / enc.n_visual, prune_ms=(t1 - t0) * 1e3,
-                          render_ms=(t2 - t1) * 1e3, mask=mask, heatmap=heat, heat_title=title,
-                          pivot=pivot, legend=legend)
+        sel = self._prune(e, panel.name, budget, {**(params or {}), **panel.params})
+        return render_view(e.encoded, sel, lay, e.drawn, method=panel.name, label=panel.title,
+                           heat_token=heat_token, prune_ms=(time.perf_counter() - t0) * 1e3)
 
     # -- generate
-
-    def _answer_key(self, enc, method: str | None, budget, params: dict | None, max_new_tokens: int) -> tuple:
-        if method is None:
-            return (None, None, (), max_new_tokens)
-        accepted = get_pruner(method).param_names
-        k = resolve_budget(budget, enc.n_visual)
-        used = {p: v for p, v in (params or {}).items() if p in accepted and p != "cache"}
-        return (method, k, _freeze(used), max_new_tokens)
 
     def cached_answer(self, session: Session, key: EncodingKey, method: str | None, budget=None,
                       params: dict | None = None, max_new_tokens: int = 64):
         """The answer `generate` would return if it is already cached, else None (never runs the LLM)."""
         e = self.entry(session, key)
-        akey = self._answer_key(e.encoded, method, budget, params, max_new_tokens)
+        akey = answer_key(e.encoded.n_visual, method, budget, params, max_new_tokens)
         with session.lock:
             return e.answers.get(akey)
 
@@ -319,7 +273,7 @@ class Engine:
         (encoding, method, budget, the params that method accepts, max_new_tokens)."""
         e = self.entry(session, key)
         enc = e.encoded
-        akey = self._answer_key(enc, method, budget, params, max_new_tokens)
+        akey = answer_key(enc.n_visual, method, budget, params, max_new_tokens)
         with session.lock:
             if akey in e.answers:
                 return e.answers[akey]
@@ -341,16 +295,16 @@ class Engine:
                       params: dict | None = None, max_new_tokens: int = 64) -> list:
         """The unpruned reference and each of `methods`' answers on one encoding, decoded as ONE batch
         (`mipruner.answer_batch`: pre-LLM methods' kept sets packed into one prefill; in-LLM methods
-        answer one by one). methods: names or MethodSpecs; params: shared, overridden per MethodSpec,
+        answer one by one). methods: names or Panels; params: shared, overridden per Panel,
         as in `view`. Answers already cached are reused; new ones fill the same cache as `generate`
         (so a later `generate` or `cached_answer` of any of them returns them).
         A method whose selection or answer fails costs only its own entry: the sentence (str) of its
         failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
         e = self.entry(session, key)
         enc = e.encoded
-        specs = [m if isinstance(m, MethodSpec) else MethodSpec(m) for m in methods]
-        wanted = [(None, {})] + [(s.name, {**(params or {}), **s.params}) for s in specs]
-        akeys = [self._answer_key(enc, m, budget, p, max_new_tokens) for m, p in wanted]
+        panels = [_panel(m) for m in methods]
+        wanted = [(None, {})] + [(p.name, {**(params or {}), **p.params}) for p in panels]
+        akeys = [answer_key(enc.n_visual, m, budget, p, max_new_tokens) for m, p in wanted]
         todo: dict = {}  # answer key -> selection, first occurrence only
         failed: dict = {}  # answer key -> the sentence of its failure (never cached: a retry may succeed)
         with session.lock:
@@ -384,6 +338,5 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "CacheBudget", "CachedEncoding", "Engine", "EncodingKey", "FileBudget",
-           "MethodSpec", "MethodView", "PromptWords", "Session", "StaleKeyError", "load_adapter", "media_hash",
-           "method_spec", "method_specs", "parameters", "prompt_words", "selection_to_json"]
+__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
+           "load_adapter", "method_spec", "method_specs", "parameters"]

@@ -13,11 +13,10 @@ method's stage.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Iterable
 
 from .models.base import Answer, Encoded
-from .pruners._registry import INPUTS, PrunerSpec, check_plugin_selection, get_pruner, prune
+from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
 from .pruners.lam_rule import resolve_lam
 from .pruners.selection import Selection, resolve_budget
 
@@ -29,13 +28,10 @@ def needs_attention(methods: Iterable[str]) -> bool:
     return any(get_pruner(m).needs_attention for m in methods)
 
 
-def _inputs(spec: PrunerSpec, encoded: Encoded, cache: dict | None) -> dict:
+def _inputs(spec: MethodSpec, encoded: Encoded, cache: dict | None) -> dict:
     """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes."""
-    sig = inspect.signature(spec.fn).parameters
     kw = {}
-    for name in INPUTS:
-        if name not in sig:
-            continue
+    for name in spec.inputs:
         if name == "cache":
             if cache is not None:
                 kw["cache"] = cache.setdefault(spec.name, {})
@@ -59,6 +55,9 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
     Methods with a `lam_rule` parameter (the MI family) get `lam` from the paper's rule when it is
     "auto" (the default unless `lam` alone is given): 1 for a closed-form `encoded.prompt`, 0.5
     otherwise (`mipruner/pruners/lam_rule.py`); `sel.extras["lam"]` / `["lam_note"]` say which applied.
+
+    This is an edge: the name, the parameters and the budget are checked here, once; the method's
+    function gets an int budget in [1, N_V] and validated parameters.
     """
     spec = get_pruner(method)
     kw = spec.bind(params, strict=strict)
@@ -68,15 +67,15 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
     if spec.stage == "llm":
         if adapter is None:
             raise ValueError(f"{method!r} selects inside the LLM: pass the adapter that made the encoding")
+        k = resolve_budget(budget, encoded.n_visual)
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
-        sel = spec.fn(adapter, encoded, budget, cache=sub, **kw)
+        sel = spec.fn(adapter, encoded, k, cache=sub, **kw)
         if spec.origin:  # a plug-in's selection is checked before anything reads it
-            check_plugin_selection(spec, sel, encoded.n_visual, resolve_budget(budget, encoded.n_visual),
-                                   encoded.visual.device)
+            check_plugin_selection(spec, sel, encoded.n_visual, k, encoded.visual.device)
         sel.method = method
     else:
-        sel = prune(method, visual=encoded.visual, text=encoded.scoring_text if spec.needs_text else None,
-                    budget=budget, **_inputs(spec, encoded, cache), **kw)
+        sel = run_pre_llm(spec, encoded.visual, encoded.scoring_text if spec.needs_text else None, budget,
+                          _inputs(spec, encoded, cache), kw)
     if note is not None:
         sel.extras.update(lam=kw["lam"], lam_note=note)
     return sel

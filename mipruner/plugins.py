@@ -19,6 +19,10 @@ out-of-range indices, device, determinism) is left out alone. Each case adds one
 naming the plug-in to `problems()` (the app's status line, the command lines' stderr); every other
 method keeps working. `prune` and `select` check each selection a plug-in method returns as well.
 `freeze()` ends loading: the app calls it once started, so no request can import code.
+
+The loader writes the method registry only through its public operations (`METHODS.register` via
+the decorator, `replace`, `unregister`, `problem`, `freeze`, `on_first_use`): the sentences and the
+frozen state live in the registry object, the loader keeps only which modules it has imported.
 """
 from __future__ import annotations
 
@@ -30,25 +34,24 @@ import sys
 from importlib.metadata import entry_points
 from typing import Callable, Iterable
 
-from .pruners import _registry
+from .pruners import METHODS
+from .registry import DuplicateNameError
 
 GROUP = "mipruner.pruners"
 ENV = "MIPRUNER_PLUGINS"
-_PROBLEMS: list[str] = []
 _LOADED: dict[str, str] = {}  # module (or file) -> the label of the plug-in that loaded it
 _BUILTIN: set[str] = set()
-_FROZEN: list[str] = []  # why loading ended (empty: it has not)
 _QUICK_CHECK = [True]  # check each pre-LLM method as it loads (off for `python -m mipruner.check_pruner`)
 
 
 def problems() -> list[str]:
     """One sentence per plug-in (or plug-in method) left out so far, in load order."""
-    return list(_PROBLEMS)
+    return METHODS.problems()
 
 
 def origin(name: str) -> str:
     """The plug-in method `name` came from ("" for a built-in)."""
-    return _registry.get_pruner(name).origin
+    return METHODS.get(name).origin
 
 
 def split_list(text: str | Iterable[str] | None) -> list[str]:
@@ -65,22 +68,22 @@ def split_list(text: str | Iterable[str] | None) -> list[str]:
 def load_plugins(spec: str | Iterable[str] | None, *, source: str = "--plugins") -> list[str]:
     """Import the plug-in modules / `.py` files in `spec` ("mod1,mod2", "a.py:b.py" or a list);
     returns the problems this call added (each one sentence, also kept in `problems()`)."""
-    if _FROZEN:
-        raise RuntimeError(f"plug-ins can no longer be loaded: {_FROZEN[0]}")
-    _registry._first_use()  # the built-ins and the installed plug-ins come first
-    before = len(_PROBLEMS)
+    if METHODS.frozen:
+        raise RuntimeError(f"plug-ins can no longer be loaded: {METHODS.frozen}")
+    METHODS.first_use()  # the built-ins and the installed plug-ins come first
+    before = len(METHODS.problems())
     for item in split_list(spec):
         if item.endswith(".py") or os.sep in item:
             _load(f"{item!r} ({source})", item, lambda path=item: _import_file(path))
         else:
             _load(f"{item!r} ({source})", item, lambda mod=item: importlib.import_module(mod))
-    return _PROBLEMS[before:]
+    return METHODS.problems()[before:]
 
 
 def freeze(reason: str = "the app loads plug-ins only at start-up") -> None:
-    """No further `load_plugins` (RuntimeError saying `reason`); discovery runs first if it has not."""
-    _registry._first_use()
-    _FROZEN[:] = [reason]
+    """No further `load_plugins` nor registration (RuntimeError saying `reason`); discovery runs first
+    if it has not."""
+    METHODS.freeze(reason)
 
 
 def take_plugins_arg(argv: list[str]) -> tuple[list[str], str | None]:
@@ -106,7 +109,7 @@ def load_for_cli(spec: str | None, stream=None, *, check: bool = True) -> list[s
     if spec:
         load_plugins(spec)
     else:
-        _registry._first_use()
+        METHODS.first_use()
     out = problems()
     for line in out:
         print(line, file=stream or sys.stderr)
@@ -117,7 +120,7 @@ def load_for_cli(spec: str | None, stream=None, *, check: bool = True) -> list[s
 
 def _discover() -> None:
     """The registry's first use: note the built-ins, then the installed plug-ins and MIPRUNER_PLUGINS."""
-    _BUILTIN.update(_registry._REGISTRY)
+    _BUILTIN.update(METHODS.current())
     for ep in sorted(entry_points(group=GROUP), key=lambda e: (e.name, e.value)):
         _load(f"{ep.name!r} (entry point {ep.value})", ep.value, ep.load)
     env = os.environ.get(ENV, "")
@@ -142,10 +145,10 @@ def _import_file(path: str):
 
 
 def _reason(e: BaseException) -> str:
-    if isinstance(e, _registry.DuplicateNameError):
+    if isinstance(e, DuplicateNameError):
         if e.name in _BUILTIN:
             return f"it registers {e.name!r}, the name of a built-in method"
-        other = _registry._REGISTRY[e.name].origin
+        other = METHODS.current()[e.name].origin
         return f"it registers {e.name!r}, which {'plug-in ' + other if other else 'another module'} registered already"
     text = (str(e).strip().splitlines() or [""])[0].rstrip(".")
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
@@ -156,30 +159,31 @@ def _load(label: str, key: str, importer: Callable[[], object]) -> None:
     if key in _LOADED:
         return
     _LOADED[key] = label
-    before = set(_registry._REGISTRY)
+    before = set(METHODS.current())
     try:
         importer()
     except Exception as e:  # a plug-in's own error of any kind: it is left out, everything else keeps working
-        for name in set(_registry._REGISTRY) - before:
-            del _registry._REGISTRY[name]
-        _PROBLEMS.append(f"Plug-in {label} was not loaded: {_reason(e)}.")
+        for name in set(METHODS.current()) - before:
+            METHODS.unregister(name)
+        METHODS.problem(f"Plug-in {label} was not loaded: {_reason(e)}.")
         return
-    new = [n for n in _registry._REGISTRY if n not in before]
+    new = [n for n in METHODS.current() if n not in before]
     if not new:
-        _PROBLEMS.append(f"Plug-in {label} registered no method (decorate a function with mipruner.register_pruner).")
+        METHODS.problem(f"Plug-in {label} registered no method (decorate a function with mipruner.register_pruner).")
         return
     from .testing import quick_failures
 
     for name in new:
-        spec = _registry._REGISTRY[name] = dataclasses.replace(_registry._REGISTRY[name], origin=label)
+        spec = dataclasses.replace(METHODS.get(name), origin=label)
+        METHODS.replace(name, spec)
         failures = quick_failures(spec.name) if spec.stage != "llm" and _QUICK_CHECK[0] else []
         if failures:
-            del _registry._REGISTRY[name]
-            _PROBLEMS.append(f"Plug-in {label}: method {name!r} was left out because it breaks the selection "
-                             f"contract: {failures[0]}.")
+            METHODS.unregister(name)
+            METHODS.problem(f"Plug-in {label}: method {name!r} was left out because it breaks the selection "
+                            f"contract: {failures[0]}.")
 
 
-_registry._FIRST_USE.append(_discover)
+METHODS.on_first_use(_discover)
 
 __all__ = ["ENV", "GROUP", "freeze", "load_for_cli", "load_plugins", "origin", "problems", "split_list",
            "take_plugins_arg"]

@@ -108,6 +108,9 @@ class Session:
     max_entries: encodings kept (each holds N_V x d floats and their PMI caches);
     max_age_s: an encoding unused for this long is dropped;
     budget: the byte cap shared with other sessions (it may drop this session's entries).
+
+    Its own bookkeeping: `find` / `get` (expire, then mark an entry used: last in the LRU, its
+    idle clock reset, the byte cap told), `put` a new encoding, `charge` an entry's size to the cap.
     """
 
     max_entries: int = 3  # a handful of images per user; each is ~10 MB at 576 x 4096 fp32
@@ -137,6 +140,42 @@ class Session:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.lock = threading.RLock()
+
+    def find(self, keys, now: float) -> EncodingKey | None:
+        """The first of `keys` this session holds (after dropping what expired by `now`), marked used."""
+        with self.lock:
+            self.expire(now)
+            for k in keys:
+                if k in self.entries:
+                    self._use(k, now)
+                    return k
+        return None
+
+    def get(self, key: EncodingKey, now: float) -> CachedEncoding:
+        """The entry for `key`, marked used; StaleKeyError when it was evicted, expired or never made."""
+        with self.lock:
+            if self.find((key,), now) is None:
+                raise StaleKeyError("this encoding is no longer cached (expired or evicted): encode again")
+            return self.entries[key]
+
+    def put(self, key: EncodingKey, encoded: Any, now: float) -> CachedEncoding:
+        """Cache a new encoding under `key` as the most recently used (the oldest may go)."""
+        with self.lock:
+            e = self.entries[key] = CachedEncoding(encoded=encoded, last_used=now)
+            self.entries.move_to_end(key)
+            self.expire(now)
+        return e
+
+    def charge(self, key: EncodingKey, size: int) -> None:
+        """Report entry `key`'s size to the byte cap (which may drop other entries)."""
+        if self.budget is not None:
+            self.budget.charge(self, key, size)
+
+    def _use(self, key: EncodingKey, now: float) -> None:
+        self.entries.move_to_end(key)
+        self.entries[key].last_used = now
+        if self.budget is not None:
+            self.budget.touch(self, key)
 
     def expire(self, now: float) -> None:
         with self.lock:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.engine import CacheBudget, Engine, FileBudget, Session, StaleKeyError, nbytes
+from mipruner.engine import Engine
+from mipruner.session import CacheBudget, FileBudget, Session, StaleKeyError, nbytes
 from mipruner.session import EncodingKey
 
 EX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")

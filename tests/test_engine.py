@@ -11,7 +11,9 @@ import torch
 from PIL import Image
 
 import mipruner
-from mipruner.engine import Engine, EncodingKey, MethodSpec, StaleKeyError, media_hash, selection_to_json
+from mipruner.engine import Engine, Panel
+from mipruner.export import selection_to_json
+from mipruner.session import EncodingKey, StaleKeyError, media_hash
 from mipruner.models.dummy import DummyAdapter
 
 PROMPT = "Is there a white square?"
@@ -63,7 +65,7 @@ def test_encode_once_across_many_prune_and_view_calls(engine):
     key = engine.encode(s, img, PROMPT)
     for b in (3, 5, 8, 0.5):
         engine.prune(s, key, "mi", b, lam=0.5)
-        views = engine.view(s, key, ["mi", "random", MethodSpec("similarity", label="sim")], b,
+        views = engine.view(s, key, ["mi", "random", Panel("similarity", label="sim")], b,
                             {"lam": 0.5, "seed": 1}, heat_token=0)
         assert [v.method for v in views] == ["mi", "random", "similarity"] and views[2].label == "sim"
         assert engine.encode(s, picture(0, white=(8, 8, 16, 16)), PROMPT) == key  # same content -> same key
@@ -260,7 +262,7 @@ def test_generate_many_fills_the_answer_cache(engine):
     k = engine.encode(s, picture(0, white=(8, 8, 16, 16)), PROMPT)
     first = engine.generate(s, k, "mi", 3, {"lam": 1.0}, max_new_tokens=4)  # cached before: reused
     assert engine.adapter.generates == 1
-    methods = ["mi", "random", MethodSpec("similarity", label="sim"), MethodSpec("mi", params={"lam": 0.5})]
+    methods = ["mi", "random", Panel("similarity", label="sim"), Panel("mi", params={"lam": 0.5})]
     out = engine.generate_many(s, k, methods, 3, {"lam": 1.0, "seed": 2}, max_new_tokens=4)
     assert len(out) == 5 and out[1] is first and out[0].visual_tokens == 24
     assert [a.visual_tokens for a in out[1:]] == [3, 3, 3, 3]
@@ -309,7 +311,7 @@ def test_a_budget_move_redraws_the_mask_only(engine):
     (MI lam < 1 scores each token by its gain given the final set), the map is drawn again."""
     s = engine.new_session()
     key = engine.encode(s, picture(1, white=(8, 8, 16, 16)), PROMPT)
-    methods = ["mi", MethodSpec("mi", {"lam": 0.5}, label="mi 0.5"), "similarity"]
+    methods = ["mi", Panel("mi", {"lam": 0.5}, label="mi 0.5"), "similarity"]
     a = engine.view(s, key, methods, 4, {"lam": 1.0})
     b = engine.view(s, key, methods, 9, {"lam": 1.0})
     for va, vb in zip(a, b):

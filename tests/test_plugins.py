@@ -47,14 +47,13 @@ def write(tmp_path, stem: str, body: str) -> str:
 def registry():
     """Each test loads into the process's registry; it is restored afterwards."""
     mipruner.list_pruners()  # discovery has run: the built-ins (and any installed plug-in) are in
-    saved = (dict(_registry._REGISTRY), list(P._PROBLEMS), dict(P._LOADED), list(P._FROZEN), list(P._QUICK_CHECK))
+    saved = (_registry.METHODS.snapshot(), dict(P._LOADED), list(P._QUICK_CHECK))
     modules = set(sys.modules)
     yield
-    _registry._REGISTRY.clear()
-    _registry._REGISTRY.update(saved[0])
-    P._PROBLEMS[:], P._FROZEN[:], P._QUICK_CHECK[:] = saved[1], saved[3], saved[4]
+    _registry.METHODS.restore(saved[0])
+    P._QUICK_CHECK[:] = saved[2]
     P._LOADED.clear()
-    P._LOADED.update(saved[2])
+    P._LOADED.update(saved[1])
     for m in set(sys.modules) - modules:
         del sys.modules[m]
 

@@ -17,7 +17,6 @@ a cell is the selection's whole time, not its launch. In-LLM methods (FastV, DAR
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import time
@@ -59,8 +58,7 @@ def _calls(data: dict, k: int, methods: list[str]) -> list[tuple[str, object]]:
     out = [("floor (V @ T.T + topk)", lambda: (V @ T.T).amax(dim=1).topk(k))]
     for label, name, extra in variants(methods):
         spec = get_pruner(name)
-        sig = inspect.signature(spec.fn).parameters
-        kw = {key: val for key, val in data.items() if key in sig}  # the inputs this method takes
+        kw = {key: val for key, val in data.items() if key in ("visual", "text", *spec.inputs)}  # what it takes
         if extra.get("cache") == "warm":
             cache: dict = {}
             mipruner.prune(name, budget=k, **kw, lam=extra["lam"], cache=cache)  # fill it

@@ -81,7 +81,7 @@ CASES = {"image": dict(n_frames=1, grid=24, size=336, budget=64),
 
 
 def run(cases, methods, repeats: int, dim: int, lam: float, log=print) -> list[dict]:
-    from mipruner.engine import Engine, MethodSpec
+    from mipruner.engine import Engine, Panel
 
     results = []
     for case in cases:
@@ -90,16 +90,16 @@ def run(cases, methods, repeats: int, dim: int, lam: float, log=print) -> list[d
         engine = Engine(FixedAdapter(enc))
         session = engine.new_session()
         key = engine.encode(session, enc.frames, enc.prompt)
-        specs = [MethodSpec(m) for m in methods]
+        panels = [Panel(m) for m in methods]
         params = {"lam": lam, "seed": 0}
         t0 = time.perf_counter()
-        engine.view(session, key, specs, cfg["budget"], params, heat_token=0)  # fills MI cache + layout
+        engine.view(session, key, panels, cfg["budget"], params, heat_token=0)  # fills MI cache + layout
         first = (time.perf_counter() - t0) * 1e3
         totals, with_png, per = [], [], {m: ([], []) for m in methods}
         for i in range(repeats):
             b = cfg["budget"] + 1 + i  # a slider move
             t0 = time.perf_counter()
-            views = engine.view(session, key, specs, b, params, heat_token=i % 4)
+            views = engine.view(session, key, panels, b, params, heat_token=i % 4)
             t1 = time.perf_counter()
             for v in views:
                 for img in (v.mask, v.heatmap, v.pivot):

@@ -19,6 +19,7 @@ import sys
 
 import mipruner
 from mipruner.plugins import load_for_cli, take_plugins_arg
+from mipruner.pruners import check_budget
 
 from .cli_options import add_param_options, param_values
 from .runner import evaluate, format_rows
@@ -28,10 +29,11 @@ TASKS = ("shapes-pope", "shapes-open", "shapes-video", "pope")
 
 
 def parse_budgets(text: str) -> list:
+    """--budgets "8,16,0.25" -> [8, 16, 0.25], each checked (`check_budget`) before any model loads."""
     out = []
     for b in text.split(","):
         b = b.strip()
-        out.append(float(b) if "." in b else int(b))
+        out.append(check_budget(float(b) if "." in b else int(b)))
     return out
 
 
@@ -79,12 +81,13 @@ def main(argv=None) -> int:
         if m != "none":
             mipruner.get_pruner(m)  # unknown names fail before any model is loaded
     params = param_values(a)
+    budgets = parse_budgets(a.budgets)
     items = build_items(a)
     adapter = mipruner.load(a.model, device=a.device)
     progress = None
     if not a.no_progress:
         from tqdm import tqdm as progress
-    rows = evaluate(adapter, items, ["none"] + [m for m in methods if m != "none"], parse_budgets(a.budgets),
+    rows = evaluate(adapter, items, ["none"] + [m for m in methods if m != "none"], budgets,
                     params, a.task, text_mode=a.text_mode, max_new_tokens=a.max_new_tokens,
                     progress=progress, batch=not a.no_batch)
     print(format_rows(rows))

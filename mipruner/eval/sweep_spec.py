@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 
 from mipruner.models.text import TEXT_MODES
-from mipruner.pruners import all_params, did_you_mean, get_pruner
+from mipruner.pruners import all_params, check_budget, did_you_mean, get_pruner
 
 from .runner import RANDOM_SEEDS
 
@@ -26,11 +26,7 @@ def parse_value(param: str, value):
         if isinstance(value, str):
             t = value.strip()
             value = float(t) if any(c in t for c in ".eE") else int(t)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"budget must be tokens (int >= 1) or a share (float in (0, 1]), got {value!r}")
-        if isinstance(value, float) and not 0.0 < value <= 1.0 or isinstance(value, int) and value < 1:
-            raise ValueError(f"budget must be tokens (int >= 1) or a share in (0, 1], got {value!r}")
-        return value
+        return check_budget(value)
     if param == "text_mode":
         if str(value).strip() not in TEXT_MODES:
             raise ValueError(f"text_mode must be one of {TEXT_MODES}, got {value!r}")

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from ..models.base import Answer, Encoded, keep_indices
-from ..pruners.selection import Selection, resolve_budget
+from ..pruners.selection import Selection
 
 
 def _int(name: str, value, lo: int, hi: int | None = None) -> int:
@@ -59,11 +59,12 @@ def _prefix(prompt, layer: int, cache: dict | None):
 
 
 def prepare(adapter, encoded: Encoded, budget, layer, cache: dict | None):
-    """(prompt, K, k, prefix): the unpruned prompt, the checked layer K, the budget in tokens and
-    layers 0..K-1 run on the full prompt (cached in `cache` per (encoding, K))."""
+    """(prompt, K, k, prefix): the unpruned prompt, the checked layer K, the budget in tokens (`budget`,
+    an int in [1, N_V] that `mipruner.select` resolved) and layers 0..K-1 run on the full prompt
+    (cached in `cache` per (encoding, K))."""
     prompt = _get_prompt(adapter, encoded, cache)
     layer = _layer(prompt, layer)
-    k = resolve_budget(budget, encoded.n_visual)
+    k = budget  # an int in [1, N_V]: mipruner.select resolved it
     return prompt, layer, k, _prefix(prompt, layer, cache)
 
 

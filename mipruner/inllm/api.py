@@ -45,7 +45,7 @@ from typing import Callable
 import torch
 
 from ..pruners._registry import Param, register_pruner
-from ..pruners.selection import Selection, resolve_budget
+from ..pruners.selection import Selection
 
 POSITIONS = ("original", "renumber")
 QUERIES = ("last", "after", "text")
@@ -255,7 +255,7 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
     from ._run import _get_prompt
 
     prompt = _get_prompt(adapter, encoded, cache)
-    k = resolve_budget(budget, encoded.n_visual)
+    k = budget  # an int in [1, N_V]: mipruner.select resolved it
     key = ("selection", name, k, tuple(sorted(params.items())))
     if cache is not None and key in cache:
         sel = cache[key]

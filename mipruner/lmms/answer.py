@@ -11,12 +11,11 @@ its stage — so both give the same answers on the same items.
 from __future__ import annotations
 
 import json
-import numbers
 from dataclasses import dataclass, field
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
-from mipruner.pruners import did_you_mean, get_pruner, list_pruners
+from mipruner.pruners import check_budget, did_you_mean, get_pruner, list_pruners
 
 NONE = "none"  # answer on every visual token (the unpruned baseline)
 
@@ -39,15 +38,7 @@ def parse_budget(value) -> int | float:
         except ValueError:
             raise ValueError(f"budget must be a token count (64), a share (0.25) or a percentage (25%), "
                              f"got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"budget must be a token count (64), a share (0.25) or a percentage (25%), got {value!r}")
-    if isinstance(value, numbers.Integral):
-        if value < 1:
-            raise ValueError(f"a budget in tokens must be >= 1, got {value}")
-        return int(value)
-    if not 0 < value <= 1:
-        raise ValueError(f"a budget given as a share must be in (0, 1], got {value}")
-    return float(value)
+    return check_budget(value)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,16 @@ that family's adapter. Importing this package does not import transformers.
 """
 from __future__ import annotations
 
-import difflib
-
+from ..registry import Registry
 from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
 from .families import FAMILIES, Family
 from .shipped import shipped
+
+# The family table as one registry object (`mipruner.registry.Registry`, as the methods'): config
+# model_type -> adapter class, a lazy entry per family (its folder's "module:Class"), imported on first use.
+ADAPTERS = Registry("model type")
+for _family in FAMILIES.values():
+    ADAPTERS.register_lazy(_family.name, _family.adapter_target)
 
 # Short names that resolve to models shipped under assets/ (inside the installed package: shipped.py).
 ALIASES: dict[str, str] = {"shapes-llava": shipped("shapes-llava")}
@@ -17,12 +22,7 @@ ALIASES: dict[str, str] = {"shapes-llava": shipped("shapes-llava")}
 
 def adapter_class(model_type: str) -> type[Adapter]:
     """The adapter class for a config `model_type`; unsupported types raise with the list."""
-    if model_type not in FAMILIES:
-        close = difflib.get_close_matches(model_type, list(FAMILIES), n=2)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(f"Unsupported model type ({model_type!r}).{hint} Supported families: "
-                         f"{', '.join(sorted(FAMILIES))}")
-    return FAMILIES[model_type].adapter_class()
+    return ADAPTERS.get(model_type)
 
 
 def resolve(name_or_path: str) -> str:
@@ -43,5 +43,5 @@ def load(name_or_path: str, device=None, dtype=None, **kwargs) -> Adapter:
     return cls.from_pretrained(path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "Family", "TokenGeometry", "adapter_class",
-           "keep_indices", "load", "resolve"]
+__all__ = ["ADAPTERS", "ALIASES", "Adapter", "Answer", "Encoded", "FAMILIES", "Family", "TokenGeometry",
+           "adapter_class", "keep_indices", "load", "resolve"]

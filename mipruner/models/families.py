@@ -55,6 +55,12 @@ class Family:
         module, attr = ref.split(":")
         return getattr(importlib.import_module(f"mipruner.models.{self.folder}.{module}"), attr)
 
+    @property
+    def adapter_target(self) -> str:
+        """The adapter as "package.module:Class" (a lazy entry of `mipruner.models.ADAPTERS`)."""
+        module, attr = self.adapter.split(":")
+        return f"mipruner.models.{self.folder}.{module}:{attr}"
+
     def adapter_class(self):
         """The adapter class (imports the family's folder, and transformers)."""
         return self._find(self.adapter)

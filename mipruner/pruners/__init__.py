@@ -3,9 +3,9 @@
 Each method is one decorated function in its own module; importing this package registers the
 pre-LLM ones (the in-LLM methods of `mipruner.inllm` register into the same registry).
 """
-from ._registry import (Param, PrunerSpec, all_params, did_you_mean, get_pruner, list_pruners, prune,
-                        register_pruner, unregister_pruner)
-from .selection import Selection, resolve_budget
+from ._registry import (METHODS, MethodSpec, Param, PrunerSpec, all_params, did_you_mean, get_pruner, list_pruners,
+                        prune, register_pruner, unregister_pruner)
+from .selection import Selection, check_budget, resolve_budget
 
 # Importing a method module registers it (one line per method module).
 from . import mi  # noqa: E402,F401
@@ -20,5 +20,5 @@ from . import mi_attention  # noqa: E402,F401
 from . import mi_adaptive  # noqa: E402,F401
 from . import pool  # noqa: E402,F401
 
-__all__ = ["Param", "PrunerSpec", "Selection", "all_params", "did_you_mean", "get_pruner", "list_pruners", "prune",
+__all__ = ["METHODS", "MethodSpec", "Param", "PrunerSpec", "Selection", "all_params", "check_budget", "did_you_mean", "get_pruner", "list_pruners", "prune",
            "register_pruner", "resolve_budget", "unregister_pruner"]

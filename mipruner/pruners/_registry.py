@@ -1,7 +1,9 @@
-"""The method registry: one dict, filled by a decorator (timm's `_registry.py` pattern), for every
-selection method wherever it selects.
+"""The method registry: one registry object, filled by a decorator (timm's `_registry.py` pattern),
+for every selection method wherever it selects.
 
-A method is one decorated function in one file. Its `PrunerSpec` says
+A method is one decorated function in one file, registered as a `MethodSpec` in `METHODS` (a
+`mipruner.registry.Registry`: plug-ins, `mipruner.plugins`, go through its public operations too).
+Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
 - `stage`: where it selects. "projector": from the projected visual tokens (and the prompt);
   "vision": also from the vision encoder's attention/keys; "llm": inside the language model
   (FastV, DART, SparseVLM), from the adapter and the encoding;
@@ -11,15 +13,20 @@ A method is one decorated function in one file. Its `PrunerSpec` says
   them, so a new method with a parameter is one file plus its tests.
 - `score_label`: what its `Selection.scores` are, "quantity (unit)", for a heatmap's colour bar;
   None when they carry no meaning (Random's are random draws), so nothing should colour by them.
+- `inputs`: the encoding-derived keywords its function takes (attention, keys, ..., cache), read from
+  its signature once, here at registration, so no call inspects a signature again.
+Per-method metadata is a field of `MethodSpec` (with a default) and a keyword of `register_pruner`;
+the registry object stores whatever entry it is given.
 
 `prune(name, visual=..., text=..., budget=...)` is the front door for pre-LLM methods on plain
 tensors: it resolves the name (with a "did you mean" on typos), validates parameters against their
 `Param`s, resolves the budget and checks the tensors. Methods of stage "llm" need a model: call
 `mipruner.select(adapter, encoded, name, budget)` (`mipruner/methods.py`), which serves every stage.
+`prune` and `select` are the edges: the method functions below them get an int budget in [1, N_V]
+and validated parameters, and trust them.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import numbers
@@ -28,38 +35,18 @@ from typing import Any, Callable
 
 import torch
 
+from ..registry import DuplicateNameError, Registry, did_you_mean
 from . import capture  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
 
-_REGISTRY: dict[str, "PrunerSpec"] = {}
-# Run once, before the first lookup (list, get, parameters, prune): `mipruner.plugins` puts its lazy
-# discovery of installed plug-ins here, so they register after the built-ins and only when needed.
-_FIRST_USE: list[Callable[[], None]] = []
+# name -> MethodSpec. `mipruner.plugins` adds its lazy discovery of installed plug-ins as a first-use
+# hook, so they register after the built-ins and only when needed.
+METHODS = Registry("pruner")
 
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
 INPUTS = ("attention", "keys", "features", "cls", "grid", "cache")
-
-
-def did_you_mean(what: str, name: Any, known: list[str]) -> ValueError:
-    """ValueError "Unknown <what> (x). Did you mean ...? Known <what>s: ..." (one wording everywhere)."""
-    close = difflib.get_close_matches(str(name), known, n=3)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return ValueError(f"Unknown {what} ({name!r}).{hint} Known: {', '.join(sorted(known))}")
-
-
-class DuplicateNameError(ValueError):
-    """A method name registered a second time (`name`: which)."""
-
-    def __init__(self, name: str):
-        super().__init__(f"pruner {name!r} is registered twice")
-        self.name = name
-
-
-def _first_use() -> None:
-    while _FIRST_USE:
-        _FIRST_USE.pop(0)()  # popped first: a hook that looks a method up does not run itself again
 
 
 @dataclass(frozen=True)
@@ -128,7 +115,7 @@ class Param:
 
 
 @dataclass(frozen=True)
-class PrunerSpec:
+class MethodSpec:
     """A registered selection method (see the module docstring)."""
 
     name: str
@@ -143,6 +130,7 @@ class PrunerSpec:
     score_label: str | None = "score"  # Selection.scores as "quantity (unit)"; None: meaningless
     origin: str = ""  # the plug-in that registered it (`mipruner.plugins`); "" for the built-ins
     adaptive: bool = False  # chooses K per input, the budget as its cap: it may keep fewer (at least 1)
+    inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
 
     @property
     def needs_text(self) -> bool:
@@ -190,7 +178,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
-        if name in _REGISTRY:
+        if name in METHODS.current():
             raise DuplicateNameError(name)
         if stage not in STAGES:
             raise ValueError(f"{name!r}: stage must be one of {STAGES}, got {stage!r}")
@@ -214,15 +202,16 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         if missing:
             raise ValueError(f"{name!r}: Params {missing} are not keywords of {fn.__name__}")
         for p in params:  # a parameter name means one thing across methods (one control in the app)
-            for other in _REGISTRY.values():
+            for other in METHODS.current().values():
                 for q in other.params:
                     if q.name == p.name and q != p:
                         raise ValueError(f"{name!r}: Param {p.name!r} differs from {other.name!r}'s; "
                                          "one name, one definition")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        _REGISTRY[name] = PrunerSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
-                                     doc[0] if doc else "", is_mi, answer, score_label=score_label,
-                                     adaptive=adaptive)
+        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
+                                          doc[0] if doc else "", is_mi, answer, score_label=score_label,
+                                          adaptive=adaptive,
+                                          inputs=tuple(k for k in INPUTS if k in sig.parameters)))
         return fn
 
     return deco
@@ -230,29 +219,23 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
 
 def unregister_pruner(name: str) -> None:
     """Remove method `name` (for tests and plug-ins that register temporarily)."""
-    get_pruner(name)
-    del _REGISTRY[name]
+    METHODS.unregister(name)
 
 
 def list_pruners(stage: str | None = None) -> list[str]:
     """Names of the registered methods (all, or those of one stage), sorted."""
-    _first_use()
-    return sorted(n for n, s in _REGISTRY.items() if stage is None or s.stage == stage)
+    return sorted(s.name for s in METHODS.values() if stage is None or s.stage == stage)
 
 
-def get_pruner(name: str) -> PrunerSpec:
+def get_pruner(name: str) -> MethodSpec:
     """The registry entry for `name`; unknown names raise ValueError with "did you mean"."""
-    _first_use()
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise did_you_mean("pruner", name, list(_REGISTRY))
-    return _REGISTRY[name]
+    return METHODS.get(name)
 
 
 def all_params() -> dict[str, Param]:
     """Every registered parameter by name (one definition per name), in registration order."""
-    _first_use()
     out: dict[str, Param] = {}
-    for spec in _REGISTRY.values():
+    for spec in METHODS.values():
         for p in spec.params:
             out.setdefault(p.name, p)
     return out
@@ -272,13 +255,21 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
     spec = get_pruner(name)
     if spec.stage == "llm":
         raise ValueError(f"{name!r} selects inside the LLM: use mipruner.select(adapter, encoded, {name!r}, budget)")
-    sig = inspect.signature(spec.fn).parameters
     inputs = {k: v for k, v in params.items() if k in INPUTS}
-    bad_inputs = sorted(k for k in inputs if k not in sig)
+    bad_inputs = sorted(k for k in inputs if k not in spec.inputs)
     if bad_inputs:
         raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {bad_inputs}; "
-                        f"{name!r} accepts {sorted(k for k in sig if k not in ('visual', 'text', 'budget'))}")
+                        f"{name!r} accepts {sorted((*spec.inputs, *spec.param_names))}")
     kw = spec.bind({k: v for k, v in params.items() if k not in INPUTS})
+    return run_pre_llm(spec, visual, text, budget, inputs, kw)
+
+
+def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | None, budget, inputs: dict,
+                kw: dict) -> Selection:
+    """Pre-LLM method `spec` on tensors, its parameters `kw` already bound (`MethodSpec.bind`) and
+    its `inputs` already checked: what `prune` and `mipruner.select` share once they have validated
+    what they were given. Checks the tensors, resolves the budget, checks a plug-in's selection."""
+    name = spec.name
     check_matrix("visual", visual)
     n_v = visual.shape[0]
     if n_v == 0:
@@ -303,12 +294,12 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
 class ContractError(ValueError):
     """A plug-in method's selection breaks the contract (`failure`: what, one sentence)."""
 
-    def __init__(self, spec: "PrunerSpec", failure: str):
+    def __init__(self, spec: "MethodSpec", failure: str):
         super().__init__(f"{spec.name!r}, a method of plug-in {spec.origin}, broke the selection contract: {failure}")
         self.failure = failure
 
 
-def adaptive_k(spec: "PrunerSpec", sel: Any, k: int) -> int:
+def adaptive_k(spec: "MethodSpec", sel: Any, k: int) -> int:
     """The K a selection is checked against: the budget, or for an adaptive method the K it chose
     when that lies in [1, budget] (the budget is its cap)."""
     if spec.adaptive and isinstance(sel, Selection) and isinstance(sel.keep, torch.Tensor) and 1 <= sel.budget <= k:
@@ -316,9 +307,12 @@ def adaptive_k(spec: "PrunerSpec", sel: Any, k: int) -> int:
     return k
 
 
-def check_plugin_selection(spec: "PrunerSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
+def check_plugin_selection(spec: "MethodSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
     """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`);
     an adaptive method may keep between 1 and `k` tokens."""
     bad = selection_failures(sel, n=n, k=adaptive_k(spec, sel, k), device=device)
     if bad:
         raise ContractError(spec, bad[0])
+
+
+PrunerSpec = MethodSpec  # its public name (`mipruner.PrunerSpec`), kept for code written against it

@@ -34,6 +34,7 @@ import contextlib
 import contextvars
 import dataclasses
 import os
+import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -78,8 +79,9 @@ def capturable(name: str, n_v: int, params: dict) -> bool:
     if name == "mi_adaptive" and params.get("k_rule", "fixed") != "fixed":
         return False  # the chosen K is a host value (the part after the captured greedy)
     if name == "vispruner":
-        from . import mi
-
+        # mi.DENSE_LIMIT as vispruner reads it (vispruner imports mi). Not imported here: every method module
+        # imports the registry, which imports this module, so an import would close a circle.
+        mi = sys.modules[f"{__package__}.mi"]
         return n_v <= mi.DENSE_LIMIT  # above it the diverse stage's sparse path reads counts on the host
     return True
 

@@ -55,7 +55,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .divprune import CosineColumns
-from .selection import Selection, check_range, cosine_to
+from .selection import Selection, cosine_to
 
 _EPS = 1e-6  # relative floor on d_i^2: below it a token adds no volume in float32 (rank exhausted)
 _MINMAX_EPS = 1e-6  # as in the released code: keeps the least relevant token's weight above 0
@@ -123,7 +123,6 @@ def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
              theta: float = 1.0,  # the released kernel diag(r) S diag(r); < 1: later ports' weighting
              ) -> Selection:
     """CDPruner: greedy MAP of a DPP whose kernel weighs visual similarity by prompt relevance."""
-    theta = check_range("theta", theta, 0.0, 1.0)
     r = relevance(visual, text)  # (N_V,)
     q = quality(r, theta)  # (N_V,)
     cos = CosineColumns(visual)  # S, dense up to mi.DENSE_LIMIT

@@ -27,8 +27,8 @@ import torch
 
 from ._registry import Param, register_pruner
 from .lam_rule import LAM_RULE
-from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
-from .selection import Selection, check_choice, check_range, top_indices
+from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select
+from .selection import Selection, top_indices
 
 K_RULES = ("fixed", "gain", "mass")
 K_RULE = Param.choice("k_rule", "fixed", K_RULES, "how many tokens (budget = the most): fixed = the budget; "
@@ -75,10 +75,6 @@ def mi_adaptive_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                        mass_share: float = 0.5,  # ours: not in the paper
                        cache: dict | None = None) -> Selection:
     """MI-Pruner choosing K per input: stop when the gain drops or the PMI mass is covered."""
-    lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)
-    check_choice("k_rule", k_rule, K_RULES)
-    gain_ratio = check_range("gain_ratio", gain_ratio, 0.0, 1.0, lo_open=True)
-    mass_share = check_range("mass_share", mass_share, 0.0, 1.0, lo_open=True)
     cross = _cached(cache, visual, text, ("cross", tau, normalization),
                     lambda: cross_pmi(visual, text, tau, normalization))
     relevance = cross.relevance(aggregation)  # (N_V,)

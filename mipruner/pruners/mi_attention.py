@@ -23,8 +23,8 @@ import torch
 from ._registry import Param, register_pruner
 from .attention import attention_scores
 from .lam_rule import LAM_RULE
-from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select, mi_params
-from .selection import Selection, check_range, top_indices
+from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select
+from .selection import Selection, top_indices
 
 
 @register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
@@ -43,8 +43,6 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                         lam_rule: str = "auto",  # as `mi`: applied by mipruner.select from the prompt
                         cache: dict | None = None) -> Selection:
     """MI-Attention: round 1 keeps tokens by vision-encoder attention, round 2 fills the rest by MI."""
-    split = check_range("split", split, 0.0, 1.0)
-    lam, tau = mi_params(lam, tau, aggregation, normalization, mean_weights)
     n_v = visual.shape[0]
     attn = attention_scores(attention, n_v, method="mi_attention").to(visual.device)  # (N_V,)
     cross = _cached(cache, visual, text, ("cross", tau, normalization),

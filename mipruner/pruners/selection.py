@@ -179,34 +179,35 @@ def top_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(x, descending=True, stable=True).indices[:k]
 
 
+def check_budget(budget: Any) -> int | float:
+    """`budget` as the library takes it before N_V is known: an int >= 1 (tokens) or a float in
+    (0, 1] (a share of N_V), returned as a plain int or float; anything else raises ValueError. The
+    one budget rule: the edges where a budget comes in (the app's settings, the sweep and lmms-eval
+    arguments, `prune` / `select` through `resolve_budget`) apply it, and nothing below them again."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
+        raise ValueError(f"budget must be an int (tokens) or a float in (0, 1] (share), got {budget!r}")
+    if isinstance(budget, (float, np.floating)):
+        if not 0.0 < float(budget) <= 1.0:  # NaN fails too
+            raise ValueError(f"budget as a share must be in (0, 1], got {budget}")
+        return float(budget)
+    if int(budget) < 1:
+        raise ValueError(f"budget in tokens must be >= 1, got {int(budget)}")
+    return int(budget)
+
+
 def resolve_budget(budget: Any, n: int) -> int:
     """Turn `budget` into a token count K in [1, n].
 
     int: K itself, must lie in [1, n]. float in (0, 1]: share of n, K = floor(share * n + 0.5),
-    at least 1. Anything else raises ValueError; a budget above n raises rather than clips.
+    at least 1. Anything else raises ValueError (`check_budget`); a budget above n raises rather
+    than clips.
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, float, np.integer, np.floating)):
-        raise ValueError(f"budget must be an int (tokens) or a float in (0, 1] (share), got {budget!r}")
-    if isinstance(budget, (float, np.floating)):
-        if not (0.0 < float(budget) <= 1.0) or math.isnan(float(budget)):
-            raise ValueError(f"budget as a share must be in (0, 1], got {budget}")
-        return max(1, min(n, int(math.floor(float(budget) * n + 0.5))))
-    k = int(budget)
-    if not 1 <= k <= n:
-        raise ValueError(f"budget must be in [1, N_V={n}] tokens, got {k}")
-    return k
-
-
-def check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    """`value` as float in [lo, hi] (or (lo, hi] with lo_open), else ValueError naming the range."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    ok = (lo < v if lo_open else lo <= v) and v <= hi and not math.isnan(v)
-    if not ok:
-        raise ValueError(f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
-    return v
+    b = check_budget(budget)
+    if isinstance(b, float):
+        return max(1, min(n, int(math.floor(b * n + 0.5))))
+    if b > n:
+        raise ValueError(f"budget must be in [1, N_V={n}] tokens, got {b}")
+    return b
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:

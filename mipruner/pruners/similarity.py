@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ._registry import register_pruner
-from .mi import AGGREGATION, AGGREGATIONS
-from .selection import Selection, check_choice, cosine_to
+from .mi import AGGREGATION
+from .selection import Selection, cosine_to
 
 
 
@@ -29,7 +29,6 @@ def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                       aggregation: str = "max",  # same default as MI-Pruner, so the two compare 1:1
                       ) -> Selection:
     """Similarity: keep the visual tokens with the highest cosine to the prompt."""
-    check_choice("aggregation", aggregation, AGGREGATIONS)
     cos = cosine_to(visual, text)  # (N_V, N_T)
     score = cos.max(dim=1).values if aggregation == "max" else cos.mean(dim=1)  # (N_V,)
     order = torch.argsort(score, descending=True, stable=True)[:budget]  # (K,), ties to lowest index

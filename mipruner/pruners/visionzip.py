@@ -52,7 +52,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .attention import attention_scores, image_keys
-from .selection import Selection, check_matrix, check_range, top_indices, unit_rows
+from .selection import Selection, check_matrix, top_indices, unit_rows
 
 
 def dominant_count(budget: int, ratio: float) -> int:
@@ -79,7 +79,7 @@ def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
               dominant_ratio: float = 54 / 64,  # original: 64 tokens = [CLS] + 53 dominant + 10 contextual
               ) -> Selection:
     """VisionZip: keep [CLS] and the top tokens by [CLS] attention, merge the rest into a few contextual ones."""
-    ratio = check_range("dominant_ratio", dominant_ratio, 0.0, 1.0)
+    ratio = dominant_ratio  # in [0, 1]: checked by its Param where it came in (prune / select)
     n_v = visual.shape[0]
     dev = visual.device
     attn = attention_scores(attention, n_v, method="visionzip").to(dev)  # (N_V,)

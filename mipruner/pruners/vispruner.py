@@ -53,7 +53,7 @@ import torch
 from . import mi
 from ._registry import Param, register_pruner
 from .attention import attention_scores
-from .selection import Selection, check_matrix, check_range, unit_rows
+from .selection import Selection, check_matrix, unit_rows
 
 NEIGHBOURS = 32  # nearest neighbours listed per token on the sparse path
 ROUNDS_DENSE_LIMIT = 1024  # on the CPU, leftovers above this use the sparse path (the dense gather is slow there)
@@ -149,7 +149,6 @@ def vispruner_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
                      drop_per_round: int = 8,  # original: 8 duplicates removed per round
                      ) -> Selection:
     """VisPruner: top tokens by [CLS] attention, then diverse ones by removing duplicates round by round."""
-    ratio = check_range("ratio", ratio, 0.0, 1.0)
     if isinstance(drop_per_round, bool) or not isinstance(drop_per_round, int) or drop_per_round < 1:
         raise ValueError(f"drop_per_round must be an int >= 1, got {drop_per_round!r}")
     n_v = visual.shape[0]

@@ -40,9 +40,9 @@ def _as_plugin(name):
     """Mark `name` as a plug-in's (the run-time contract applies to plug-ins)."""
     import dataclasses
 
-    from mipruner.pruners import _registry
+    from mipruner.pruners import METHODS
 
-    _registry._REGISTRY[name] = dataclasses.replace(_registry._REGISTRY[name], origin="test")
+    METHODS.replace(name, dataclasses.replace(METHODS.get(name), origin="test"))
 
 
 def test_a_two_stage_method_in_a_few_lines(model, registered):
