@@ -21,7 +21,7 @@ Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `Decode
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
 decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
 `--view` runs only the app's view cells instead, as gpu-check's protocol times them
-(`view_runs`, the same runs as `gpu_check_protocol._six_runs`): one answer (the unpruned one) against the six answers of one view
+(`view_runs`, which gpu-check's protocol also runs): one answer (the unpruned one) against the six answers of one view
 (the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
 `mipruner.answer_batch`, selections included) on one cached encoding, and their ratio
 `six_answers_vs_one` (the issue's goal: <= 1.5); the model is gpu-check's (`zoo.FAMILIES`).

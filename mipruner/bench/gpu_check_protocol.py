@@ -31,41 +31,16 @@ import traceback
 import torch
 
 import mipruner
-from mipruner.batch import answer_batch, use_decode_path
+from mipruner.batch import use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .efficiency import PROMPT, PeakMemory, make_run, measure_cell
-from .gpu import make_batch_run, make_plain_run
+from .gpu import make_batch_run, make_plain_run, view_runs
 from .prefill import test_image
 
 MI = ("mi", {"lam": 1.0})
 CELLS = ("select", "latency", "batch", "view", "compiled")  # the cell groups, in the order they run
 GROUP = {"latency": "latency", "throughput": "batch", "view": "view"}  # an eager cell's kind -> its group
-SIX = ("mi", "random", "similarity", "attention", "divprune")  # + the unpruned answer: six panels
-
-
-def _six_runs(adapter, image, budget: int, new_tokens: int):
-    """(one answer, six answers) on one cached encoding, as the app answers one view."""
-    enc = adapter.encode(image, PROMPT, need_attention=True)
-    force = adapter.fixed_length_kwargs(new_tokens)
-    methods = [m for m in SIX if m in list_pruners()]
-
-    def one():
-        t0 = time.perf_counter()
-        a = adapter.generate(enc, None, max_new_tokens=new_tokens, **force)
-        return a, {"encode_s": 0.0, "select_s": 0.0, "prefill_s": a.prefill_s, "decode_s": a.decode_s,
-                   "total_s": time.perf_counter() - t0}
-
-    def six():
-        t0 = time.perf_counter()
-        cache: dict = {}
-        sels = [mipruner.select(adapter, enc, m, budget, cache=cache, strict=False) for m in methods]
-        t1 = time.perf_counter()
-        got = answer_batch(adapter, enc, [None, *sels], max_new_tokens=new_tokens, cache=cache, **force)
-        return got[0], {"encode_s": 0.0, "select_s": t1 - t0, "prefill_s": float("nan"), "decode_s": float("nan"),
-                        "total_s": time.perf_counter() - t0}
-
-    return one, six, len(methods) + 1
 
 
 def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]:
@@ -172,7 +147,7 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
                 ", ".join(f"{c['method']} {c['median_ms']:.2f}" for c in cells))
         for c in plan("eager"):
             cell("eager", *c)
-        one, six, n = _six_runs(adapter, image, budget, new_tokens)
+        one, six, n = view_runs(adapter, image, budget, new_tokens)
         cell("eager", "view", "one answer", "all", 1, lambda: one)
         cell("eager", "view", f"{n} answers", budget, n, lambda: six)
     if "compiled" in asked and not compiled:
