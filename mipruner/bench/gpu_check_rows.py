@@ -35,6 +35,7 @@ from mipruner.pruners import resolve_budget
 from .finite_logits import LogitWatch
 
 KEEP_ALL = "keep-all"
+REDRAWS = 3  # unpruned answers drawn again when keep-all differs from the first (see keep_all_row)
 FIELDS = ("family", "media", "method", "budget", "kept", "n_visual", "ok", "error", "select_ms", "answer_ms",
           "batch_ms", "batch_equal", "peak_mb")
 
@@ -108,16 +109,20 @@ def keep_all_row(adapter, enc, ref, row: dict, clock: Clock, new_tokens: int) ->
                batch_equal=[a.token_ids for a in both] == [ref.token_ids, ref.token_ids])
     if one.token_ids != ref.token_ids:
         # The anchor is the computation, not one draw of a greedy near-tie: on an H100 in bf16, HF's
-        # `generate` gave the unpruned answer [a, b, c, d] and then [a, b, c', d'] on the same inputs
-        # (prefill logits bit-equal). So the unpruned answer is asked again: if it reproduces, keep-all
-        # differs for real; if not, the reference is not reproducible here and the prefill logits decide.
-        again = adapter.generate(enc, None, max_new_tokens=new_tokens)
-        if again.token_ids == ref.token_ids:
+        # `generate` gave the unpruned answers A, B, B, A, B on five calls with the same inputs (prefill
+        # logits bit-equal). So the unpruned answer is drawn again (up to REDRAWS times): keep-all must
+        # equal one of the draws, with bit-equal prefill logits; a keep-all answer that no draw gives fails.
+        draws = [ref.token_ids]
+        for _ in range(REDRAWS):
+            draws.append(adapter.generate(enc, None, max_new_tokens=new_tokens).token_ids)
+            if draws[-1] == one.token_ids:
+                break
+        if one.token_ids not in draws:
             raise RuntimeError(f"keep-all answer {one.token_ids} != unpruned answer {ref.token_ids}")
         if not torch.equal(adapter.prefill_logits(enc, keep), adapter.prefill_logits(enc, None)):
             raise RuntimeError("keep-all prefill logits differ from the unpruned ones")
-        row["note"] = (f"the unpruned answer is not reproducible in this dtype ({ref.token_ids}, then "
-                       f"{again.token_ids}); keep-all's prefill logits equal the unpruned ones bit for bit")
+        row["note"] = (f"the unpruned answer is not reproducible in this dtype (draws {draws}); keep-all gave "
+                       "one of them and its prefill logits equal the unpruned ones bit for bit")
     _check_answer(one, new_tokens, "the keep-all answer")
     return row
 

@@ -112,8 +112,11 @@ def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
         if others.numel() > 0:
             u = unit_rows(k_img)  # (N_V, d_k), zero rows stay zero
             assign = (u[others] @ u[targets].T).argmax(dim=1)  # (|R| - C,) most similar target slot
-            sums = delta.index_add(0, assign, v[others])  # (C, d) sum of assigned rows
-            counts = torch.zeros(n_ctx, device=dev).index_add_(0, assign, torch.ones_like(assign, dtype=torch.float32))
+            # one-hot matmul, not index_add: CUDA's index_add sums with atomics in no fixed order, so its
+            # merged rows differed in the last bits from call to call (seen on an H100); a matmul does not
+            onehot = (assign[:, None] == torch.arange(n_ctx, device=dev)[None, :]).to(v.dtype)  # (|R| - C, C)
+            sums = onehot.T @ v[others]  # (C, d) sum of assigned rows
+            counts = onehot.sum(0)  # (C,)
             delta = sums / counts.clamp_min(1.0)[:, None]  # (C, d) mean of assigned rows (0 if none)
             merged_into[others] = targets[assign]
 
