@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .failures import guarded
 from .methods import answer
 from .models.base import Answer, Encoded
 from .pruners._registry import get_pruner
@@ -81,6 +82,23 @@ def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | Non
     return answers
 
 
+def answer_batch_guarded(adapter, encoded: Encoded, selections: Sequence[Selection | None], *,
+                         max_new_tokens: int = 64, cache: dict | None = None, batch: bool = True
+                         ) -> tuple[list[Answer | None], list[str | None]]:
+    """(answers, sentences) of `selections` as `answer_batch` gives them; when the batch raises (or
+    batch=False) each selection answers alone, and one whose answer fails gets None and the sentence of
+    its failure (`mipruner.failures`): a broken method costs only its own answer."""
+    selections = list(selections)
+    if batch:
+        got, _ = guarded(None, lambda: answer_batch(adapter, encoded, selections, max_new_tokens=max_new_tokens,
+                                                    cache=cache))
+        if got is not None:
+            return got, [None] * len(selections)
+    out = [guarded(getattr(s, "method", None) or None, lambda s=s: answer(
+        adapter, encoded, s, max_new_tokens=max_new_tokens, cache=cache)) for s in selections]
+    return [a for a, _ in out], [why for _, why in out]
+
+
 def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, max_new_tokens: int = 64,
                  max_batch: int = MAX_BATCH, **gen) -> list[Answer]:
     """The answers of several (encoding, selection) rows, e.g. one selection per item of a batch of
@@ -123,4 +141,4 @@ def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, com
     return adapter
 
 
-__all__ = ["MAX_BATCH", "answer_batch", "answer_items", "encode_items", "use_decode_path"]
+__all__ = ["MAX_BATCH", "answer_batch", "answer_batch_guarded", "answer_items", "encode_items", "use_decode_path"]

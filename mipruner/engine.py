@@ -36,6 +36,7 @@ from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_bu
 
 from . import viz
 from .answer_cache import answer_key
+from .batch import answer_batch_guarded
 from .export import selection_to_json
 from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
@@ -317,17 +318,10 @@ class Engine:
                     else:
                         failed[k] = why
         if todo:
-            with self._model_lock:
-                got, _ = guarded(None, lambda: mipruner.answer_batch(self.adapter, enc, list(todo.values()),
-                                                                     max_new_tokens=max_new_tokens, cache=e.mi_cache))
-                if got is None:  # one selection's answer broke the batch: each answers alone
-                    got = []
-                    for k, sel in todo.items():
-                        ans, why = guarded(sel.method if sel is not None else None, lambda sel=sel: mipruner.answer(
-                            self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache))
-                        got.append(ans)
-                        if why is not None:
-                            failed[k] = why
+            with self._model_lock:  # one batch; if one selection's answer breaks it, each answers alone
+                got, whys = answer_batch_guarded(self.adapter, enc, list(todo.values()), max_new_tokens=max_new_tokens,
+                                                 cache=e.mi_cache)
+            failed.update((k, why) for k, why in zip(todo, whys) if why is not None)
             with session.lock:
                 e.answers.update((k, a) for k, a in zip(todo, got) if a is not None)
         with session.lock:

@@ -16,6 +16,7 @@ from typing import Iterable
 
 
 import mipruner
+from mipruner.batch import answer_batch_guarded
 from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 
@@ -83,19 +84,13 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
 
 def _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens: int, batch: bool) -> list:
     """The answers of the runs whose selection succeeded (None for the others); a run whose answer fails
-    records its sentence in `errors` and costs only its own row (a failing batch answers one by one)."""
+    records its sentence in `errors` and costs only its own row (`answer_batch_guarded`)."""
     ok = [i for i, e in enumerate(errors) if e is None]
     answers = [None] * len(runs)
-    if batch:
-        got, _ = guarded(None, lambda: mipruner.answer_batch(adapter, enc, [sels[i] for i in ok],
-                                                             max_new_tokens=max_new_tokens, cache=cache))
-        for i, a in zip(ok, got or ()):
-            answers[i] = a
-    for i in ok:
-        if answers[i] is None:
-            m = runs[i][0]
-            answers[i], errors[i] = guarded(None if m == "none" else m, lambda i=i: mipruner.answer(
-                adapter, enc, sels[i], max_new_tokens=max_new_tokens, cache=cache))
+    got, whys = answer_batch_guarded(adapter, enc, [sels[i] for i in ok], max_new_tokens=max_new_tokens,
+                                     cache=cache, batch=batch)
+    for i, a, why in zip(ok, got, whys):
+        answers[i], errors[i] = a, why
     return answers
 
 
