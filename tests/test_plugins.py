@@ -55,7 +55,23 @@ def registry():
     P._LOADED.clear()
     P._LOADED.update(saved[1])
     for m in set(sys.modules) - modules:
-        del sys.modules[m]
+        if _plugin_module(sys.modules[m]):
+            del sys.modules[m]
+
+
+def _plugin_module(module) -> bool:
+    """Whether `module` is one a test loaded as a plug-in (written to a temporary directory, or with
+    no file), not a library that a plug-in's import pulled in for the first time: unloading those
+    (torch._dynamo, transformers submodules) would break later tests in the same process."""
+    import sysconfig
+
+    path = getattr(module, "__file__", None)
+    if not path:
+        return True
+    kept = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    kept.add(os.path.dirname(os.path.dirname(os.path.abspath(mipruner.__file__))) + os.sep + "mipruner")
+    path = os.path.abspath(path)
+    return not any(path.startswith(os.path.abspath(k) + os.sep) for k in kept)
 
 
 def tensors(n=30, d=8, t=4):
