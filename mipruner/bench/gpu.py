@@ -24,7 +24,9 @@ decoding step compiled by `generate` (CUDA only; each new shape compiles once, i
 (`view_runs`, which gpu-check's protocol also runs): one answer (the unpruned one) against the six answers of one view
 (the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
 `mipruner.answer_batch`, selections included) on one cached encoding, and their ratio
-`six_answers_vs_one` (the issue's goal: <= 1.5); the model is gpu-check's (`zoo.FAMILIES`).
+`six_answers_vs_one` (the issue's goal: <= 1.5); then what a slider move costs the app, whose answer
+cache keeps the unpruned answer of an encoding: the five pruned answers alone (`slider_view_vs_one`);
+the model is gpu-check's (`zoo.FAMILIES`).
 Methods take `name:param=value` settings, e.g. `mi:lam=1`. `--tiny` shrinks both shapes to a few
 layers of width 64 / 128 (tests and CPU smoke runs: timings then mean nothing).
 """
@@ -166,9 +168,11 @@ VIEW = ("mi", "random", "similarity", "attention", "divprune")  # + the unpruned
 
 
 def view_runs(adapter, image, budget: int, new_tokens: int):
-    """(one answer, six answers, n) on one cached encoding, as the app answers one view and as
-    gpu-check's protocol times it: the unpruned answer alone; the selections of VIEW (cold cache) and
-    the unpruned + pruned answers in one `mipruner.answer_batch`."""
+    """(one answer, six answers, a slider move, n) on one cached encoding, as the app answers one view
+    and as gpu-check's protocol times it: the unpruned answer alone; the selections of VIEW (cold
+    cache) and the unpruned + pruned answers in one `mipruner.answer_batch` (the first view of an
+    encoding); the same without the unpruned row (a later view: the app's answer cache holds the
+    unpruned answer, `mipruner.answer_cache`, so a slider move answers the pruned rows only)."""
     from mipruner.batch import answer_batch
 
     enc = adapter.encode(image, PROMPT, need_attention=True)
@@ -181,34 +185,51 @@ def view_runs(adapter, image, budget: int, new_tokens: int):
         return a, {"encode_s": 0.0, "select_s": 0.0, "prefill_s": a.prefill_s, "decode_s": a.decode_s,
                    "total_s": time.perf_counter() - t0}
 
-    def six():
-        t0 = time.perf_counter()
-        cache: dict = {}
-        sels = [mipruner.select(adapter, enc, m, budget, cache=cache, strict=False) for m in methods]
-        t1 = time.perf_counter()
-        got = answer_batch(adapter, enc, [None, *sels], max_new_tokens=new_tokens, cache=cache, **force)
-        return got[0], {"encode_s": 0.0, "select_s": t1 - t0, "prefill_s": got[0].prefill_s,
-                        "decode_s": got[0].decode_s, "total_s": time.perf_counter() - t0}
+    def rows(reference: bool):
+        def run():
+            t0 = time.perf_counter()
+            cache: dict = {}
+            sels = [mipruner.select(adapter, enc, m, budget, cache=cache, strict=False) for m in methods]
+            t1 = time.perf_counter()
+            got = answer_batch(adapter, enc, [None, *sels] if reference else sels, max_new_tokens=new_tokens,
+                               cache=cache, **force)
+            return got[0], {"encode_s": 0.0, "select_s": t1 - t0, "prefill_s": got[0].prefill_s,
+                            "decode_s": got[0].decode_s, "total_s": time.perf_counter() - t0}
+        return run
 
-    return one, six, len(methods) + 1
+    return one, rows(True), rows(False), len(methods) + 1
+
+
+VIEW_CELLS = ("one answer", "{n} answers", "{m} answers (slider)")  # the labels of the view cells
+
+
+def view_goals(one_ms: float | None, six_ms: float | None, moved_ms: float | None) -> dict:
+    """`six_answers_vs_one` (the first view of an encoding) and `slider_view_vs_one` (a later view) from
+    the cells' medians; None where a cell is missing."""
+    ratio = lambda a: round(a / one_ms, 3) if one_ms and a else None  # noqa: E731
+    return {"six_answers_vs_one": ratio(six_ms), "slider_view_vs_one": ratio(moved_ms)}
 
 
 def run_view(adapter, budget: int, repeats: int, warmup: int, new_tokens: int, log=print) -> list[dict]:
-    """The view cells (module docstring): [one answer, six answers], the second with `six_answers_vs_one`."""
+    """The view cells (module docstring): [one answer, six answers, a slider move], the second with
+    `six_answers_vs_one`, the third with `slider_view_vs_one`."""
     image = test_image(int(adapter.config.vision_config.image_size))
     mem = PeakMemory(adapter.device)
     sync = (lambda: torch.cuda.synchronize(adapter.device)) if adapter.device.type == "cuda" else (lambda: None)  # noqa: E731
     rows = []
     with torch.inference_mode():
-        one, six, n = view_runs(adapter, image, budget, new_tokens)
-        for run, label, b in ((one, "one answer", "all"), (six, f"{n} answers", budget)):
+        one, six, moved, n = view_runs(adapter, image, budget, new_tokens)
+        for run, label, b, batch in ((one, VIEW_CELLS[0], "all", 1), (six, VIEW_CELLS[1].format(n=n), budget, n),
+                                     (moved, VIEW_CELLS[2].format(m=n - 1), budget, n - 1)):
             r = measure_cell(run, repeats, warmup, mem, sync)
-            r.update(method=label, budget=b, batch=1 if b == "all" else n, kind="view")
-            log(f"  {label:>16} {str(b):>5}: median {r['median_ms']:.1f} ms (mean {r['total_ms']:.1f} +- "
+            r.update(method=label, budget=b, batch=batch, kind="view")
+            log(f"  {label:>20} {str(b):>5}: median {r['median_ms']:.1f} ms (mean {r['total_ms']:.1f} +- "
                 f"{r['std_ms']:.1f}), select {r['select_ms']:.1f} ms")
             rows.append(r)
-    rows[1]["six_answers_vs_one"] = rows[1]["median_ms"] / rows[0]["median_ms"]
-    log(f"  six_answers_vs_one {rows[1]['six_answers_vs_one']:.3f} (medians)")
+    g = view_goals(*(r["median_ms"] for r in rows))
+    rows[1]["six_answers_vs_one"], rows[2]["slider_view_vs_one"] = g["six_answers_vs_one"], g["slider_view_vs_one"]
+    log(f"  six_answers_vs_one {g['six_answers_vs_one']:.3f}, slider_view_vs_one {g['slider_view_vs_one']:.3f} "
+        "(medians)")
     return rows
 
 

@@ -8,7 +8,8 @@ cells in priority order, each `warmup` untimed runs then `repeats` timed runs (m
   eager    batch 1: plain `model.generate` (processor + generate, the baseline), our unpruned
            answer (`none`), MI lambda 1 at 64 tokens (encode -> select -> answer); then items/s at
            batch 1, 8, 32 for the same three; then six answers of one view (the unpruned one + 5
-           methods at 64 tokens through `mipruner.answer_batch`, as the app's panel) vs one answer;
+           methods at 64 tokens through `mipruner.answer_batch`, as the app's panel) vs one answer,
+           and a slider move (the five pruned answers: the app's answer cache holds the unpruned one);
   compiled the same latency and batch 8 / 32 cells on the GPU decoding path (`--static-cache
            --compile` of `bench gpu`: lengths bucketed to 64, static KV cache, compiled decoding
            step; the warm-up runs absorb the compilation of each new shape). CUDA only.
@@ -35,7 +36,7 @@ from mipruner.batch import use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .efficiency import PROMPT, PeakMemory, make_run, measure_cell
-from .gpu import make_batch_run, make_plain_run, view_runs
+from .gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
 from .prefill import test_image
 
 MI = ("mi", {"lam": 1.0})
@@ -147,9 +148,10 @@ def run_protocol(adapter, *, budget_s: float, repeats: int = 5, warmup: int = 2,
                 ", ".join(f"{c['method']} {c['median_ms']:.2f}" for c in cells))
         for c in plan("eager"):
             cell("eager", *c)
-        one, six, n = view_runs(adapter, image, budget, new_tokens)
-        cell("eager", "view", "one answer", "all", 1, lambda: one)
-        cell("eager", "view", f"{n} answers", budget, n, lambda: six)
+        one, six, moved, n = view_runs(adapter, image, budget, new_tokens)
+        cell("eager", "view", VIEW_CELLS[0], "all", 1, lambda: one)
+        cell("eager", "view", VIEW_CELLS[1].format(n=n), budget, n, lambda: six)
+        cell("eager", "view", VIEW_CELLS[2].format(m=n - 1), budget, n - 1, lambda: moved)
     if "compiled" in asked and not compiled:
         skipped.append({"phase": "compiled", "why": "compiled cells run on CUDA only (or compiled=True)"})
     elif "compiled" in asked:
@@ -193,9 +195,11 @@ def goals(cells: list[dict], label: str) -> dict:
             out[f"batch{b}_mi_items_vs_none_{phase}"] = (round(none["total_ms"] / m["total_ms"], 3)
                                                         if none and m else None)
             out[f"batch{b}_mi_llm_items_vs_none_{phase}"] = (round(llm(none) / llm(m), 3) if none and m else None)
-    one, six = _find(cells, kind="view", budget="all"), next((c for c in cells if c.get("kind") == "view"
-                                                              and c.get("budget") != "all"), None)
-    out["six_answers_vs_one"] = round(six["median_ms"] / one["median_ms"], 3) if one and six else None
+    view = [c for c in cells if c.get("kind") == "view"]
+    one = _find(view, budget="all")
+    six = next((c for c in view if c.get("budget") != "all" and not c["method"].endswith("(slider)")), None)
+    moved = next((c for c in view if c["method"].endswith("(slider)")), None)
+    out.update(view_goals(*(c["median_ms"] if c else None for c in (one, six, moved))))
     out["targets"] = {"select_under_1ms": True, "mi_vs_generate": "<= 0.5", "batch32_mi_items_vs_none": ">= 4",
                       "six_answers_vs_one": "<= 1.5"}
     return out
