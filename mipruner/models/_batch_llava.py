@@ -119,8 +119,6 @@ def packed_inputs(adapter, rows: list[tuple[Encoded, object]], positions: str | 
 @torch.no_grad()
 def packed_rows(adapter, rows, max_new_tokens: int, positions: str | None, path: DecodePath, **gen) -> list[Answer]:
     """Greedy answers of `rows` after one packed prefill (module docstring)."""
-    from transformers import DynamicCache
-
     gen.pop("disable_compile", None)
     eos = eos_ids(adapter.model, gen.pop("eos_token_id", None))
     procs = list(gen.pop("logits_processor", None) or [])
@@ -134,25 +132,34 @@ def packed_rows(adapter, rows, max_new_tokens: int, positions: str | None, path:
     plan, n_rows = b["plan"], len(rows)
     prefill = P.compiled(adapter, "prefill", packed_prefill) if path.compile else packed_prefill
     logits, packed_cache = prefill(adapter.model, b)
-    slots = None
-    if path.static_cache:  # every budget of one encoding: one cache size, one compiled step
+    step_no = [0]
+    if not path.static_cache:  # decode on the packed cache itself: B more positions a step (`PackedSteps`)
+        steps = P.PackedSteps(P.row_sees(plan, b["attention_mask"], b["last"]), P.sdpa(adapter.model),
+                              b["inputs_embeds"].dtype)
+
+        def step(tokens, _):
+            pos = (b["next_pos"] + step_no[0])[None, :]
+            step_no[0] += 1
+            out = adapter.model(input_ids=tokens[None, :], attention_mask=steps.next_mask(), position_ids=pos,
+                                past_key_values=packed_cache, use_cache=True)
+            return out.logits[0]
+
+        ids, first = P.greedy(step, logits[0], None, max_new_tokens, eos, procs, min_new, pad)
+    else:  # every budget of one encoding: one cache size, one compiled step; the rows' caches gathered
         slots = cache_length(rows, plan.width, max_new_tokens, path.bucket)
         cache = P.static_cache(adapter, n_rows, slots)
-    else:
-        cache = DynamicCache(config=adapter.model.config.get_text_config())
-    P.batched_cache(packed_cache, b["index"], n_rows, plan.width, cache)
-    del packed_cache
-    model = P.compiled(adapter, "step", adapter.model) if path.compile else adapter.model
-    step_no = [0]
+        P.batched_cache(packed_cache, b["index"], n_rows, plan.width, cache)
+        del packed_cache
+        model = P.compiled(adapter, "step", adapter.model) if path.compile else adapter.model
 
-    def step(tokens, mask):
-        pos = (b["next_pos"] + step_no[0])[:, None]
-        step_no[0] += 1
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
-                    past_key_values=cache, use_cache=True)
-        return out.logits[:, -1]
+        def step(tokens, mask):
+            pos = (b["next_pos"] + step_no[0])[:, None]
+            step_no[0] += 1
+            out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos,
+                        past_key_values=cache, use_cache=True)
+            return out.logits[:, -1]
 
-    ids, first = P.greedy(step, logits[0], b["real"], max_new_tokens, eos, procs, min_new, pad, slots)
+        ids, first = P.greedy(step, logits[0], b["real"], max_new_tokens, eos, procs, min_new, pad, slots)
     cuda_sync(adapter.device)
     t1 = time.perf_counter()
     answers = []

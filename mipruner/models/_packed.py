@@ -131,6 +131,35 @@ def gather_index(plan_: Plan, device) -> tuple[torch.Tensor, torch.Tensor, torch
     return as_long(idx), as_long(mask).view(b, w), as_long(last)
 
 
+def row_sees(plan_: Plan, mask: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """(B, S) what each row's generated tokens see of the packed prefill: its last token's row of the
+    4-D prefill `mask` (its own tokens and its encoding's shared prefix; pad tokens never)."""
+    return mask[0, 0].index_select(0, last)
+
+
+class PackedSteps:
+    """The decoding steps of B rows on the packed prefill's own cache (no per-row copy of it): step n
+    appends the rows' n-th tokens as B more positions of the one sequence; row i's token sees its
+    row's prefill columns (`row_sees`) and its own earlier tokens (column S + B * m + i, m <= n).
+    The cache then holds the rows' own tokens plus B per step, instead of B rows padded to the
+    longest (6 x 591 positions at LLaVA-1.5's shape for one view), and nothing is gathered after
+    the prefill. `next_mask()` is the (1, 1, B, S + B (n + 1)) mask of the next step n, boolean
+    (SDPA) or additive in `dtype`; steps run in order."""
+
+    def __init__(self, sees: torch.Tensor, boolean: bool, dtype: torch.dtype):
+        self.allowed = sees if sees.dtype == torch.bool else sees == 0  # (B, S)
+        self.eye = torch.eye(int(sees.shape[0]), dtype=torch.bool, device=sees.device)
+        self.boolean, self.dtype = boolean, dtype
+
+    def next_mask(self) -> torch.Tensor:
+        self.allowed = torch.cat([self.allowed, self.eye], dim=1)
+        allowed = self.allowed[None, None]
+        if self.boolean:
+            return allowed
+        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
+        return torch.where(allowed, zero, torch.finfo(self.dtype).min)
+
+
 def packable(model, gen_config=None) -> bool:
     """False when the decoder has sliding-window layers (a packed sequence is longer than any row)."""
     text = model.config.get_text_config()
@@ -154,8 +183,8 @@ def sdpa(model) -> bool:
     return getattr(model.config.get_text_config(), "_attn_implementation", "sdpa") == "sdpa"
 
 
-__all__ = ["COMPILE", "Plan", "batched_cache", "compiled", "gather_index", "greedy", "greedy_supported", "pack",
-           "packable", "packed_mask", "plan", "sdpa", "static_cache"]
+__all__ = ["COMPILE", "PackedSteps", "Plan", "batched_cache", "compiled", "gather_index", "greedy", "greedy_supported", "pack",
+           "packable", "packed_mask", "plan", "row_sees", "sdpa", "static_cache"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,7 +217,7 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
            slots: int | None = None) -> tuple[list[list[int]], float]:
     """Greedy tokens (B rows, up to `max_new_tokens`) after a prefill whose last-row logits are
     `first_logits` (B, V); `step(tokens (B,), mask (B, W + t))` runs one decoding step and returns
-    its logits (B, V). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
+    its logits (B, V) (`mask` None: the step keeps its own mask, `PackedSteps`, and gets None). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
     `procs` (callables (generated (B, t), scores (B, V)) -> scores) applied after, finished rows fed
     `pad_id`, one host sync a step (the stop check). `slots`: a static cache of that many slots, the
     mask then has its width from the start (zeros for slots not written yet: one shape every step,
@@ -215,13 +244,15 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
     first = time.perf_counter()
     tokens = [token]
     done = torch.isin(token, eos_t)
-    width = int(mask.shape[1])
+    width = 0 if mask is None else int(mask.shape[1])
     if slots is not None:
         mask = torch.cat([mask, mask.new_zeros(n_rows, slots - width)], dim=1)
     for n in range(1, int(max_new_tokens)):
         if eos and bool(done.all()):
             break
-        if slots is not None:
+        if mask is None:
+            pass
+        elif slots is not None:
             mask[:, width + n - 1] = 1  # the slot the previous token is written to
         else:
             mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)

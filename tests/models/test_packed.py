@@ -36,12 +36,15 @@ class FirstLayerRows:
     """A forward pre-hook on the first decoder layer: the (batch, length) of every call."""
 
     def __init__(self, adapter):
-        self.layer, self.calls = adapter.text_decoder().layers[0], []
+        self.layer, self.calls, self.held = adapter.text_decoder().layers[0], [], []
 
     def __enter__(self):
         def hook(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
             self.calls.append((int(x.shape[0]), int(x.shape[1])))
+            cache = kwargs.get("past_key_values")
+            held = cache.layers[0].keys if cache is not None and cache.layers[0].is_initialized else None
+            self.held.append(None if held is None else tuple(held.shape[:3]))  # (B, heads, positions) before the call
         self.handle = self.layer.register_forward_pre_hook(hook, with_kwargs=True)
         return self
 
@@ -68,7 +71,9 @@ def test_one_view_pays_for_its_own_tokens(embedded):
     assert rows.prefill_rows <= 1.25 * own, (rows.calls[0], own)
     shared = int(e.state["visual_positions"][0])  # the text before the image runs once
     assert rows.prefill_rows == own - 5 * shared and shared > 0
-    assert all(b == 6 and n == 1 for b, n in rows.calls[1:])  # the decoding steps: one batch of six rows
+    assert all(b * n == 6 for b, n in rows.calls[1:])  # the decoding steps: the six rows' tokens in one call
+    # decoded on the packed cache itself: it holds the prefill's rows and six per step, not six padded rows
+    assert [h[0] * h[2] for h in rows.held[1:]] == [rows.prefill_rows + 6 * i for i in range(len(rows.calls) - 1)]
     ref = one_by_one(a, e, sels, 4)
     done, total = compare_all(got, ref)
     assert done >= 0.75 * total, (done, total)
