@@ -12,7 +12,9 @@ from different encodings (a batch of items) or from one (several selections of o
 Without a static cache (the plain path, the app's), and on the compiled path, the rows are PACKED
 instead of padded (`_packed.py`): one prefill over the rows' own tokens, the text before the image
 once per encoding, then our greedy loop (`_packed.greedy`, what `generate` does for these
-arguments) over the rows' left-padded caches. Compiled (`DecodePath(compile=True)`, with a bucket
+arguments): on the plain path in the packed cache itself (`_packed.PackedSteps`: B more positions a
+step, nothing copied), on the static path over the rows' caches gathered into a left-padded static
+cache. Compiled (`DecodePath(compile=True)`, with a bucket
 and a static cache): the packed prefill, its length padded to the bucket, and the decoding step run
 through `torch.compile` (`_packed.compiled`; CUDA graphs on CUDA), one graph per bucket and batch
 size. The static path without compile keeps the padded batch through `generate`. Generation arguments it does not implement, or a generation config that adds

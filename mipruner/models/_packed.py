@@ -12,9 +12,11 @@ the prefill. Packed, it processes the rows' own lengths summed, less what they s
     the rows of that encoding attend to its keys and values (`shared` in `plan`). Causal attention
     makes that prefix's states independent of what follows, so sharing is exact.
 
-The last token of every row gives the row's first logits (`logits_to_keep` = those indices), and the
-packed cache's keys and values are gathered per row into the left-padded (B, W) cache that decoding
-uses (pad columns masked, as in the padded batch). What a row computes differs from its one-by-one
+The last token of every row gives the row's first logits (`logits_to_keep` = those indices). Decoding
+then goes on in the packed cache itself on the plain path (`PackedSteps`: each step appends the B rows'
+new tokens as B more positions, each seeing its own row), or, on the static/compiled path, the packed
+cache's keys and values are gathered per row into the left-padded (B, W) static cache that its
+compiled step reads (pad columns masked, as in the padded batch). What a row computes differs from its one-by-one
 run only by float rounding (other matmul shapes), as the padded batch does (tests/models/
 test_batch_*.py). With `bucket`, the packed length is padded to a multiple of it (pad tokens see
 only each other) so that a compiled prefill sees a few shapes.
