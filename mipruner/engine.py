@@ -31,6 +31,7 @@ from typing import Callable
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
+from mipruner.pruners.signals import Signals, encode_kwargs
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
@@ -49,6 +50,13 @@ DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (
 def load_adapter(name_or_path: str, device=None, dtype=None):
     """Load a model by hub id, local directory or alias and return its adapter (`mipruner.load`)."""
     return mipruner.load(name_or_path, device=device, dtype=dtype)
+
+
+def recorded(encoded) -> Signals:
+    """The signals an encoding holds: what it says it recorded, and its default block's attention when it has
+    one (encodings from adapters written before signals existed)."""
+    have = getattr(encoded, "signals", None) or Signals()
+    return have | Signals.of(getattr(encoded, "attention", None) is not None)
 
 
 def method_specs() -> list[MethodSpec]:
@@ -174,19 +182,46 @@ class Engine:
         """Encode (media, prompt) unless this session has it cached; returns the cache key.
 
         need_attention=None: True when any of `methods` (names or Panels) needs the vision
-        encoder's attention. An encoding with attention also serves requests without it.
+        encoder's attention. An encoding with attention also serves requests without it. The encoder
+        signals `methods` ask for beyond that (other blocks, per-head attention, pre-projector features:
+        `mipruner.signals_for`) are recorded in the same pass; a method chosen later that asks for one
+        the cached encoding lacks re-encodes it in place (`_extend`).
         """
+        names = [_panel(m).name for m in methods]
         if need_attention is None:
-            need_attention = mipruner.needs_attention([_panel(m).name for m in methods])
+            need_attention = mipruner.needs_attention(names)
+        want = Signals.of(bool(need_attention), mipruner.signals_for(names))
         key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
         found = self._attach(session).find((key, key._replace(need_attention=True)), self.clock())
         if found is not None:
+            self._extend(session, self.entry(session, found), want)
             return found
         with self._model_lock:
-            enc = self.adapter.encode(media, prompt, text_mode=text_mode, need_attention=bool(need_attention))
-        session.put(key, enc, self.clock())
+            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want))
+        session.put(key, enc, self.clock()).source = (media, prompt, text_mode)
         self._account(session, key)
         return key
+
+    def _extend(self, session: Session, e: CachedEncoding, want: Signals) -> CachedEncoding:
+        """Re-encode entry `e` in place with `want` added when its encoding lacks some of what `want` asks beyond
+        the default block's attention (the app encodes with that, before the methods are chosen); its selection
+        cache is cleared (the answers stay: same tokens).
+        ValueError (one sentence) when the model cannot give it, e.g. a block its encoder lacks."""
+        have = recorded(e.encoded)
+        extra = Signals(want.layers - {None}, want.heads, want.features)  # the default block's attention is
+        if have.covers(extra) or e.source is None:  # the key's own `need_attention` (it stays as encoded)
+            return e
+        media, prompt, text_mode = e.source
+        with self._model_lock:
+            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want))
+        with session.lock:
+            e.encoded = enc
+            e.mi_cache.clear()
+        return e
+
+    def _ensure(self, session: Session, key: EncodingKey, methods) -> CachedEncoding:
+        """The entry for `key`, extended with the signals of `methods` (names or Panels)."""
+        return self._extend(session, self.entry(session, key), mipruner.signals_for(_panel(m).name for m in methods))
 
     def entry(self, session: Session, key: EncodingKey) -> CachedEncoding:
         """The cached encoding for `key`; StaleKeyError when it was evicted, expired or never made."""
@@ -215,7 +250,7 @@ class Engine:
     def prune(self, session: Session, key: EncodingKey, method: str, budget, **params) -> Selection:
         """`mipruner.prune` on the cached encoding, with its attention/keys/seed/MI cache passed in.
         Parameters a method does not accept are ignored (one params dict serves every method)."""
-        e = self.entry(session, key)
+        e = self._ensure(session, key, [method])
         with session.lock:
             sel = self._prune(e, method, budget, params)
         self._account(session, key)
@@ -238,21 +273,26 @@ class Engine:
         ValueError (settings that do not fit this input) stays the request's error (`request_errors`).
         """
         e = self.entry(session, key)
+        try:  # every method's signals in one re-encoding; a block the model lacks fails its own panel below
+            self._extend(session, e, mipruner.signals_for(_panel(m).name for m in methods))
+        except ValueError:
+            pass
         lay = self.layout(session, key)
         out = []
         resolve_budget(budget, e.encoded.n_visual)  # a bad budget is the request's error, not a method's
         with session.lock:
             for m in methods:
                 panel = _panel(m)
-                view, why = guarded(panel.name, lambda panel=panel: self._view_one(e, lay, panel, budget, params,
-                                                                                   heat_token),
+                view, why = guarded(panel.name, lambda panel=panel: self._view_one(session, e, lay, panel, budget,
+                                                                                   params, heat_token),
                                     request_errors(panel.name))
                 out.append(view or failed_view(panel.name, panel.title, why))
         self._account(session, key)
         return out
 
-    def _view_one(self, e: CachedEncoding, lay, panel: Panel, budget, params: dict | None,
+    def _view_one(self, session: Session, e: CachedEncoding, lay, panel: Panel, budget, params: dict | None,
                   heat_token: int | None) -> MethodView:
+        self._extend(session, e, get_pruner(panel.name).signals)
         t0 = time.perf_counter()
         sel = self._prune(e, panel.name, budget, {**(params or {}), **panel.params})
         return render_view(e.encoded, sel, lay, e.drawn, method=panel.name, label=panel.title,
@@ -272,7 +312,7 @@ class Engine:
                  params: dict | None = None, max_new_tokens: int = 64):
         """The model's answer on the kept tokens (method=None: unpruned reference), cached per
         (encoding, method, budget, the params that method accepts, max_new_tokens)."""
-        e = self.entry(session, key)
+        e = self._ensure(session, key, [] if method is None else [method])
         enc = e.encoded
         akey = answer_key(enc.n_visual, method, budget, params, max_new_tokens)
         with session.lock:
@@ -302,6 +342,10 @@ class Engine:
         A method whose selection or answer fails costs only its own entry: the sentence (str) of its
         failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
         e = self.entry(session, key)
+        try:
+            self._extend(session, e, mipruner.signals_for(_panel(m).name for m in methods))
+        except ValueError:  # a block the model lacks: that method's selection fails on its own below
+            pass
         enc = e.encoded
         panels = [_panel(m) for m in methods]
         wanted = [(None, {})] + [(p.name, {**(params or {}), **p.params}) for p in panels]
