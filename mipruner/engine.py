@@ -205,15 +205,21 @@ class Engine:
     def _extend(self, session: Session, e: CachedEncoding, want: Signals) -> CachedEncoding:
         """Re-encode entry `e` in place with `want` added when its encoding lacks some of what `want` asks beyond
         the default block's attention (the app encodes with that, before the methods are chosen); its selection
-        cache is cleared (the answers stay: same tokens).
-        ValueError (one sentence) when the model cannot give it, e.g. a block its encoder lacks."""
+        cache is cleared (the answers stay: same tokens). When the model cannot give it (a block its encoder
+        lacks, an adapter that records no more) the entry stays as it is and that request is not retried: the
+        method then fails on its own, `select` saying what the encoding lacks (or takes its fallback)."""
         have = recorded(e.encoded)
         extra = Signals(want.layers - {None}, want.heads, want.features)  # the default block's attention is
-        if have.covers(extra) or e.source is None:  # the key's own `need_attention` (it stays as encoded)
+        if have.covers(extra) or e.source is None or extra in e.refused:  # the key's own `need_attention`
             return e
         media, prompt, text_mode = e.source
-        with self._model_lock:
-            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want))
+        try:
+            with self._model_lock:
+                enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want))
+        except (TypeError, ValueError):
+            with session.lock:
+                e.refused.add(extra)
+            return e
         with session.lock:
             e.encoded = enc
             e.mi_cache.clear()
@@ -272,11 +278,7 @@ class Engine:
         has `error` (one sentence) and no selection or images; the other views render. A built-in's
         ValueError (settings that do not fit this input) stays the request's error (`request_errors`).
         """
-        e = self.entry(session, key)
-        try:  # every method's signals in one re-encoding; a block the model lacks fails its own panel below
-            self._extend(session, e, mipruner.signals_for(_panel(m).name for m in methods))
-        except ValueError:
-            pass
+        e = self._ensure(session, key, methods)  # every method's signals in one re-encoding (else each below)
         lay = self.layout(session, key)
         out = []
         resolve_budget(budget, e.encoded.n_visual)  # a bad budget is the request's error, not a method's
@@ -341,11 +343,7 @@ class Engine:
         (so a later `generate` or `cached_answer` of any of them returns them).
         A method whose selection or answer fails costs only its own entry: the sentence (str) of its
         failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
-        e = self.entry(session, key)
-        try:
-            self._extend(session, e, mipruner.signals_for(_panel(m).name for m in methods))
-        except ValueError:  # a block the model lacks: that method's selection fails on its own below
-            pass
+        e = self._ensure(session, key, methods)
         enc = e.encoded
         panels = [_panel(m) for m in methods]
         wanted = [(None, {})] + [(p.name, {**(params or {}), **p.params}) for p in panels]

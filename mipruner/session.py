@@ -81,6 +81,7 @@ class CachedEncoding:
     drawings: dict = field(default_factory=dict)  # what `drawn` made: key -> (values, drawing)
     last_used: float = 0.0
     source: tuple | None = field(default=None, repr=False)  # (media, prompt, text_mode): to re-encode with more signals
+    refused: set = field(default_factory=set, repr=False)  # Signals the model could not give (not asked again)
 
     def drawn(self, key, values, draw: Callable[[], Any]):
         """`draw()`, or the drawing made last under `key` when it was drawn from equal `values`.

@@ -1,5 +1,6 @@
 """The CLIP tower's attention for the vision-stage methods: which encoder layer the features come
-from, a forward hook (removed on exit) that captures that layer's attention probabilities and keys,
+from, a forward hook (removed on exit) that captures that layer's attention probabilities and keys
+(`record`: of every block a `Signals` request asks for, per head too, and the projector's input),
 the per-view [CLS] attention of multi-view inputs, and the projected [CLS] token."""
 from __future__ import annotations
 

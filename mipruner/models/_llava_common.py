@@ -21,7 +21,8 @@ pruned run equal to the unpruned one with the dropped tokens masked out of atten
 Attention: the vision tower is loaded with eager attention (the LLM keeps SDPA) through
 transformers' per-sub-config `attn_implementation` dict, so that (a) the attention probabilities of
 the feature layer can be read by a forward hook when a method asks, and (b) the visual tokens are
-the same numbers whether or not attention was requested. CLIP at 577 tokens costs a few tens of MB
+the same numbers whether or not attention was requested. Any other block a method asks for (and its
+per-head maps, and the projector's input as `features`) is recorded in the same pass (`_signals.py`). CLIP at 577 tokens costs a few tens of MB
 more in eager; pass `vision_attn="sdpa"` to trade attention capture for that memory.
 """
 from __future__ import annotations
