@@ -40,18 +40,19 @@ def expected(heads: torch.Tensor, n: int, budget: int) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def registry():
-    """Each test loads into the process's registry; it is restored afterwards."""
+def registry(tmp_path):
+    """Each test loads into the process's registry; it is restored afterwards, and the plug-in files' modules
+    forgotten (only those: the model code a test imports stays, as the rest of the process expects)."""
     mipruner.list_pruners()
     saved = (_registry.METHODS.snapshot(), dict(P._LOADED), list(P._QUICK_CHECK))
-    modules = set(sys.modules)
     yield
     _registry.METHODS.restore(saved[0])
     P._QUICK_CHECK[:] = saved[2]
     P._LOADED.clear()
     P._LOADED.update(saved[1])
-    for m in set(sys.modules) - modules:
-        del sys.modules[m]
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
 
 
 def plugin(tmp_path, name: str = "last_heads", layer: int = -1) -> str:
