@@ -31,7 +31,7 @@ from typing import Callable
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
-from mipruner.pruners.signals import Signals, encode_kwargs
+from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
@@ -50,13 +50,6 @@ DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (
 def load_adapter(name_or_path: str, device=None, dtype=None):
     """Load a model by hub id, local directory or alias and return its adapter (`mipruner.load`)."""
     return mipruner.load(name_or_path, device=device, dtype=dtype)
-
-
-def recorded(encoded) -> Signals:
-    """The signals an encoding holds: what it says it recorded, and its default block's attention when it has
-    one (encodings from adapters written before signals existed)."""
-    have = getattr(encoded, "signals", None) or Signals()
-    return have | Signals.of(getattr(encoded, "attention", None) is not None)
 
 
 def method_specs() -> list[MethodSpec]:
@@ -223,6 +216,8 @@ class Engine:
         with session.lock:
             e.encoded = enc
             e.mi_cache.clear()
+            if not recorded(enc).covers(extra):  # the adapter recorded less than asked: not asked again
+                e.refused.add(extra)
         return e
 
     def _ensure(self, session: Session, key: EncodingKey, methods) -> CachedEncoding:

@@ -80,6 +80,13 @@ class Signals:
         return other.layers <= self.layers and other.heads <= self.heads and (self.features or not other.features)
 
 
+def recorded(encoded) -> Signals:
+    """The signals an encoding holds: what it says it recorded, and its default block's attention when it has
+    one (encodings from adapters written before signals existed)."""
+    have = getattr(encoded, "signals", None) or Signals()
+    return have | Signals.of(getattr(encoded, "attention", None) is not None)
+
+
 def encode_kwargs(signals: Signals) -> dict:
     """`adapter.encode` keyword arguments for `signals`: `need_attention`, and `signals` only when it asks for
     more (so adapters written before signals existed keep working for the methods they serve)."""
@@ -89,4 +96,4 @@ def encode_kwargs(signals: Signals) -> dict:
     return kw
 
 
-__all__ = ["SIGNAL_INPUTS", "Signals", "check_layer", "encode_kwargs", "resolve_block"]
+__all__ = ["SIGNAL_INPUTS", "Signals", "check_layer", "encode_kwargs", "recorded", "resolve_block"]
