@@ -150,3 +150,24 @@ def test_the_engine_extends_a_cached_encoding_for_a_method_chosen_later(tmp_path
     assert views[1].selection.keep.tolist() == expected(after.signal("attention_heads", -1), after.n_visual, 6)
     assert engine.encode(s, picture(), "What colour is the square?", methods=["last_heads"]) == key
     assert engine.encoded(s, key) is after  # covered: no second re-encoding
+
+
+def test_signals_requests():
+    s = Signals(heads=frozenset({-1}))
+    assert s.layers == {-1} and s.attention and s.extra  # a block per head is a block
+    assert Signals.of(True) == Signals(layers=frozenset({None})) and not Signals.of(True).extra
+    assert Signals.of(False, None) == Signals() and not Signals().attention
+    both = Signals.of(True, Signals(features=True))
+    assert both.covers(Signals(features=True)) and both.covers(Signals.of(True)) and not both.covers(s)
+    assert (both | s).covers(s) and (both | s).covers(both)
+    for bad in (True, 1.5, "1"):
+        with pytest.raises(ValueError, match="encoder_layer must be an int"):
+            Signals(layers=frozenset({bad}))
+
+
+def test_encode_for_records_what_the_methods_ask(embedded):
+    ad, enc = embedded
+    e = mipruner.encode_for(ad, enc.frames[0], enc.prompt, ["vispruner", "mi"])
+    assert e.signals == Signals(layers=frozenset({None}), features=True) and e.features is not None
+    assert torch.equal(e.features, enc.features) and torch.equal(e.attention, enc.attention)
+    assert mipruner.encode_for(ad, enc.frames[0], enc.prompt, ["mi"]).attention is None
