@@ -17,7 +17,8 @@ checking one against the contract the built-ins pass: `mipruner.testing.check_pr
 """
 from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, register_pruner
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
-from .methods import answer, needs_attention, select
+from .methods import answer, encode_for, needs_attention, select, signals_for
+from .pruners.signals import Signals
 from .batch import answer_batch  # noqa: E402
 from .plugins import load_plugins  # noqa: E402  (installed plug-ins load on the registry's first use)
 
@@ -31,5 +32,5 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Param", "PrunerSpec", "Selection", "answer", "answer_batch", "get_pruner", "list_pruners", "load", "load_plugins", "needs_attention",
-           "prune", "register_pruner", "select", "__version__"]
+__all__ = ["Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
+           "load", "load_plugins", "needs_attention", "prune", "register_pruner", "select", "signals_for", "__version__"]

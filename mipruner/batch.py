@@ -37,6 +37,7 @@ from .methods import answer
 from .models.base import Answer, Encoded
 from .pruners._registry import get_pruner
 from .pruners.selection import Selection
+from .pruners.signals import Signals, encode_kwargs
 
 MAX_BATCH = 32  # rows per forward: more are split into several batches
 
@@ -116,16 +117,18 @@ def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, m
 
 
 def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, text_mode: str = "question",
-                 need_attention: bool = False) -> list[Encoded]:
+                 need_attention: bool = False, signals: Signals | None = None) -> list[Encoded]:
     """`adapter.encode` of each (media, prompt) item, in order, `batch` items per vision-tower call where
-    the adapter batches its tower (`encode_batch`), else one by one (module docstring)."""
+    the adapter batches its tower (`encode_batch`), else one by one (module docstring). signals: what
+    more of the encoder to record (`mipruner.signals_for(methods)`)."""
     items = list(items)
+    kw = encode_kwargs(Signals.of(need_attention, signals))
     if not hasattr(adapter, "encode_batch"):
-        return [adapter.encode(m, p, text_mode=text_mode, need_attention=need_attention) for m, p in items]
+        return [adapter.encode(m, p, text_mode=text_mode, **kw) for m, p in items]
     step = max(1, int(batch))
     out: list[Encoded] = []
     for i in range(0, len(items), step):
-        out += adapter.encode_batch(items[i:i + step], text_mode=text_mode, need_attention=need_attention)
+        out += adapter.encode_batch(items[i:i + step], text_mode=text_mode, **kw)
     return out
 
 

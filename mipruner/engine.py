@@ -31,6 +31,7 @@ from typing import Callable
 
 import mipruner
 from mipruner.models.text import TEXT_MODES
+from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
@@ -174,19 +175,54 @@ class Engine:
         """Encode (media, prompt) unless this session has it cached; returns the cache key.
 
         need_attention=None: True when any of `methods` (names or Panels) needs the vision
-        encoder's attention. An encoding with attention also serves requests without it.
+        encoder's attention. An encoding with attention also serves requests without it. The encoder
+        signals `methods` ask for beyond that (other blocks, per-head attention, pre-projector features:
+        `mipruner.signals_for`) are recorded in the same pass; a method chosen later that asks for one
+        the cached encoding lacks re-encodes it in place (`_extend`).
         """
+        names = [_panel(m).name for m in methods]
         if need_attention is None:
-            need_attention = mipruner.needs_attention([_panel(m).name for m in methods])
+            need_attention = mipruner.needs_attention(names)
+        want = Signals.of(bool(need_attention), mipruner.signals_for(names))
         key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
         found = self._attach(session).find((key, key._replace(need_attention=True)), self.clock())
         if found is not None:
+            self._extend(session, self.entry(session, found), want)
             return found
         with self._model_lock:
-            enc = self.adapter.encode(media, prompt, text_mode=text_mode, need_attention=bool(need_attention))
-        session.put(key, enc, self.clock())
+            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want))
+        session.put(key, enc, self.clock()).source = (media, prompt, text_mode)
         self._account(session, key)
         return key
+
+    def _extend(self, session: Session, e: CachedEncoding, want: Signals) -> CachedEncoding:
+        """Re-encode entry `e` in place with `want` added when its encoding lacks some of what `want` asks beyond
+        the default block's attention (the app encodes with that, before the methods are chosen); its selection
+        cache is cleared (the answers stay: same tokens). When the model cannot give it (a block its encoder
+        lacks, an adapter that records no more) the entry stays as it is and that request is not retried: the
+        method then fails on its own, `select` saying what the encoding lacks (or takes its fallback)."""
+        have = recorded(e.encoded)
+        extra = Signals(want.layers - {None}, want.heads, want.features)  # the default block's attention is
+        if have.covers(extra) or e.source is None or extra in e.refused:  # the key's own `need_attention`
+            return e
+        media, prompt, text_mode = e.source
+        try:
+            with self._model_lock:
+                enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want))
+        except (TypeError, ValueError):
+            with session.lock:
+                e.refused.add(extra)
+            return e
+        with session.lock:
+            e.encoded = enc
+            e.mi_cache.clear()
+            if not recorded(enc).covers(extra):  # the adapter recorded less than asked: not asked again
+                e.refused.add(extra)
+        return e
+
+    def _ensure(self, session: Session, key: EncodingKey, methods) -> CachedEncoding:
+        """The entry for `key`, extended with the signals of `methods` (names or Panels)."""
+        return self._extend(session, self.entry(session, key), mipruner.signals_for(_panel(m).name for m in methods))
 
     def entry(self, session: Session, key: EncodingKey) -> CachedEncoding:
         """The cached encoding for `key`; StaleKeyError when it was evicted, expired or never made."""
@@ -215,7 +251,7 @@ class Engine:
     def prune(self, session: Session, key: EncodingKey, method: str, budget, **params) -> Selection:
         """`mipruner.prune` on the cached encoding, with its attention/keys/seed/MI cache passed in.
         Parameters a method does not accept are ignored (one params dict serves every method)."""
-        e = self.entry(session, key)
+        e = self._ensure(session, key, [method])
         with session.lock:
             sel = self._prune(e, method, budget, params)
         self._account(session, key)
@@ -237,22 +273,23 @@ class Engine:
         has `error` (one sentence) and no selection or images; the other views render. A built-in's
         ValueError (settings that do not fit this input) stays the request's error (`request_errors`).
         """
-        e = self.entry(session, key)
+        e = self._ensure(session, key, methods)  # every method's signals in one re-encoding (else each below)
         lay = self.layout(session, key)
         out = []
         resolve_budget(budget, e.encoded.n_visual)  # a bad budget is the request's error, not a method's
         with session.lock:
             for m in methods:
                 panel = _panel(m)
-                view, why = guarded(panel.name, lambda panel=panel: self._view_one(e, lay, panel, budget, params,
-                                                                                   heat_token),
+                view, why = guarded(panel.name, lambda panel=panel: self._view_one(session, e, lay, panel, budget,
+                                                                                   params, heat_token),
                                     request_errors(panel.name))
                 out.append(view or failed_view(panel.name, panel.title, why))
         self._account(session, key)
         return out
 
-    def _view_one(self, e: CachedEncoding, lay, panel: Panel, budget, params: dict | None,
+    def _view_one(self, session: Session, e: CachedEncoding, lay, panel: Panel, budget, params: dict | None,
                   heat_token: int | None) -> MethodView:
+        self._extend(session, e, get_pruner(panel.name).signals)
         t0 = time.perf_counter()
         sel = self._prune(e, panel.name, budget, {**(params or {}), **panel.params})
         return render_view(e.encoded, sel, lay, e.drawn, method=panel.name, label=panel.title,
@@ -272,7 +309,7 @@ class Engine:
                  params: dict | None = None, max_new_tokens: int = 64):
         """The model's answer on the kept tokens (method=None: unpruned reference), cached per
         (encoding, method, budget, the params that method accepts, max_new_tokens)."""
-        e = self.entry(session, key)
+        e = self._ensure(session, key, [] if method is None else [method])
         enc = e.encoded
         akey = answer_key(enc.n_visual, method, budget, params, max_new_tokens)
         with session.lock:
@@ -301,7 +338,7 @@ class Engine:
         (so a later `generate` or `cached_answer` of any of them returns them).
         A method whose selection or answer fails costs only its own entry: the sentence (str) of its
         failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
-        e = self.entry(session, key)
+        e = self._ensure(session, key, methods)
         enc = e.encoded
         panels = [_panel(m) for m in methods]
         wanted = [(None, {})] + [(p.name, {**(params or {}), **p.params}) for p in panels]

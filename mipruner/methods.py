@@ -19,27 +19,50 @@ from .models.base import Answer, Encoded
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
 from .pruners.lam_rule import resolve_lam
 from .pruners.selection import Selection, resolve_budget
+from .pruners.signals import Signals, encode_kwargs
 
 _LLM_CACHE = "llm"  # the in-LLM methods share one sub-cache: the same prefix serves FastV and DART at one K
 
 
+def signals_for(methods: Iterable[str]) -> Signals:
+    """The encoder signals `methods` ask for together (`Signals`: blocks, per-head attention, features):
+    `adapter.encode(media, prompt, **encode_kwargs(signals_for(methods)))` records all of them at once."""
+    out = Signals()
+    for m in methods:
+        out = out | get_pruner(m).signals
+    return out
+
+
 def needs_attention(methods: Iterable[str]) -> bool:
     """True when any of `methods` reads the vision encoder's attention (encode with it)."""
-    return any(get_pruner(m).needs_attention for m in methods)
+    return signals_for(methods).attention
+
+
+def encode_for(adapter, media, prompt: str, methods: Iterable[str] = (), *, text_mode: str = "question"):
+    """`adapter.encode` with every signal `methods` ask for (`signals_for`), in one tower pass."""
+    return adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(signals_for(methods)))
+
+
+_BLOCK_INPUTS = ("attention", "keys", "attention_heads")
 
 
 def _inputs(spec: MethodSpec, encoded: Encoded, cache: dict | None) -> dict:
-    """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes."""
+    """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes; attention, keys and
+    per-head attention of the encoder block it declares (`encoder_layer`)."""
     kw = {}
     for name in spec.inputs:
         if name == "cache":
             if cache is not None:
                 kw["cache"] = cache.setdefault(spec.name, {})
             continue
-        value = getattr(encoded, name, None)
+        if name in _BLOCK_INPUTS:
+            value = encoded.signal(name, spec.encoder_layer)
+        else:
+            value = getattr(encoded, name, None)
         if value is None and name in spec.needs:
-            raise ValueError(f"{spec.name!r} needs the vision encoder's {name}, which this encoding lacks: "
-                             "encode with need_attention=True")
+            block = "" if spec.encoder_layer is None else f" of block {spec.encoder_layer}"
+            raise ValueError(f"{spec.name!r} needs the vision encoder's {name}{block}, which this encoding lacks: "
+                             f"encode with signals=mipruner.signals_for([{spec.name!r}])")
         kw[name] = value
     return kw
 
@@ -95,4 +118,4 @@ def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max
     return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)
 
 
-__all__ = ["answer", "needs_attention", "select"]
+__all__ = ["answer", "encode_for", "needs_attention", "select", "signals_for"]

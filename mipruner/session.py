@@ -80,6 +80,8 @@ class CachedEncoding:
     answers: dict = field(default_factory=dict)  # answer key -> Answer
     drawings: dict = field(default_factory=dict)  # what `drawn` made: key -> (values, drawing)
     last_used: float = 0.0
+    source: tuple | None = field(default=None, repr=False)  # (media, prompt, text_mode): to re-encode with more signals
+    refused: set = field(default_factory=set, repr=False)  # Signals the model could not give (not asked again)
 
     def drawn(self, key, values, draw: Callable[[], Any]):
         """`draw()`, or the drawing made last under `key` when it was drawn from equal `values`.

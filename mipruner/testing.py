@@ -37,8 +37,10 @@ import torch
 from .methods import select
 from .pruners._registry import ContractError, adaptive_k, get_pruner, prune
 from .pruners.selection import Selection, selection_failures
+from .pruners.signals import Signals, encode_kwargs
 
 N_V, D, N_T = 48, 16, 5
+HEADS, D_F = 3, 24  # heads of the random per-head attention; width of the random pre-projector features
 SCORE_LABEL_CHARS = 60  # a colour bar's caption
 
 
@@ -57,12 +59,17 @@ def meta_default():
 
 def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
     """Random inputs for a pre-LLM method: visual (n, D), text (N_T, D), and the vision encoder's
-    attention / keys ([CLS] first) when it reads them."""
+    attention / keys ([CLS] first) when it reads them, per-head attention (HEADS, n+1, n+1) and
+    pre-projector features (n, D_F) when it takes them."""
     g = torch.Generator().manual_seed(seed)
     kw = dict(visual=torch.randn(n, D, generator=g), text=torch.randn(N_T, D, generator=g))
     if spec.needs_attention or {"attention", "keys"} & set(spec.needs):
         kw.update(attention=torch.softmax(torch.randn(n + 1, n + 1, generator=g) * 3, dim=-1),
                   keys=torch.randn(n + 1, 12, generator=g))
+    if "attention_heads" in spec.inputs:
+        kw["attention_heads"] = torch.softmax(torch.randn(HEADS, n + 1, n + 1, generator=g) * 3, dim=-1)
+    if "features" in spec.inputs and spec.signals.features:
+        kw["features"] = torch.randn(n, D_F, generator=g)
     return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}  # a bf16 model's outputs are all bf16
 
 
@@ -278,8 +285,9 @@ def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> lis
     return out
 
 
-def embedded_encoding(model: str = "shapes-llava", device=None):
-    """(adapter, encoding) of a red square on noise with attention, on the embedded model."""
+def embedded_encoding(model: str = "shapes-llava", device=None, signals=None):
+    """(adapter, encoding) of a red square on noise with attention (and `signals`: what a method asks for
+    more, `MethodSpec.signals`), on the embedded model."""
     from PIL import Image
 
     from .models import load
@@ -290,7 +298,8 @@ def embedded_encoding(model: str = "shapes-llava", device=None):
     arr[..., 2] = 200
     arr[..., :2] = rng.integers(0, 40, size=(112, 112, 2), dtype=np.uint8)
     arr[20:60, 30:70] = (255, 0, 0)
-    return adapter, adapter.encode(Image.fromarray(arr), "What colour is the square?", need_attention=True)
+    kw = encode_kwargs(Signals.of(True, signals))
+    return adapter, adapter.encode(Image.fromarray(arr), "What colour is the square?", **kw)
 
 
 def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "shapes-llava",
@@ -306,7 +315,10 @@ def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "
     if spec.stage != "llm":
         out += tensor_failures(name, device or "cpu")
     if encoded is None and (model is not None or spec.stage == "llm"):
-        adapter, encoded = embedded_encoding(model or "shapes-llava", device)
+        try:
+            adapter, encoded = embedded_encoding(model or "shapes-llava", device, spec.signals)
+        except ValueError as e:  # e.g. it asks for an encoder block the model does not have
+            return out + [f"the encoding it asks for (encoder_layer={spec.encoder_layer}) failed: {e}"]
     if encoded is not None:
         out += select_failures(name, adapter, encoded)
         if adapter is not None:

@@ -40,6 +40,7 @@ import torch
 import mipruner
 from mipruner import inllm
 from mipruner.pruners import get_pruner
+from mipruner.pruners.signals import encode_kwargs
 
 from .prefill import test_image
 from .timing import table
@@ -104,11 +105,11 @@ class PeakMemory:
 def make_run(adapter, image, method: str, budget, new_tokens: int, params: dict):
     """A function doing one end-to-end run of `method` at `budget`; returns (Answer, times dict)."""
     force = adapter.fixed_length_kwargs(new_tokens)
-    needs_att = method not in ("none", "none-loop") and mipruner.needs_attention([method])
+    signals = mipruner.signals_for([] if method in ("none", "none-loop") else [method])  # what it reads, one pass
 
     def run():
         t0 = time.perf_counter()
-        enc = adapter.encode(image, PROMPT, need_attention=needs_att)
+        enc = adapter.encode(image, PROMPT, **encode_kwargs(signals))
         t1 = time.perf_counter()
         if method == "none":
             ans = adapter.generate(enc, None, max_new_tokens=new_tokens, **force)

@@ -42,7 +42,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     from mipruner.batch import encode_items
 
     items = list(items)
-    need_att = mipruner.needs_attention(m for m in methods if m != "none")
+    signals = mipruner.signals_for(m for m in methods if m != "none")  # every method's, one tower pass
     records = []  # (method, budget, seed, item, prediction, recall)
     bar = progress(total=len(items), desc=f"eval {task}") if progress else None
     step = max(1, int(encode_batch))
@@ -50,7 +50,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     for n, item in enumerate(items):
         if n % step == 0:  # the next group's encodings, one tower call where the family batches it
             encs = encode_items(adapter, [(it.media, it.question) for it in items[n:n + step]], batch=step,
-                                text_mode=text_mode, need_attention=need_att)
+                                text_mode=text_mode, signals=signals)
         enc = encs[n % step]
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
         cache: dict = {}

@@ -30,6 +30,7 @@ import time
 import mipruner
 from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
+from mipruner.pruners.signals import encode_kwargs
 
 from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
 from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
@@ -48,7 +49,8 @@ class SweepRun:
         self.n_items = self.n_encodes = self.n_answers = self.total = 0
         self.cancelled = False
         self.set_info: dict = {}
-        self.need_attention = mipruner.needs_attention(sweep.methods)
+        self.signals = mipruner.signals_for(sweep.methods)  # what the methods read of the encoder, one pass
+        self.need_attention = self.signals.attention
         self.modes = sweep.values if sweep.param == "text_mode" else (sweep.text_mode,)
         self.t0 = time.perf_counter()
 
@@ -72,7 +74,7 @@ class SweepRun:
         sw, ad = self.sweep, self.adapter
         encs = {}
         for mode in self.modes:
-            encs[mode] = ad.encode(item.media, item.question, text_mode=mode, need_attention=self.need_attention)
+            encs[mode] = ad.encode(item.media, item.question, text_mode=mode, **encode_kwargs(self.signals))
             self.n_encodes += 1
         first = encs[self.modes[0]]
         cover = token_object_cover(first.geometry, item.masks) if item.masks is not None else None

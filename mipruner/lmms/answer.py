@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mipruner
 from mipruner.models.text import TEXT_MODES
 from mipruner.pruners import check_budget, did_you_mean, get_pruner, list_pruners
+from mipruner.pruners.signals import encode_kwargs
 
 NONE = "none"  # answer on every visual token (the unpruned baseline)
 
@@ -80,7 +81,12 @@ class MethodConfig:
 
     @property
     def needs_attention(self) -> bool:
-        return self.method != NONE and mipruner.needs_attention([self.method])
+        return self.signals.attention
+
+    @property
+    def signals(self):
+        """What its method reads of the vision encoder (`mipruner.signals_for`)."""
+        return mipruner.signals_for([] if self.method == NONE else [self.method])
 
     def key(self) -> str:
         """A stable string naming this configuration (for the answer cache)."""
@@ -90,7 +96,7 @@ class MethodConfig:
 
 def answer(adapter, media, prompt: str, config: MethodConfig, max_new_tokens: int):
     """Encode `media` + `prompt`, keep the visual tokens `config` selects, answer greedily (an Answer)."""
-    enc = adapter.encode(media, prompt, text_mode=config.text_mode, need_attention=config.needs_attention)
+    enc = adapter.encode(media, prompt, text_mode=config.text_mode, **encode_kwargs(config.signals))
     return answer_encoded(adapter, enc, config, max_new_tokens)
 
 

@@ -150,7 +150,7 @@ class MiPruner(lmms):
             c = MethodConfig.parse(**{k: v for k, v in args.items() if k not in _NOT_METHOD})
             # one encoding serves the configurations that would encode alike (text_mode, and whether
             # the vision tower's attention is captured), so each answer is the one of a separate run
-            if (c.text_mode, c.needs_attention) == (self.config.text_mode, self.config.needs_attention):
+            if (c.text_mode, c.signals) == (self.config.text_mode, self.config.signals):
                 out.setdefault(c.key(), c)
         return list(out.values())
 
@@ -202,7 +202,7 @@ class MiPruner(lmms):
                 group.append([context, max_new, until, visuals, keys, text, task, doc_id])
             todo_items = [g for g in group if g[5] is None]
             encs = encode_items(self.adapter, [(to_media(g[3]), g[0]) for g in todo_items], batch=step,
-                                text_mode=self.config.text_mode, need_attention=self.config.needs_attention)
+                                text_mode=self.config.text_mode, signals=self.config.signals)
             for g, enc in zip(todo_items, encs):
                 g[5] = self._answer(enc, *g[1:3], g[4], g[6], g[7])
             for g in group:

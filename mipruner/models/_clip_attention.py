@@ -1,5 +1,6 @@
 """The CLIP tower's attention for the vision-stage methods: which encoder layer the features come
-from, a forward hook (removed on exit) that captures that layer's attention probabilities and keys,
+from, a forward hook (removed on exit) that captures that layer's attention probabilities and keys
+(`record`: of every block a `Signals` request asks for, per head too, and the projector's input),
 the per-view [CLS] attention of multi-view inputs, and the projected [CLS] token."""
 from __future__ import annotations
 
@@ -41,11 +42,24 @@ def capture_attention(tower, layer_index: int):
         yield out
 
 
+def record(tower, want, feature_layer, projector):
+    """The `_signals.Record` of a CLIP/SigLIP tower: its blocks' attention and keys, the default block being
+    the one whose output is `hidden_states[feature_layer]`, and `projector`'s input as the features."""
+    from ._signals import Record
+
+    layers = encoder_layers(tower)
+    n = len(layers)
+    return Record(want, n, feature_layer_index(feature_layer, n),
+                  lambda b, heads: capture_block(layers[b].self_attn, layers[b].self_attn.k_proj, heads=heads),
+                  projector)
+
+
 @contextlib.contextmanager
-def capture_block(attn, keys_module):
+def capture_block(attn, keys_module, heads: bool = False):
     """The hooks behind `capture_attention`, for any vision attention module `attn` that returns
     (output, probabilities) and has `num_heads` / `head_dim`; `keys_module` is the submodule whose
-    output (B, N+1, H * d_head) is the keys (CLIP/SigLIP: `k_proj`; InternViT: `k_norm`)."""
+    output (B, N+1, H * d_head) is the keys (CLIP/SigLIP: `k_proj`; InternViT: `k_norm`).
+    heads: also keep the per-head maps, "heads" (B, H, N+1, N+1) float32 (only when a method asks)."""
     out: dict[str, torch.Tensor] = {}
 
     def on_attn(_module, _inputs, output):
@@ -56,6 +70,8 @@ def capture_block(attn, keys_module):
         # (B, H, N+1, N+1) -> (B, N+1, N+1), accumulated in float32 without a float32 copy of every head's
         # map (a bf16 tower's per-head maps, e.g. LLaVA-NeXT's 5 views x 16 heads x 577^2, would double)
         out["attention"] = weights.detach().mean(dim=1, dtype=torch.float32)
+        if heads:
+            out["heads"] = weights.detach().float()  # (B, H, N+1, N+1)
 
     def on_keys(_module, _inputs, output):
         b, n, _ = output.shape

@@ -21,7 +21,8 @@ pruned run equal to the unpruned one with the dropped tokens masked out of atten
 Attention: the vision tower is loaded with eager attention (the LLM keeps SDPA) through
 transformers' per-sub-config `attn_implementation` dict, so that (a) the attention probabilities of
 the feature layer can be read by a forward hook when a method asks, and (b) the visual tokens are
-the same numbers whether or not attention was requested. CLIP at 577 tokens costs a few tens of MB
+the same numbers whether or not attention was requested. Any other block a method asks for (and its
+per-head maps, and the projector's input as `features`) is recorded in the same pass (`_signals.py`). CLIP at 577 tokens costs a few tens of MB
 more in eager; pass `vision_attn="sdpa"` to trade attention capture for that memory.
 """
 from __future__ import annotations
@@ -33,6 +34,8 @@ import torch
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
 from ._decode_path import PLAIN, DecodePath, PrefillTimer, cuda_sync
+from ..pruners.signals import Signals
+from ._signals import encoded_fields
 from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
@@ -146,9 +149,10 @@ class LlavaFamilyAdapter(Adapter):
         """PIL image(s) or Video from what the user gave (MediaError when unreadable)."""
         return load_media(media, num_frames=self.default_frames)
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want: Signals) -> dict:
         """-> dict(input_ids (1, L), visual (N_V, d), geometry, frames, is_video, ref (plain-model
-        inputs), attention/keys/has_cls/extra state)."""
+        inputs), attention/keys/has_cls/extra state, and what `want` asks more: blocks/depth/block
+        (`_signals.Record.finish`), features (N_V, d_vision))."""
         raise NotImplementedError
 
     # -- encode --------------------------------------------------------------------------------
@@ -162,8 +166,10 @@ class LlavaFamilyAdapter(Adapter):
         return self.tokenizer(text, return_tensors="pt", **kw)
 
     @torch.no_grad()
-    def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False) -> Encoded:
+    def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
+               signals: Signals | None = None) -> Encoded:
         check_prompt(prompt)
+        want = Signals.of(need_attention, signals)
         check_choice("text_mode", text_mode, TEXT_MODES)
         t0 = time.perf_counter()
         media = self._media(media)
@@ -173,7 +179,7 @@ class LlavaFamilyAdapter(Adapter):
         # cheap length check before running the vision tower (text tokens alone)
         plain = self.tokenizer(templated, return_offsets_mapping=True)
         self._check_length(len(plain["input_ids"]))
-        out = self._encode_visual(media, templated, need_attention)
+        out = self._encode_visual(media, templated, want)
         source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
         if "expanded" in out:
             plain = self.tokenizer(source, return_offsets_mapping=True)
@@ -201,7 +207,7 @@ class LlavaFamilyAdapter(Adapter):
                        text_tokens=tokens, text_mask=tmask, text_mode=text_mode, frames=out["frames"],
                        is_video=out.get("is_video", False), attention=out.get("attention"),
                        keys=out.get("keys"), has_cls=out.get("has_cls", False), cls=out.get("cls"), state=state,
-                       timings={"encode_s": time.perf_counter() - t0})
+                       timings={"encode_s": time.perf_counter() - t0}, **encoded_fields(out, want))
 
     def _template(self, prompt: str, kind: str, n_media: int = 1) -> str:
         """`n_media` placeholders of `kind` before the prompt, through the chat template."""

@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 from ..pruners.selection import Selection
+from ..pruners.signals import Signals, resolve_block
 
 
 @dataclass
@@ -74,6 +75,14 @@ class Encoded:
     (the LLM's input space), one row per view the tower saw (image, LLaVA-NeXT base view and tiles),
     filled with `attention` where the [CLS] is not itself a visual token; else None (Qwen has no
     [CLS]). VisionZip feeds it to the LLM as its original does (`Selection.prefix`).
+    features: (N_V, d_vision) the tower's hidden states that the projector reads, one row per visual
+    token in LLM order, only when asked (`Signals.features`; per family: docs/plugins.md).
+    blocks: {block: {"attention", "keys"[, "attention_heads"], "block"}} per encoder block asked for
+    (`Signals.layers`, keyed by the block index asked, in [0, encoder_depth)); the same forms as
+    `attention` / `keys`, "attention_heads" (H, ...) per head, "block" the block that gave them (Qwen2.5-VL
+    moves a windowed block to a full-attention one). `signal(name, layer)` reads them.
+    signals: what this encoding recorded; encoder_depth: the vision encoder's blocks; encoder_block:
+    the default block (whose attention is `attention`), when attention was recorded.
     frames: the original images / frames (PIL), for drawing masks.
     state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
     An Encoded is treated as immutable once built (derived tensors are cached on it).
@@ -95,10 +104,26 @@ class Encoded:
     cls: torch.Tensor | None = None
     state: dict[str, Any] = field(default_factory=dict, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
+    features: torch.Tensor | None = None
+    blocks: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+    signals: Signals = field(default_factory=Signals)
+    encoder_depth: int = 0
+    encoder_block: int | None = None
 
     @property
     def n_visual(self) -> int:
         return int(self.visual.shape[0])
+
+    def signal(self, name: str, layer: int | None = None) -> torch.Tensor | None:
+        """Input `name` ("attention", "keys", "attention_heads") of encoder block `layer` (None: the default
+        block), or None when this encoding did not record it; ValueError when the block does not exist."""
+        if layer is None:
+            if name != "attention_heads":
+                return getattr(self, name)
+            block = self.encoder_block
+        else:
+            block = resolve_block(layer, self.encoder_depth) if self.encoder_depth else None
+        return self.blocks.get(block, {}).get(name)
 
     @functools.cached_property
     def scoring_text(self) -> torch.Tensor:
@@ -203,8 +228,10 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def encode(self, media: Any, prompt: str, *, text_mode: str = "question",
-               need_attention: bool = False) -> Encoded:
-        ...
+               need_attention: bool = False, signals: Signals | None = None) -> Encoded:
+        """need_attention: the default block's attention, keys and [CLS]; signals: more of the vision
+        encoder (`Signals`: other blocks, per-head attention, pre-projector features), recorded in the
+        same tower pass. Adapters written before signals may omit `signals` (`encode_kwargs`)."""
 
     @abc.abstractmethod
     def prefill_logits(self, encoded: Encoded, keep=None) -> torch.Tensor:

@@ -36,7 +36,8 @@ class DummyAdapter(Adapter):
     def from_pretrained(cls, path="dummy", device=None, dtype=None, **kwargs):
         return cls(**kwargs)
 
-    def encode(self, media, prompt, *, text_mode="question", need_attention=False) -> Encoded:
+    def encode(self, media, prompt, *, text_mode="question", need_attention=False, signals=None) -> Encoded:
+        """signals: accepted, but it has no vision encoder: it records no other block, head or feature."""
         check_prompt(prompt)
         media = load_media(media)
         frames = media.frames if isinstance(media, Video) else (media if isinstance(media, list) else [media])

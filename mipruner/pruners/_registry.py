@@ -7,7 +7,10 @@ Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
 - `stage`: where it selects. "projector": from the projected visual tokens (and the prompt);
   "vision": also from the vision encoder's attention/keys; "llm": inside the language model
   (FastV, DART, SparseVLM), from the adapter and the encoding;
-- `needs`: the inputs it reads ("text", "attention", "keys", "features", "cls", "adapter");
+- `needs`: the inputs it reads ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter");
+- `encoder_layer`: which vision-encoder block its `attention` / `keys` / `attention_heads` come from
+  (None: the adapter's default block; an int counts blocks as Python does, -1 the last); with
+  `needs` and its keywords it makes the `Signals` the encoding must record (`signals.py`);
 - `params`: its parameters, each a `Param` with default, range or choices and a one-line doc. The
   app's controls, the settings string, the eval and lmms-eval model arguments are generated from
   them, so a new method with a parameter is one file plus its tests.
@@ -38,15 +41,16 @@ import torch
 from ..registry import DuplicateNameError, Registry, did_you_mean
 from . import capture  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
+from .signals import SIGNAL_INPUTS, Signals, check_layer
 
 # name -> MethodSpec. `mipruner.plugins` adds its lazy discovery of installed plug-ins as a first-use
 # hook, so they register after the built-ins and only when needed.
 METHODS = Registry("pruner")
 
 STAGES = ("projector", "vision", "llm")
-NEEDS = ("text", "attention", "keys", "features", "cls", "adapter")
+NEEDS = ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
-INPUTS = ("attention", "keys", "features", "cls", "grid", "cache")
+INPUTS = ("attention", "keys", "attention_heads", "features", "cls", "grid", "cache")
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class MethodSpec:
     origin: str = ""  # the plug-in that registered it (`mipruner.plugins`); "" for the built-ins
     adaptive: bool = False  # chooses K per input, the budget as its cap: it may keep fewer (at least 1)
     inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
+    encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
 
     @property
     def needs_text(self) -> bool:
@@ -139,6 +144,15 @@ class MethodSpec:
     @property
     def needs_attention(self) -> bool:
         return "attention" in self.needs
+
+    @property
+    def signals(self) -> Signals:
+        """The encoder signals it asks for: those it names in `needs` or takes as keywords, of its block."""
+        asked = (set(self.needs) | set(self.inputs)) & set(SIGNAL_INPUTS)
+        att = {"attention", "keys", "attention_heads"} & asked
+        return Signals(layers=frozenset({self.encoder_layer}) if att else frozenset(),
+                       heads=frozenset({self.encoder_layer}) if "attention_heads" in asked else frozenset(),
+                       features="features" in asked)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -166,7 +180,8 @@ class MethodSpec:
 
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
-                    answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False):
+                    answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False,
+                    encoder_layer: int | None = None):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
@@ -175,6 +190,10 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
     `fn` beyond those is a declared `Param` whose default equals the signature's (checked here).
     adaptive: the method chooses K per input with the budget as its cap (it keeps between 1 and K);
     the run-time contract, the checker and every front end accept that and show the K chosen.
+    encoder_layer: the vision-encoder block whose attention / keys / per-head attention it reads
+    (None: the adapter's default block; -1: the last block; see `signals.py`). Signals are asked for
+    by naming them in `needs` or taking their keywords (`attention_heads=`: (H, N[+1], N[+1]) float32;
+    `features=`: (N_V, d_vision) pre-projector features).
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -185,6 +204,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         bad = sorted(set(needs) - set(NEEDS))
         if bad:
             raise ValueError(f"{name!r}: unknown needs {bad}; known: {NEEDS}")
+        layer = check_layer(encoder_layer)
         if stage == "llm" and answer is None:
             raise ValueError(f"{name!r}: an in-LLM method needs answer=")
         sig = inspect.signature(fn)
@@ -207,11 +227,14 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
                     if q.name == p.name and q != p:
                         raise ValueError(f"{name!r}: Param {p.name!r} differs from {other.name!r}'s; "
                                          "one name, one definition")
+        inputs = tuple(k for k in INPUTS if k in sig.parameters)
+        if layer is not None and not {"attention", "keys", "attention_heads"} & (set(needs) | set(inputs)):
+            raise ValueError(f"{name!r}: encoder_layer={layer} names the block of its attention/keys, but it reads "
+                             "neither (name them in needs= or take them as keywords)")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label,
-                                          adaptive=adaptive,
-                                          inputs=tuple(k for k in INPUTS if k in sig.parameters)))
+                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer))
         return fn
 
     return deco

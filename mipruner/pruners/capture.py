@@ -49,7 +49,7 @@ CAPTURABLE = frozenset({"mi", "mi_attention", "mi_adaptive", "cdpruner", "divpru
                         "attention", "similarity", "random"})
 MAX_GRAPHS = 16  # graphs held at once; each holds its inputs, outputs and intermediates
 MAX_TOKENS = 2048  # above this N_V a selection runs eagerly (compute-bound; a graph's pool grows as N_V^2)
-_TENSOR_INPUTS = ("visual", "text", "attention", "keys", "features", "cls")
+_TENSOR_INPUTS = ("visual", "text", "attention", "keys", "attention_heads", "features", "cls")
 
 _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_capture", default=True)
 _GRAPHS: "OrderedDict[tuple, _Graph | None]" = OrderedDict()  # None: recording failed, run eager

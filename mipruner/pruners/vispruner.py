@@ -28,9 +28,11 @@ Deliberate deviations, and why:
     r tokens, the count the released code computes.
   * r is also capped at |A|: with tiny budgets |R| - (K - I) can exceed |A| near the end, where the
     released code fails; the round then removes all of A and the next round continues.
-  * Features. The original scores redundancy on the tower's features before the projector; pass
-    them as `features` (N_V, d_f). Without them (what the model adapters give today) we use the
-    projected `visual` tokens, so the diverse stage then depends on the projector.
+  * Features. The original scores redundancy on the tower's features before the projector
+    (`image_features` of `encode_images`, projected only after the selection); so does this one:
+    it takes `features` (N_V, d_f), which asks every model adapter for the pre-projector features
+    (`Encoded.features`, docs/plugins.md). Only where none are given (`prune` on plain tensors
+    without them) it falls back to the projected `visual` tokens.
   * None on ties: they are not rare here (at N_V = 576 on random tokens two float32 redundancies
     of a round coincide exactly in ~3% of the rounds, and in 23 of 54 runs at least once), and a tie
     or a last-bit difference decides the next round's even/odd split. So the cosines come from a plain `u @ u.T` (whose entries are, on the CPU, the

@@ -8,6 +8,10 @@ Each family's tiny checkpoint comes from tests/models/tiny.py. For every medium 
                   tokens hidden from attention (anchor.py);
   every_method    every registered method selects K tokens (K = all: all of them, in order) and answers
                   on them through `mipruner.answer`;
+  encoder_signals the signals a method may ask for (`mipruner.Signals`): another block's attention equals
+                  what that block gives as the adapter's default block, per-head attention averages to
+                  the head mean, `features` are the projector's input rows (the projector maps them to the
+                  visual tokens where it reads one row a token), and asking for more changes nothing else;
   app_panels      the app's handlers, as a user runs them (image and video): every method's panels, the
                   answers, a click and the export;
   lmms_answers    the lmms-eval model answers one item of each medium, pruned by MI and by FastV;
@@ -17,6 +21,7 @@ families, from transformers' tester configs). Per-family files keep only what is
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from types import SimpleNamespace
 
@@ -88,15 +93,18 @@ def adapter(checkpoint):
     return get
 
 
+def _media(files, medium: str):
+    return {"image": scene(120, 40, square=(80, 10, 100, 30)),
+            "images": [scene(40, 20, seed=1), scene(30, 60, seed=2)], "video": files["video"]}[medium]
+
+
 @pytest.fixture(scope="module")
 def encoded(adapter, files):
     done = {}
 
     def get(family: str, medium: str):
         if (family, medium) not in done:
-            media = {"image": scene(120, 40, square=(80, 10, 100, 30)),
-                     "images": [scene(40, 20, seed=1), scene(30, 60, seed=2)], "video": files["video"]}[medium]
-            done[family, medium] = adapter(family).encode(media, PROMPT, need_attention=True)
+            done[family, medium] = adapter(family).encode(_media(files, medium), PROMPT, need_attention=True)
         return done[family, medium]
     return get
 
@@ -129,6 +137,93 @@ def test_every_method(adapter, encoded, family, name):
             assert ans.visual_tokens >= k
         else:
             assert ans.visual_tokens == k
+
+
+MORE = mipruner.Signals(layers=frozenset({0, -1}), heads=frozenset({None, 0}), features=True)
+
+
+@pytest.mark.parametrize("family,medium", MEDIUMS, ids=_ids(MEDIUMS))
+def test_encoder_signals(adapter, encoded, files, family, medium):
+    a, e = adapter(family), encoded(family, medium)
+    more = a.encode(_media(files, medium), PROMPT, need_attention=True, signals=MORE)
+    # asking for more changes nothing that was there; asking for nothing more records nothing more
+    for name in ("visual", "text", "attention", "keys", "cls"):
+        x, y = getattr(e, name), getattr(more, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+    assert e.features is None and set(e.blocks) == {e.encoder_block} and "attention_heads" not in e.blocks[e.encoder_block]
+    assert more.signals == MORE | mipruner.Signals.of(True) and more.encoder_depth == e.encoder_depth >= 2
+    depth = more.encoder_depth
+    assert set(more.blocks) == {e.encoder_block, 0, depth - 1}
+    # another block: what the adapter's own single-block path gives with that block as its default
+    for block in (0, depth - 1):
+        with _default_block(a, block):
+            ref = a.encode(_media(files, medium), PROMPT, need_attention=True)
+        assert ref.encoder_block == block
+        assert torch.equal(more.signal("attention", block), ref.attention)
+        assert torch.equal(more.signal("keys", block), ref.keys)
+        assert torch.equal(more.signal("attention", block - depth), ref.attention)  # negatives count from the end
+    # per head: (H, N[+1], N[+1]) float32 whose head mean is the head mean
+    for layer in (None, 0):
+        heads = more.signal("attention_heads", layer)
+        assert heads.dtype == torch.float32 and heads.shape[1:] == more.signal("attention", layer).shape
+        assert heads.shape[0] > 1 and heads.shape[0] == _heads(a)
+        torch.testing.assert_close(heads.mean(0), more.signal("attention", layer), atol=1e-6, rtol=1e-5)
+    # only what was asked: the last block per head only where the block giving it gives an asked one too
+    # (the default or block 0; Qwen2.5-VL: windowed blocks read the nearest full-attention block)
+    given = {more.blocks[b]["block"] for b in (e.encoder_block, 0)}
+    assert (more.signal("attention_heads", -1) is None) == (more.blocks[depth - 1]["block"] not in given)
+    if family in ("llava", "video_llava") and medium == "image":  # the tower's own output_attentions, block 0
+        tower = a.model.model.vision_tower if family == "llava" else a.model.model.image_tower
+        own = tower(e.state["ref"]["pixel_values"].to(a.device, a.dtype), output_attentions=True).attentions[0]
+        torch.testing.assert_close(more.signal("attention", 0), own[0].mean(0), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(more.signal("attention_heads", 0), own[0], atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=f"encoder block {depth} does not exist"):
+        a.encode(_media(files, medium), PROMPT, signals=mipruner.Signals(layers=frozenset({depth})))
+    _check_features(a, more)
+
+
+def _heads(a) -> int:
+    vc = a.config.vision_config
+    return int(getattr(vc, "num_attention_heads", None) or getattr(vc, "num_heads"))
+
+
+@contextlib.contextmanager
+def _default_block(a, block: int):
+    """The adapter with `block` as its default attention block (its feature layer, Qwen's attention_layer)."""
+    if a.family.startswith("qwen"):
+        a.attention_layer, old = block, a.attention_layer
+        try:
+            yield
+        finally:
+            a.attention_layer = old
+        return
+    cfg = a.config
+    old = cfg.vision_feature_layer
+    cfg.vision_feature_layer = block + 1  # hidden_states[b + 1] is block b's output
+    try:
+        yield
+    finally:
+        cfg.vision_feature_layer = old
+
+
+def _check_features(a, e):
+    """`features`: one row per visual token, the projector's input; per-token projectors map them to `visual`."""
+    f, kinds = e.features, e.geometry.kind
+    assert f is not None and f.shape[0] == e.n_visual and f.dtype == e.visual.dtype
+    newline = torch.tensor([k == "newline" for k in kinds])
+    assert float(f[newline].abs().sum()) == 0.0  # tokens the tower never saw: zeros
+    m = a.model.model
+    if a.family.startswith("qwen"):  # each row: a token's m x m patch states side by side, as the merger reads them
+        got = m.visual.merger(f.reshape(f.shape[0] * a.merge ** 2, -1))  # (N_V * m*m, D) -> (N_V, d)
+    elif a.family == "llava_onevision" and e.is_video:  # pooled after the projector: features are pooled likewise
+        pixels = e.state["ref"]["pixel_values_videos"][0].to(a.device, a.dtype)  # (F, 3, H, W)
+        hidden = m.vision_tower(pixels, output_hidden_states=True).hidden_states[a.config.vision_feature_layer]
+        hidden = hidden[:, 1:] if a.config.vision_feature_select_strategy == "default" else hidden
+        torch.testing.assert_close(f[~newline], m.apply_pooling(hidden).flatten(0, 1), atol=1e-6, rtol=1e-5)
+        return
+    else:
+        got = m.multi_modal_projector(f)
+    torch.testing.assert_close(got[~newline], e.visual[~newline], atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -265,6 +265,40 @@ def test_vision_attention(adapters, kind, media):
         assert sel.budget == round(0.25 * n)
 
 
+@pytest.mark.parametrize("kind,media", CASES)
+def test_every_block_the_methods_ask_for_is_recomputed_exactly(adapters, kind, media):
+    """Each ViT block a method may ask for (`mipruner.Signals`), captured together in one pass: its
+    recomputed per-head probabilities reproduce that block's real attention output, proj(P @ V), and the
+    per-head maps pooled to tokens average to the head-mean map the encoding holds for it."""
+    ad = adapters[kind]
+    depth = len(ad.model.model.visual.blocks)
+    enc = ad.encode(scene() if media == "image" else video(), PROMPT,
+                    signals=mipruner.Signals(heads=frozenset(range(depth))))
+    vision = enc.state["vision_inputs"]
+    for block in sorted({ad._attention_block(b) for b in range(depth)}):
+        module = ad.model.model.visual.blocks[block].attn
+        seen = {}
+        handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
+        store = {"keep_heads": True}
+        try:
+            with torch.no_grad(), ad._attention_capture(vision, store, enabled=True, blocks={block: True}):
+                if media == "video":
+                    ad.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"])
+                else:
+                    ad.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"])
+        finally:
+            handle.remove()
+        probs, values = store["probs"], store["values"].float().transpose(0, 1)  # (H, P, P), (H, P, hd)
+        out = (probs @ values).transpose(0, 1).reshape(probs.shape[1], -1)
+        with torch.no_grad():
+            torch.testing.assert_close(module.proj(out), seen["out"], atol=1e-5, rtol=1e-4)
+        for b in range(depth):  # every block asked that this block gives
+            if ad._attention_block(b) == block:
+                got = enc.blocks[b]
+                assert got["block"] == block and torch.equal(got["attention"], store["blocks"][block]["attention"])
+                torch.testing.assert_close(got["attention_heads"].mean(0), got["attention"], atol=1e-6, rtol=1e-5)
+
+
 def test_qwen2_5_video_temporal_positions(encoded, adapters):
     """second_per_grid_ts = T / sampled fps (5 of 15 frames at 6 fps -> 2 fps -> 1 s per patch);
     temporal M-RoPE ids then step by tokens_per_second * 1 s between token-frames."""

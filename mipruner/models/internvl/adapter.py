@@ -32,7 +32,6 @@ SparseVLM read the decoder through `llm_inputs` (positions 0..L-1, as the model'
 """
 from __future__ import annotations
 
-import contextlib
 import re
 
 import torch
@@ -42,6 +41,7 @@ from . import layout as L
 from .. import _llava_common as C
 from .._clip_attention import feature_layer_index
 from .._patch_layout import Layout
+from .._signals import Record
 from .._hub_files import read_chat_template, read_json
 from .._sampled_video import SampledVideo, video_pixels
 
@@ -143,19 +143,19 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
 
     # -- encode --------------------------------------------------------------------------------
 
-    def _capture(self, need_attention: bool):
-        if not need_attention:
-            return contextlib.nullcontext({})
+    def _capture(self, want):
+        """The `_signals.Record` of InternViT's blocks (keys after `k_norm`) and the projector's input."""
         tower = self.model.model.vision_tower
         n = len(tower.encoder.layer)
-        return L.capture(tower, feature_layer_index(self.config.vision_feature_layer, n))
+        return Record(want, n, feature_layer_index(self.config.vision_feature_layer, n),
+                      lambda b, heads: L.capture(tower, b, heads=heads), self.model.model.multi_modal_projector)
 
     def _expanded(self, templated: str, replacements: list[str]) -> str:
         """The prompt with each placeholder replaced by its expansion (the text the processor tokenizes)."""
         it = iter(replacements)
         return self.processor.multimodal_pattern.sub(lambda _m: next(it), templated)
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want) -> dict:
         p = self.processor
         if isinstance(media, Video):
             frames = list(media.frames)
@@ -184,7 +184,7 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
             expanded = self._expanded(templated, [p.replace_image_token({"num_patches": counts}, i)
                                                   for i in range(len(images))])
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
-        with self._capture(need_attention) as cap:
+        with self._capture(want) as rec:
             out = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
         visual = out.pooler_output.flatten(0, 1)  # (views * h*h, d)
         geometry = lay.geometry()
@@ -194,8 +194,10 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
                    is_video=isinstance(media, Video),
                    ref=dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
                             pixel_values=inputs["pixel_values"]))
-        if need_attention:
-            att, keys = L.cls_attention(lay, cap["attention"].cpu(), cap["keys"].cpu())
-            res.update(attention=att, keys=keys, has_cls=True, cls=None,
-                       state={"attention_all": cap["attention"].cpu()})
+        if want.features:  # the projector's input: each token's 4 pixel-shuffled patch states side by side
+            res["features"] = rec.features().flatten(0, 1)  # (N_V, 4 * D_v)
+        if want.attention:
+            raw = rec.cap["attention"].cpu()
+            att, keys = rec.finish(res, lambda a, k: L.cls_attention(lay, a.cpu(), k.cpu()))
+            res.update(attention=att, keys=keys, has_cls=True, cls=None, state={"attention_all": raw})
         return res

@@ -102,12 +102,13 @@ def video_views(lay: Layout, n_frames: int, owner, g: int, size_wh, frame_hw) ->
         lay.sizes.append((W, H))
 
 
-def capture(tower, layer_index: int):
+def capture(tower, layer_index: int, heads: bool = False):
     """Head-averaged attention probabilities (B, N+1, N+1) and keys (B, N+1, d_head), float32, of one
     InternViT block (`encoder.layer[i].attention`; keys after its `k_norm`), by the CLIP towers' hooks
-    (`_clip_attention.capture_block`), removed on exit. Needs the tower in eager attention."""
+    (`_clip_attention.capture_block`; heads: the per-head maps too), removed on exit. Needs the tower in
+    eager attention."""
     attn = tower.encoder.layer[layer_index].attention
-    return capture_block(attn, attn.k_norm)
+    return capture_block(attn, attn.k_norm, heads=heads)
 
 
 def cls_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor):

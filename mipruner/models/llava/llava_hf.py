@@ -17,11 +17,10 @@ Shared machinery (splicing, positions, generation, attention capture): `_llava_c
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ...media import Video, load_media
+from ...pruners.signals import Signals
 from .. import _clip_attention as A
 from .. import _llava_common as C
 from . import geometry as G
@@ -53,17 +52,17 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         """One <image> per image; a video's frames are `n_media` images (LLaVA has no video token)."""
         return super()._template(prompt, "image", n_media)
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want) -> dict:
         if isinstance(media, Video):
             images, is_video = list(media.frames), True
         else:
             images, is_video = (list(media) if isinstance(media, list) else [media]), False
         held = getattr(self, "_tower_item", None)  # this item's share of a batched tower call (`encode_batch`)
         if held is not None:
-            inputs, outputs, cap = held
+            inputs, outputs, rec = held
         else:
             inputs = self.processor(images=images, text=templated, return_tensors="pt")
-            outputs, cap = self._tower(inputs, need_attention)
+            outputs, rec = self._tower(inputs, want)
         pixels = inputs["pixel_values"]  # (F, 3, Hp, Wp)
         feats = outputs.pooler_output
         per_image = [f.shape[0] for f in feats]
@@ -76,34 +75,38 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         geometry = G.cat_geometry(parts, grids, [im.size for im in images])
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
                    is_video=is_video, ref={k: v for k, v in inputs.items()})
-        if need_attention:
-            att, keys = cap["attention"], cap["keys"]  # (F, n+1, n+1), (F, n+1, d_head), on the tower's device
-            out["cls"] = A.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
+        if want.features:  # the projector's input, (F, n, D_v): image after image, as the tokens
+            out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
+        if want.attention:
             if len(images) == 1:
-                out.update(attention=att[0], keys=keys[0], has_cls=True)
+                def to_tokens(att, keys):  # (1, n+1, n+1), (1, n+1, d_head): the tower's own matrix
+                    return att[0], keys[0]
             else:  # several images: one matrix over all tokens, each image's [CLS] row in row 0
                 view = torch.cat([torch.full((n,), f, dtype=torch.long) for f, n in enumerate(per_image)])
                 first = 0 if has_cls else 1  # the tokens' index within their image's tower sequence
                 pos = torch.cat([torch.arange(first, first + n) for n in per_image])
-                a, k = A.views_attention(att, keys, view, pos)
-                out.update(attention=a, keys=k, has_cls=True)
+
+                def to_tokens(att, keys):
+                    return A.views_attention(att, keys, view, pos)
+            att, keys = rec.finish(out, to_tokens)  # (F, n+1, n+1), (F, n+1, d_head) on the tower's device
+            out["cls"] = A.projected_cls(self.model, outputs)  # (F, d): each image's [CLS], projected
+            out.update(attention=att, keys=keys, has_cls=True)
         return out
 
 
-    def _tower(self, inputs, need_attention: bool):
+    def _tower(self, inputs, want):
         """One vision-tower call on the processor's pixels (F images): (`get_image_features` outputs,
-        the captured attention of the feature layer or None)."""
+        the `_signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         tower = self.model.model.vision_tower
-        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
-        ctx = A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()
-        with ctx as cap:
+        with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
-        return outputs, cap
+        return outputs, rec
 
     @torch.no_grad()
-    def encode_batch(self, items, *, text_mode: str = "question", need_attention: bool = False) -> list:
+    def encode_batch(self, items, *, text_mode: str = "question", need_attention: bool = False,
+                     signals=None) -> list:
         """`encode` of several (media, prompt) items with ONE vision-tower call for those that are one
         image each (the processor gives every image the same fixed-size pixels); the rest are encoded
         one by one. Each item's processor run, prompt and outputs are its own: the encodings equal the
@@ -121,16 +124,15 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 inputs.append(self.processor(images=[image], text=self._template(p, "image", 1), return_tensors="pt"))
             shapes = {tuple(x["pixel_values"].shape[1:]) for x in inputs}
             if len(shapes) == 1 and all("image_sizes" not in x for x in inputs):
-                outputs, cap = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
-                                           need_attention)
+                outputs, rec = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
+                                           Signals.of(need_attention, signals))
                 for j, (i, x) in enumerate(zip(single, inputs)):
-                    held[i] = (x, _item_outputs(outputs, j), None if cap is None else
-                               {k: v[j:j + 1] for k, v in cap.items()})
+                    held[i] = (x, _item_outputs(outputs, j), rec.item(j))
         out = []
         for i, (m, p) in enumerate(loaded):
             self._tower_item = held.get(i)
             try:
-                out.append(self.encode(m, p, text_mode=text_mode, need_attention=need_attention))
+                out.append(self.encode(m, p, text_mode=text_mode, need_attention=need_attention, signals=signals))
             finally:
                 self._tower_item = None
         return out

@@ -23,8 +23,6 @@ The raw per-view tensors are in `state["attention_all"]` (views, n+1, n+1) / `st
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -38,14 +36,13 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
     family = "llava_next"
     model_class_name = "LlavaNextForConditionalGeneration"
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want) -> dict:
         image = C.single_image(media, "LLaVA-NeXT")
         inputs = self.processor(images=image, text=templated, return_tensors="pt")
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)
         sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)
         tower = self.model.model.vision_tower
-        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
-        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             outputs = self.model.get_image_features(pixel_values=pixels, image_sizes=sizes, return_dict=True)
         feats = outputs.pooler_output
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): base, then canvas rows + newlines
@@ -54,8 +51,15 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
             raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image, image],
                    ref={k: v for k, v in inputs.items()})
-        if need_attention:
-            att, keys = self._token_attention(cap["attention"], cap["keys"], packed, pixels.shape[-1])  # on the device
+        if want.features:  # the projector's input per view, (views, n, D_v), packed as the tokens are
+            f = rec.features()
+            zero = torch.zeros(f.shape[-1], dtype=f.dtype, device=f.device)  # newline rows: zeros
+            packed_f, _ = self.model.model.pack_image_features([f], sizes, self.config.vision_feature_select_strategy,
+                                                               image_newline=zero)
+            out["features"] = packed_f[0] if isinstance(packed_f, (list, tuple)) else packed_f  # (N_V, D_v)
+        if want.attention:
+            cap = rec.cap
+            att, keys = rec.finish(out, lambda a, k: self._token_attention(a, k, packed, pixels.shape[-1]))
             out.update(attention=att, keys=keys, has_cls=True, cls=A.projected_cls(self.model, outputs),  # (views, d)
                        state={"attention_all": cap["attention"].cpu(), "keys_all": cap["keys"].cpu()})
         return out

@@ -26,8 +26,6 @@ attention pruners take; the per-frame stack (F, N+1, N+1) stays in `state["atten
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ...media import MediaError, Video
@@ -64,17 +62,16 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
         return self._tokenize(templated.replace(token, token * n))["input_ids"]  # (1, L)
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want) -> dict:
         is_video = isinstance(media, Video) or (isinstance(media, list) and len(media) > 1)
         if not is_video:
-            return self._encode_image(C.single_image(media, "Video-LLaVA"), templated, need_attention)
+            return self._encode_image(C.single_image(media, "Video-LLaVA"), templated, want)
         frames = media.frames if isinstance(media, Video) else list(media)
         if not frames:
             raise MediaError("a video with no frames")
         pixels = self._pixels(frames).unsqueeze(0)  # (1, F, 3, Hp, Wp)
         tower = self.model.model.video_tower
-        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
-        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
         n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
         visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
@@ -89,18 +86,19 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
                    pixel_values_videos=pixels.cpu())
         out = dict(input_ids=templated_video, visual=visual, geometry=geometry, frames=list(frames),
                    is_video=True, ref=ref)
-        if need_attention:
-            per_frame_att = cap["attention"].cpu()  # (F, N+1, N+1)
-            out.update(attention=torch.block_diag(*per_frame_att),  # (N_V, N_V), N_V = F * (N+1)
-                       keys=cap["keys"].cpu().reshape(n_f * per_frame, -1),  # (N_V, d_head)
-                       has_cls=False, state={"attention_per_frame": per_frame_att})
+        if want.features:  # the projector's input, (F, N+1, D_v): each frame's [CLS] and patches, as the tokens
+            out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
+        if want.attention:
+            per_frame_att = rec.cap["attention"].cpu()  # (F, N+1, N+1)
+            att, keys = rec.finish(out, lambda a, k: (torch.block_diag(*a.cpu()),  # (N_V, N_V), N_V = F * (N+1)
+                                                      k.cpu().reshape(n_f * per_frame, -1)))  # (N_V, d_head)
+            out.update(attention=att, keys=keys, has_cls=False, state={"attention_per_frame": per_frame_att})
         return out
 
-    def _encode_image(self, image, templated: str, need_attention: bool) -> dict:
+    def _encode_image(self, image, templated: str, want) -> dict:
         pixels = self._pixels([image])  # (1, 3, Hp, Wp)
         tower = self.model.model.image_tower
-        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
-        with (A.capture_attention(tower, layer) if need_attention else contextlib.nullcontext()) as cap:
+        with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
         feats = outputs.pooler_output
         visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
@@ -108,7 +106,9 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         ids = self._expand(templated, self.config.image_token_id, visual.shape[0])
         ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels.cpu())
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
-        if need_attention:
-            out.update(attention=cap["attention"][0], keys=cap["keys"][0], has_cls=True,
-                       cls=A.projected_cls(self.model, outputs))  # (1, d)
+        if want.features:  # the projector's input (1, n, D_v)
+            out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
+        if want.attention:
+            att, keys = rec.finish(out, lambda a, k: (a[0], k[0]))
+            out.update(attention=att, keys=keys, has_cls=True, cls=A.projected_cls(self.model, outputs))  # (1, d)
         return out

@@ -37,8 +37,6 @@ prior; the in-LLM methods (FastV, DART, SparseVLM) read the decoder through `llm
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ...media import MediaError, Video, sample_indices
@@ -122,21 +120,18 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
         offset = 1 if self.config.vision_feature_select_strategy == "default" else 0
         return int(vc.image_size) // patch, patch, offset
 
-    def _capture(self, need_attention: bool):
-        tower = self.model.model.vision_tower
-        if not need_attention:
-            return contextlib.nullcontext({})
-        layer = A.feature_layer_index(self.config.vision_feature_layer, len(A.encoder_layers(tower)))
-        return A.capture_attention(tower, layer)
+    def _capture(self, want):
+        return A.record(self.model.model.vision_tower, want, self.config.vision_feature_layer,
+                        self.model.model.multi_modal_projector)
 
-    def _encode_visual(self, media, templated: str, need_attention: bool) -> dict:
+    def _encode_visual(self, media, templated: str, want) -> dict:
         if isinstance(media, Video):
-            return self._encode_video(media, templated, need_attention)
+            return self._encode_video(media, templated, want)
         images = media if isinstance(media, list) else [media]
         g, patch, offset = self._grid()
         inputs = self.processor(images=[images], text=templated, return_tensors="pt")
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
-        with self._capture(need_attention) as cap:
+        with self._capture(want) as rec:
             out = self.model.model.get_image_features(
                 pixel_values=pixels, image_sizes=inputs["image_sizes"].to(self.device),
                 batch_num_images=inputs["batch_num_images"].to(self.device), return_dict=True)
@@ -150,9 +145,18 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
             for k, im in enumerate(images):
                 L.square_image(lay, k, k, im.size, g, patch)
             frames = list(images)
-        return self._finish(lay, visual, inputs["input_ids"], frames, dict(inputs), cap, need_attention, offset)
+        res = self._finish(lay, visual, inputs["input_ids"], frames, dict(inputs), rec, want, offset)
+        if want.features:  # the projector's input per view, packed as the tokens (anyres shrink: bilinear too)
+            f = rec.features()  # (views, g*g, D_v)
+            split = [f.shape[0]] if len(images) == 1 else [1] * len(images)
+            zero = torch.zeros(f.shape[-1], dtype=f.dtype, device=f.device)  # newline rows: zeros
+            packed, _ = self.model.model.pack_image_features(
+                list(torch.split(f, split)), inputs["image_sizes"].to(self.device), image_newline=zero,
+                vision_aspect_ratio=self.config.vision_aspect_ratio)
+            res["features"] = torch.cat(list(packed), dim=0) if isinstance(packed, (list, tuple)) else packed
+        return res
 
-    def _encode_video(self, video: Video, templated: str, need_attention: bool) -> dict:
+    def _encode_video(self, video: Video, templated: str, want) -> dict:
         frames = list(video.frames)
         if not frames:
             raise MediaError("a video with no frames")
@@ -163,24 +167,27 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
             raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
         expanded = templated.replace(token, self.processor.replace_video_token({"pixel_values_videos": pixels}, 0))
         ids = self._tokenize(expanded)["input_ids"]
-        with self._capture(need_attention) as cap:
+        with self._capture(want) as rec:
             out = self.model.model.get_video_features(pixel_values_videos=pixels.to(self.device, self.dtype),
                                                       return_dict=True)
         visual = out.pooler_output.flatten(0, 1)  # (F * ceil(g/2)^2 + 1, d)
         lay = Layout(len(frames), g * g)
         L.video_frames(lay, len(frames), frames[0].size, g, patch)
         ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=pixels)
-        res = self._finish(lay, visual, ids, frames, ref, cap, need_attention, offset)
+        res = self._finish(lay, visual, ids, frames, ref, rec, want, offset)
         res["is_video"] = True
+        if want.features:  # the projector's input (F, g*g, D_v), pooled 2x bilinearly as the tokens, newline 0
+            f = self.model.model.apply_pooling(rec.features()).flatten(0, 1)  # (F * ceil(g/2)^2, D_v)
+            res["features"] = torch.cat([f, f.new_zeros(1, f.shape[-1])])  # (N_V, D_v)
         return res
 
-    def _finish(self, lay, visual, ids, frames, ref, cap, need_attention, offset) -> dict:
+    def _finish(self, lay, visual, ids, frames, ref, rec, want, offset) -> dict:
         geometry = lay.geometry()
         if len(geometry) != visual.shape[0]:
             raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=frames, ref=ref)
-        if need_attention:
-            att, keys = token_attention(lay, cap["attention"].cpu(), cap["keys"].cpu(), offset)
-            out.update(attention=att, keys=keys, has_cls=False, cls=None,
-                       state={"attention_all": cap["attention"].cpu()})
+        if want.attention:
+            raw = rec.cap["attention"].cpu()
+            att, keys = rec.finish(out, lambda a, k: token_attention(lay, a.cpu(), k.cpu(), offset))
+            out.update(attention=att, keys=keys, has_cls=False, cls=None, state={"attention_all": raw})
         return out

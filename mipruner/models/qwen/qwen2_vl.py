@@ -34,6 +34,7 @@ from .._decode_path import PLAIN, DecodePath
 from .attention import merge_attention
 from .video import read_json, smart_resize
 from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from ...pruners.signals import Signals
 from ..text import text_mask
 
 
@@ -125,8 +126,10 @@ class Qwen2VLAdapter(Adapter):
         return int(self.config.text_config.max_position_embeddings)
 
     @torch.no_grad()
-    def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False) -> Encoded:
+    def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
+               signals: Signals | None = None) -> Encoded:
         check_prompt(prompt)
+        want = Signals.of(need_attention, signals)
         t0 = time.perf_counter()
         frames, is_video, indices, fps, total = self._read_media(media)
         kind = "video" if is_video else "image"
@@ -159,10 +162,9 @@ class Qwen2VLAdapter(Adapter):
             ids.to(device), mm_token_type_ids=mm_types.to(device),
             image_grid_thw=vision.get("image_grid_thw"), video_grid_thw=vision.get("video_grid_thw"),
             **{k: v.to(device) for k, v in rope_kwargs.items()})  # (3, 1, L), (1, 1)
-
         t1 = time.perf_counter()
         store: dict = {}
-        with self._attention_capture(vision, store, enabled=need_attention):
+        with QA.record(self, vision, store, want):
             if is_video:
                 feats = self.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"],
                                                       return_dict=True)
@@ -191,15 +193,13 @@ class Qwen2VLAdapter(Adapter):
             state["frame_groups"] = [[min(i + j, len(frames) - 1) for j in range(self.temporal)]
                                      for i in range(0, len(frames), self.temporal)]
         self._extra_state(feats, state)
-        attention = keys = None
-        if need_attention:
-            attention, keys = store["attention"], store["keys"]
         return Encoded(
             model=self.name, prompt=prompt, visual=visual.detach(), geometry=geometry, text=text_emb.detach(),
             text_tokens=tokens, text_mask=text_mask(tokens, offsets, text, prompt, text_mode),
-            text_mode=text_mode, frames=shown, is_video=is_video, attention=attention, keys=keys,
-            has_cls=False, state=state,
-            timings={"preprocess_s": t1 - t0, "vision_s": t2 - t1, "encode_s": time.perf_counter() - t0})
+            text_mode=text_mode, frames=shown, is_video=is_video, attention=store.get("attention"),
+            keys=store.get("keys"), has_cls=False, state=state,
+            timings={"preprocess_s": t1 - t0, "vision_s": t2 - t1, "encode_s": time.perf_counter() - t0},
+            **QA.signal_fields(self, want, store, grid))
 
     def _extra_state(self, feats, state: dict) -> None:
         """Family-specific outputs of the feature method to keep (Qwen3-VL: deepstack)."""
@@ -223,17 +223,17 @@ class Qwen2VLAdapter(Adapter):
         return geometry, shown
 
     # ------------------------------------------------------------------ vision attention
-    def _attention_block(self) -> int:
+    def _attention_block(self, target: int | None = None) -> int:  # the block giving `target`'s attention
         depth = len(self.model.model.visual.blocks)
-        return self.attention_layer % depth
+        return self.attention_layer % depth if target is None else target
 
     def _attention_order(self, grid: torch.Tensor):
         """Token order inside the ViT blocks relative to the LLM order (None = the same)."""
         return None
 
-    def _attention_capture(self, vision: dict, store: dict, enabled: bool):
-        """A context that captures one ViT block's attention (see `attention.capture`)."""
-        return QA.capture(self, vision, store, enabled)
+    def _attention_capture(self, vision: dict, store: dict, enabled: bool, blocks: dict | None = None):
+        """A context that captures ViT blocks' attention (see `attention.capture`)."""
+        return QA.capture(self, vision, store, enabled, blocks)
 
     # ------------------------------------------------------------------ LLM
     def _llm_inputs(self, encoded: Encoded, keep) -> dict:
@@ -357,9 +357,9 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
 
     family = "qwen2_5_vl"
 
-    def _attention_block(self) -> int:
+    def _attention_block(self, target: int | None = None) -> int:
         """The target moved to the nearest full-attention block at or before it that the tower has (none: its windows)."""
-        target, depth = super()._attention_block(), len(self.model.model.visual.blocks)
+        target, depth = super()._attention_block(target), len(self.model.model.visual.blocks)
         full = sorted(b for b in self.config.vision_config.fullatt_block_indexes if b < depth)
         before = [b for b in full if b <= target]
         return before[-1] if before else (full[0] if full else target)
