@@ -99,12 +99,12 @@ def make_plain_run(adapter, image, new_tokens: int, batch: int = 1):
 def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params: dict, batch: int):
     """B items: encode them (one tower call where the family batches it), select each, answer all as one
     batch (`answer_items`)."""
-    needs_att = method != "none" and mipruner.needs_attention([method])
+    asked = mipruner.signals_for([] if method == "none" else [method])  # what the method reads
     gen = adapter.fixed_length_kwargs(new_tokens)
 
     def run():
         t0 = time.perf_counter()
-        encs = encode_items(adapter, [(image, PROMPT)] * batch, batch=batch, need_attention=needs_att)
+        encs = encode_items(adapter, [(image, PROMPT)] * batch, batch=batch, signals=asked)
         t1 = time.perf_counter()
         sels = [None if method == "none" else
                 mipruner.select(adapter, e, method, budget, cache={}, strict=False, **params) for e in encs]
@@ -175,9 +175,9 @@ def view_runs(adapter, image, budget: int, new_tokens: int):
     unpruned answer, `mipruner.answer_cache`, so a slider move answers the pruned rows only)."""
     from mipruner.batch import answer_batch
 
-    enc = adapter.encode(image, PROMPT, need_attention=True)
-    force = adapter.fixed_length_kwargs(new_tokens)
     methods = [m for m in VIEW if m in list_pruners()]
+    enc = mipruner.encode_for(adapter, image, PROMPT, methods)  # with what the view's methods read
+    force = adapter.fixed_length_kwargs(new_tokens)
 
     def one():
         t0 = time.perf_counter()

@@ -45,7 +45,7 @@ GROUP = {"latency": "latency", "throughput": "batch", "view": "view"}  # an eage
 
 
 def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]:
-    enc = adapter.encode(image, PROMPT, need_attention=True)
+    enc = mipruner.encode_for(adapter, image, PROMPT, list_pruners())  # with every signal a method reads
     out = []
     for m in list_pruners():
         mipruner.select(adapter, enc, m, budget, cache={}, strict=False)  # warm-up

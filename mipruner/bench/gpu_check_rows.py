@@ -172,7 +172,7 @@ def check_media(adapter, family: str, kind: str, media, prompt: str, methods: li
     try:
         with torch.inference_mode(), LogitWatch(adapter) as watch:
             t0 = clock.now()
-            enc = adapter.encode(media, prompt, need_attention=True)
+            enc = mipruner.encode_for(adapter, media, prompt, methods)  # with every signal the methods read
             t1 = clock.now()
             ref = adapter.generate(enc, None, max_new_tokens=new_tokens)
             t2 = clock.now()

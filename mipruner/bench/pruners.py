@@ -43,12 +43,22 @@ def variants(methods: list[str]) -> list[tuple[str, str, dict]]:
     return out
 
 
-def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, device="cpu", dtype=torch.float32) -> dict:
+HEADS, D_VISION = 16, 1024  # the synthetic per-head attention's heads and features' width (CLIP-L's)
+
+
+def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, device="cpu", dtype=torch.float32,
+                heads: bool = False, features: bool = False) -> dict:
+    """Random inputs of the shapes an encoding gives (docs/plugins.md): visual, text, and when asked the
+    attention / keys ([CLS] first), per-head attention and pre-projector features."""
     g = torch.Generator().manual_seed(seed)
     kw = {"visual": torch.randn(n, d, generator=g), "text": torch.randn(n_t, d, generator=g)}
-    if need_attention:
-        att = torch.randn(n + 1, n + 1, generator=g).softmax(dim=-1)  # (N+1, N+1), [CLS] first
-        kw.update(attention=att, keys=torch.randn(n + 1, 64, generator=g))
+    if need_attention or heads:
+        per_head = torch.randn(HEADS, n + 1, n + 1, generator=g).softmax(dim=-1)  # (H, N+1, N+1), [CLS] first
+        kw.update(attention=per_head.mean(0), keys=torch.randn(n + 1, 64, generator=g))
+        if heads:
+            kw["attention_heads"] = per_head
+    if features:
+        kw["features"] = torch.randn(n, D_VISION, generator=g)
     return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
 
 
@@ -93,8 +103,9 @@ def run(sizes, dim, n_text, budgets, methods, repeats, seed=0, device="cpu", dty
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     results = []
     for n in sizes:
-        needs_att = any(get_pruner(m).needs_attention for m in methods)
-        data = make_inputs(n, dim, n_text, seed, needs_att, device, dtype)
+        asked = mipruner.signals_for(methods)  # what the methods read, as an encoding would give it
+        data = make_inputs(n, dim, n_text, seed, asked.attention, device, dtype, heads=bool(asked.heads),
+                           features=asked.features)
         for b in budgets:
             k = resolve_budget(b, n)
             ms = time_round_robin(_calls(data, k, methods), repeats, sync, CLOCKS[clock])
