@@ -236,6 +236,11 @@ class Qwen2VLAdapter(Adapter):
         return QA.capture(self, vision, store, enabled)
 
     # ------------------------------------------------------------------ LLM
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (the compiled path's choice: `_packed.compiled`)."""
+        return self.model.device
+
     def _llm_inputs(self, encoded: Encoded, keep) -> dict:
         """Model kwargs for one prefill over the kept visual tokens (all when keep is None)."""
         st = encoded.state
