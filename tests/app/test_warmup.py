@@ -134,3 +134,49 @@ def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
     warm.start()
     assert warm.wait(600) and warm.state == "ready", warm.message
     assert hub.get(None)[0].adapter.decode_path == COMPILED and counter.frame_count > 0
+
+
+def test_the_page_says_warming_then_ready(hub, counter):
+    """In a browser: the status line under the model says the compiled path is warming while the warm-up
+    waits for the model (the test holds the model's lock), then, without a reload, that it is warm; the
+    API lists the same endpoints as without a warm-up."""
+    import os
+
+    from components.ui import build_demo, launch_kwargs
+
+    from .conftest import free_port
+    from .test_browser import CHROMIUM, _browser_missing
+
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    from playwright.sync_api import expect, sync_playwright
+
+    engine = hub.get(None)[0]
+    warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], DEFAULT_METHODS, BUDGET, NEW)
+    demo = build_demo(AppLogic(hub, max_new_tokens=NEW, warm=warm))
+    port = free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                        **launch_kwargs())
+    try:
+        from gradio_client import Client
+
+        eps = Client(f"http://127.0.0.1:{port}/", verbose=False).view_api(return_format="dict", print_info=False)
+        assert set(eps["named_endpoints"]) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings",
+                                               "/sweep", "/sweep_strip"}  # the status line's timer is private
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            with engine.model_lock:  # the warm-up cannot encode until the page has shown it warming
+                warm.start()
+                page.goto(f"http://127.0.0.1:{port}/")
+                expect(page.locator("#warm-status")).to_contain_text("Warming up the compiled path")
+            expect(page.locator("#warm-status")).to_contain_text("The compiled path is warm", timeout=300_000)
+            browser.close()
+    finally:
+        demo.close()
+    assert warm.wait(60) and warm.state == "ready"
