@@ -4,8 +4,9 @@ first views have compiled.
 
 A compiled prefill or decoding step is specialised to its shapes (the packed length's bucket and the
 batch size; the step also to its static cache's size), and compiling one takes tens of seconds on a GPU.
-So at start-up, before a visitor asks, `WarmUp.run` encodes the first example of the gallery with its
-prompt and answers, on the compiled path, the batches the first views ask for:
+So at start-up, before a visitor asks, `WarmUp.run` has the engine (`Engine.warm_up`) encode the
+gallery's first example with its prompt and answer, on the compiled path, the batches the first
+views ask for:
 
   1. the default view: the unpruned answer and the default methods' at the default budget, one batch;
   2. a slider move: the default methods alone (the unpruned answer is cached by then);
@@ -17,8 +18,8 @@ Until it is done the adapter stays on the plain path, so requests arriving meanw
 (they wait only while one batch of the warm-up holds the model: `Engine.model_lock`); then the
 decode path is switched under the model lock. Each step is published (`message`, read by the page's
 status line and the encode status), and a failure leaves the plain path with one sentence: the app
-never stops for it. Other shapes (another budget's bucket, another prompt length, a model loaded
-later) compile on their first request; models loaded after start-up answer on the plain path.
+never stops for it. Other shapes (another budget's bucket, another prompt length) compile on their
+first request; models loaded after start-up answer on the plain path.
 """
 from __future__ import annotations
 
@@ -26,11 +27,9 @@ import threading
 import time
 from typing import Callable
 
-from mipruner.models._decode_path import PLAIN, DecodePath
-
 from .messages import plain
 
-COMPILED = DecodePath(bucket=64, static_cache=True, compile=True)
+COMPILED = dict(bucket=64, static_cache=True, compile=True)  # `use_decode_path`'s arguments
 MODES = ("auto", "on", "off")
 
 
@@ -56,10 +55,10 @@ class WarmUp:
     first example); methods, budget, max_new_tokens: the default view's settings."""
 
     def __init__(self, engine, media, prompt: str, methods, budget, max_new_tokens: int, *,
-                 path: DecodePath = COMPILED, on_change: Callable[[str], None] | None = None):
+                 path: dict | None = None, on_change: Callable[[str], None] | None = None):
         self.engine, self.media, self.prompt = engine, media, prompt
         self.methods, self.budget, self.max_new_tokens = tuple(methods), budget, int(max_new_tokens)
-        self.path, self.on_change = path, on_change
+        self.path, self.on_change = dict(COMPILED if path is None else path), on_change
         self.state, self.done, self.total, self.step, self.why, self.seconds = "waiting", 0, 0, "", "", 0.0
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -92,48 +91,21 @@ class WarmUp:
         if self.on_change is not None:
             self.on_change(self.message)
 
-    def batches(self, encoded) -> list[tuple[str, list]]:
-        """(what, rows) of each answer batch to warm: the default view, a slider move, one unpruned answer.
-        In-LLM methods answer through their own layer loop, never on this path: they are left out."""
-        import mipruner
-        from mipruner.pruners import get_pruner
-
-        a = self.engine.adapter
-        sels = [mipruner.select(a, encoded, m, self.budget, strict=False) for m in self.methods
-                if get_pruner(m).stage != "llm"]
-        rows = [[None, *sels], sels, [None]]
-        what = [f"the default view's {len(sels) + 1} answers", f"a slider move's {len(sels)} answers",
-                "one unpruned answer"]
-        return [(w, [(encoded, s) for s in r]) for w, r in zip(what, rows) if r]
-
     def run(self) -> bool:
-        """Warm up now (in this thread); True when the compiled path is on. Never raises."""
+        """Warm up now (in this thread: `Engine.warm_up`); True when the compiled path is on. Never raises."""
         t0 = time.perf_counter()
-        a = None
         try:
             self._set(state="waiting")
             if self.media is None:
                 raise ValueError("no example image to warm up on")
-            a = self.engine.adapter
-            with self.engine.model_lock:
-                enc = a.encode(self.media, self.prompt, need_attention=True)
-            batches = self.batches(enc)
-            self._set(state="warming", total=len(batches), done=0, step=batches[0][0])
-            for i, (what, rows) in enumerate(batches):
-                if i:
-                    self._set(done=i, step=what)
-                with self.engine.model_lock:
-                    a.generate_batch(rows, max_new_tokens=self.max_new_tokens, path=self.path)
-            with self.engine.model_lock:
-                a.decode_path = self.path
-            self._set(state="ready", done=len(batches), seconds=time.perf_counter() - t0)
+            n = self.engine.warm_up(self.media, self.prompt, self.methods, self.budget, self.max_new_tokens,
+                                    on_batch=lambda i, n, what: self._set(state="warming", done=i, total=n, step=what),
+                                    **self.path)
+            self._set(state="ready", done=n, total=n, seconds=time.perf_counter() - t0)
             return True
         except Exception as e:  # noqa: BLE001 - a failed warm-up leaves the plain path, the app stays up
-            if a is not None:
-                with self.engine.model_lock:
-                    a.decode_path = PLAIN
-            self._set(state="failed", why=plain(str(e).strip().splitlines()[0] if str(e).strip()
-                                                else type(e).__name__)[:300].rstrip(". "))
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self._set(state="failed", why=plain(why)[:300].rstrip(". "))
             return False
 
     def start(self) -> threading.Thread:

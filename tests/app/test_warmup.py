@@ -11,12 +11,13 @@ import torch
 from components.controls import DEFAULT_SHARE
 from components.examples import load_examples
 from components.hub import ModelHub
-from components.logic import AppLogic, UIState
+from components.logic import AppLogic
 from components.settings import DEFAULT_METHODS, Settings
+import mipruner
 from components.warmup import COMPILED, WarmUp, compile_choice
 from mipruner.models import _packed as P
 from mipruner.models._batch_llava import packed_inputs
-from mipruner.models._decode_path import PLAIN
+from mipruner.models._decode_path import PLAIN, DecodePath
 from tests.models.batch_check import compare, one_by_one
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
@@ -67,16 +68,16 @@ def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
     state, status = encode(logic)
     assert "Warming up the compiled path" in status and "plain path" in status  # before the warm-up ends
     enc = engine.encoded(state.session, state.key)
-    batches = warm.batches(enc)
-    assert [len(rows) for _, rows in batches] == [len(DEFAULT_METHODS) + 1, len(DEFAULT_METHODS), 1]
-    refs = [one_by_one(a, enc, [s for _, s in rows], NEW) for _, rows in batches]  # the plain path's answers
+    sels = [mipruner.select(a, enc, m, BUDGET, strict=False) for m in DEFAULT_METHODS]
+    batches = [[None, *sels], sels, [None]]  # what the warm-up answers: the default view, a slider move, one
+    refs = [one_by_one(a, enc, rows, NEW) for rows in batches]  # the plain path's answers
     assert a.decode_path == PLAIN and counter.frame_count == 0
 
     assert warm.run()
     assert seen[0].startswith("Warming up the compiled path")
     assert [m for m in seen if "answer shapes:" in m][-1].startswith("Warming up the compiled path (3 of 3")
     assert seen[-1].startswith("The compiled path is warm (3 answer shapes") and warm.message == seen[-1]
-    assert a.decode_path == COMPILED and warm.note() == ""
+    assert a.decode_path == DecodePath(**COMPILED) and warm.note() == ""
     assert counter.frame_count == 2 * len(batches)  # per batch: one prefill graph, one step graph
     compiled = counter.frame_count
 
@@ -87,10 +88,10 @@ def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
     got = logic.generate(state, settings, NEW)
     view = [engine.cached_answer(state.session, state.key, m, BUDGET, settings.params, NEW)
             for m in (None, *DEFAULT_METHODS)]
-    k = batches[1][1][0][1].keep.numel()
-    bucket = packed_inputs(a, batches[1][1], bucket=COMPILED.bucket)["plan"].total
+    k, bucket = sels[0].keep.numel(), COMPILED["bucket"]
+    total = packed_inputs(a, [(enc, s) for s in sels], bucket=bucket)["plan"].total
     move = next(b for b in (k + 1, k - 1, k + 2, k - 2) if packed_inputs(
-        a, [(enc, torch.arange(b))] * len(DEFAULT_METHODS), bucket=COMPILED.bucket)["plan"].total == bucket)
+        a, [(enc, torch.arange(b))] * len(DEFAULT_METHODS), bucket=bucket)["plan"].total == total)
     logic.generate(state, Settings(methods=DEFAULT_METHODS, budget=move), NEW)
     fresh, _ = encode(logic)  # another visitor: the unpruned answer alone
     one = engine.generate(fresh.session, fresh.key, None, max_new_tokens=NEW)
@@ -133,7 +134,7 @@ def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
     assert any(getattr(b, "elem_id", None) == "warm-status" for b in demo.blocks.values())
     warm.start()
     assert warm.wait(600) and warm.state == "ready", warm.message
-    assert hub.get(None)[0].adapter.decode_path == COMPILED and counter.frame_count > 0
+    assert hub.get(None)[0].adapter.decode_path == DecodePath(**COMPILED) and counter.frame_count > 0
 
 
 def test_the_page_says_warming_then_ready(hub, counter):
