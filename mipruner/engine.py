@@ -13,7 +13,8 @@ together, least recently used first: memory stays bounded however many sessions 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
 of each method (drawn by `render.py`), `generate(key, method, ...)` for answers (kept under
 `answer_cache.answer_key`), and `method_specs()` / `parameters()` / `TEXT_MODES` for what to offer
-(the registry's `MethodSpec`s), so `components/` imports no pruner, model or in-LLM module.
+(the registry's `MethodSpec`s), so `components/` imports no pruner, model or in-LLM module;
+`warm_up` compiles the decoding path for the first views' shapes at start-up (model-level, no session).
 
 Budgets, method names and parameters come validated from the edges (the app's settings, the
 Python API's `mipruner.select`); the engine passes them on and does not check them again, except
