@@ -2,9 +2,11 @@
 bucketed packed length S as its only varying size, so one graph serves every kept count of a bucket.
 
 The plain path's packed prefill (`batch.py`) passes the kept visual rows as `mm_encoder_outputs`:
-their count changes with the kept count, and the model's placeholder scatter and Qwen3-VL's deepstack
-addition (`hidden_states[visual_pos_masks]`, a boolean index: an output size known only from the
-data, which `torch.compile(fullgraph=True)` cannot capture) run inside the forward. Here the same
+their count changes with the kept count (a new graph per kept count), and the forward breaks its
+graph where it checks them (`torch._dynamo.explain` of the model's forward on a packed batch, torch
+2.13, transformers 5.23: Qwen2-VL 4 breaks, at `Tensor.item()` in `get_placeholder_mask`'s
+`torch_compilable_check`; Qwen3-VL 10, those and `aten.nonzero` of the deepstack addition's boolean
+index `hidden_states[visual_pos_masks]`, whose output size depends on the data). Here the same
 operations run before it, on the packed sequence, with the model's own modules:
 
   * `inputs_embeds`: `embed_tokens(input_ids)` with the visual rows written at the placeholders by
