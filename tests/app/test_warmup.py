@@ -118,12 +118,17 @@ def test_a_failed_warm_up_leaves_the_plain_path(hub, counter):
 
 def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
     """app.py with --compile on (CPU: the CompileCounter backend): the page has the warm-up's status line,
-    the warm-up runs in the background and ends ready; --compile auto on a CPU and off build none."""
+    the warm-up runs in the background and ends ready; --compile auto on a CPU, off, and on on a ZeroGPU
+    Space build none."""
     import app
+    import components.spaces_gpu as zero
 
     args = app.parse_args(["--model", "shapes-llava", "--device", "cpu", "--compile", "on", "--max-new-tokens", "4"])
     hub = ModelHub("shapes-llava", device="cpu")
     hub.load_default()
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: True)  # (tests/app/test_zerogpu.py leaves a stand-in `spaces`)
+    assert app.warm_up(args, hub) is None
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: False)
     for mode in ("auto", "off"):
         assert app.warm_up(app.parse_args(["--model", "shapes-llava", "--compile", mode]), hub) is None
     warm = app.warm_up(args, hub)
