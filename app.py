@@ -2,7 +2,7 @@
 
     python app.py [--model ID|PATH] [--device cpu|cuda] [--dtype bf16|fp16|fp32] [--host H] [--port P] [--share]
                   [--allow-models IDS] [--max-model-gb GB] [--model-dirs DIRS] [--cache-mb MB] [--files-mb MB]
-                  [--plugins MODULES]
+                  [--plugins MODULES] [--compile auto|on|off]
 
 Without --model (or MIPRUNER_MODEL) the app starts locally on the embedded model `shapes-llava`
 (assets/), so it works offline; on a Hugging Face Space (SPACE_ID set) on a small real model chosen for
@@ -16,6 +16,9 @@ hub's metadata before downloading) and local folders outside --model-dirs are re
 Methods from outside the package (installed plug-ins, MIPRUNER_PLUGINS, --plugins) are imported
 once, at start-up, before the page is built; then loading ends (`mipruner.plugins.freeze`), so no
 request can import code, hosted or not. A plug-in left out is named on the page's status lines.
+With --compile (auto: on CUDA outside a ZeroGPU Space) the start-up model answers on the compiled
+decoding path once a warm-up has compiled the shapes of the first views (components/warmup.py); the
+page's status line says so while it warms, and answers run on the plain path meanwhile.
 """
 from __future__ import annotations
 
@@ -69,7 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-sessions", type=int, default=int(os.environ.get("MIPRUNER_MAX_SESSIONS", 1000)),
                    help="browser sessions whose state the server keeps, least recently used dropped (default 1000; "
                         "env MIPRUNER_MAX_SESSIONS)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default=os.environ.get("MIPRUNER_COMPILE", "auto"),
+                   help="answer on the compiled decoding path after a warm-up at start-up: auto (default: on CUDA "
+                        "outside a ZeroGPU Space), on or off (env MIPRUNER_COMPILE)")
     args = p.parse_args(argv)
+    if args.compile not in ("auto", "on", "off"):  # from MIPRUNER_COMPILE
+        p.error(f"MIPRUNER_COMPILE must be auto, on or off, got {args.compile!r}")
     if args.dtype is not None and args.dtype not in DTYPES:  # from MIPRUNER_DTYPE (argparse checks only flags)
         p.error(f"MIPRUNER_DTYPE must be one of {', '.join(sorted(DTYPES))}, got {args.dtype!r}")
     args.model_role = ""  # e.g. "this Space's default on a CPU": named by the status line if it cannot be loaded
@@ -121,9 +129,38 @@ def build(args: argparse.Namespace):
     hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
     files = FileBudget([get_upload_folder()], args.files_mb << 20)
+    warm = warm_up(args, hub)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
-                     notes=notes)
-    return build_demo(logic, auto_answers=hub.default == hub.fallback)
+                     notes=notes, warm=warm)
+    demo = build_demo(logic, auto_answers=hub.default == hub.fallback)
+    if warm is not None:
+        warm.start()
+    return demo
+
+
+def warm_up(args: argparse.Namespace, hub):
+    """The start-up model's warm-up of the compiled decoding path (components/warmup.py), not started;
+    None when the app answers on the plain path (--compile, the device, a ZeroGPU Space)."""
+    from components.controls import DEFAULT_SHARE
+    from components.examples import load_examples
+    from components.settings import DEFAULT_METHODS
+    from components.spaces_gpu import on_zero_gpu
+    from components.warmup import WarmUp, compile_choice
+
+    engine = hub.get(None)[0]
+    model = getattr(engine.adapter, "model", None)
+    device = getattr(model, "device", None)
+    on, refused = compile_choice(args.compile, getattr(device, "type", "cpu"), on_zero_gpu())
+    if on and not hasattr(engine.adapter, "generate_batch"):
+        on, refused = False, "This model has no batched decoder, so answers run on the plain path."
+    if refused:
+        print(refused, flush=True)
+    if not on:
+        return None
+    example = next((e for e in load_examples() if e["kind"] == "image"), None)
+    media, prompt = (example["path"], example["prompt"]) if example else (None, "")
+    return WarmUp(engine, media, prompt, DEFAULT_METHODS, DEFAULT_SHARE / 100, args.max_new_tokens,
+                  on_change=lambda message: print(message, flush=True))
 
 
 def hardware_note(hub) -> str:

@@ -128,9 +128,10 @@ class AppLogic:
     """The handlers; one instance per app, shared by all sessions (it holds no user state)."""
 
     def __init__(self, hub: ModelHub, *, max_new_tokens: int = 32, gpu=None, files: FileBudget | None = None,
-                 export_root: str | None = None, notes: str = ""):
+                 export_root: str | None = None, notes: str = "", warm=None):
         self.hub = hub
         self.notes = notes  # start-up problems every encode's status line repeats (plug-ins left out)
+        self.warm = warm  # the compiled path's warm-up (components.warmup.WarmUp; model-level), or None
         self.max_new_tokens = max_new_tokens
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
@@ -212,7 +213,8 @@ class AppLogic:
         if removed:
             status += f" {removed} control character{'s' * (removed != 1)} removed from the prompt."
         warning = unknown_words_warning(engine.model_name, engine.prompt_words(prompt.strip()))
-        return state, " ".join(p for p in (note, status, warning, self.notes) if p)
+        warm = self.warm.note() if self.warm is not None and engine is self.warm.engine else ""  # warming, or failed
+        return state, " ".join(p for p in (note, status, warning, self.notes, warm) if p)
 
     # -- view ------------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         with gr.Row(equal_height=False, elem_id="layout"):  # placed by LAYOUT_CSS
             with gr.Column(scale=1, elem_id="inputs-col"):
                 inp = build_inputs(logic.hub)
+                warm_status(demo, logic.warm)
             with gr.Column(scale=1, elem_id="controls-col"):
                 ctl = C.build_controls()
                 act = C.build_actions(logic.max_new_tokens, auto_answers)
@@ -49,6 +50,19 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
         wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
         build_sweep(logic, state, inp, ctl)
     return demo
+
+
+def warm_status(demo: gr.Blocks, warm) -> None:
+    """The compiled path's warm-up on the page (components.warmup): a status line read at each page load
+    and every second while it warms (a timer, stopped once it is done; both events private: not in the
+    API); nothing when it is off."""
+    if warm is None:
+        return
+    line = gr.Markdown(warm.message, elem_id="warm-status")
+    timer = gr.Timer(1.0, active=warm.warming)
+    now = dict(queue=False, show_progress="hidden", api_visibility="private")
+    demo.load(lambda: (warm.message, gr.Timer(active=warm.warming)), None, [line, timer], **now)
+    timer.tick(lambda: (warm.message, gr.Timer(active=warm.warming)), None, [line, timer], **now)
 
 
 # Wide screens: inputs | controls side by side, the results under both. Phones (one column): inputs,
@@ -71,4 +85,4 @@ def launch_kwargs(max_file_size: str = "50mb") -> dict:
     return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")], "css": LAYOUT_CSS}
 
 
-__all__ = ["LAYOUT_CSS", "build_demo", "launch_kwargs"]
+__all__ = ["LAYOUT_CSS", "build_demo", "launch_kwargs", "warm_status"]

@@ -13,7 +13,8 @@ together, least recently used first: memory stays bounded however many sessions 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
 of each method (drawn by `render.py`), `generate(key, method, ...)` for answers (kept under
 `answer_cache.answer_key`), and `method_specs()` / `parameters()` / `TEXT_MODES` for what to offer
-(the registry's `MethodSpec`s), so `components/` imports no pruner, model or in-LLM module.
+(the registry's `MethodSpec`s), so `components/` imports no pruner, model or in-LLM module;
+`warm_up` compiles the decoding path for the first views' shapes at start-up (model-level, no session).
 
 Budgets, method names and parameters come validated from the edges (the app's settings, the
 Python API's `mipruner.select`); the engine passes them on and does not check them again, except
@@ -363,6 +364,33 @@ class Engine:
                 e.answers.update((k, a) for k, a in zip(todo, got) if a is not None)
         with session.lock:
             return [failed[k] if k in failed else e.answers[k] for k in akeys]
+
+    def warm_up(self, media, prompt: str, methods, budget, max_new_tokens: int,
+                on_batch: Callable[[int, int, str], None] | None = None, **path) -> int:
+        """Compile the decoding path `path` (`mipruner.batch.use_decode_path`'s arguments) for the batches
+        a first view asks for, then answer every request on it (the app's warm-up, components/warmup.py):
+        on its own encoding of (media, prompt), the unpruned answer with `methods`' at `budget`, the
+        methods alone (a slider move; in-LLM methods never answer in a batch: left out), one unpruned
+        answer. `on_batch(i, n, what)` before each. Each batch holds the model lock; requests meanwhile
+        answer on the current path. Returns the number of batches; what fails raises, path unchanged."""
+        from .batch import use_decode_path
+        from .models._decode_path import DecodePath
+
+        a, target = self.adapter, DecodePath(**path)
+        with self._model_lock:
+            enc = a.encode(media, prompt, need_attention=True)
+        sels = [mipruner.select(a, enc, m, budget, strict=False) for m in methods if get_pruner(m).stage != "llm"]
+        batches = [(w, r) for w, r in ((f"the default view's {len(sels) + 1} answers", [None, *sels]),
+                                       (f"a slider move's {len(sels)} answers", sels),
+                                       ("one unpruned answer", [None])) if r]
+        for i, (what, rows) in enumerate(batches):
+            if on_batch is not None:
+                on_batch(i, len(batches), what)
+            with self._model_lock:
+                a.generate_batch([(enc, s) for s in rows], max_new_tokens=max_new_tokens, path=target)
+        with self._model_lock:
+            use_decode_path(a, **path)
+        return len(batches)
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
         sel = self.prune(session, key, method, budget, **params)

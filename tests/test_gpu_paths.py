@@ -83,22 +83,27 @@ def test_the_static_cache_step_sees_one_shape(paths, fam):
 
 def test_the_compiled_qwen_step_compiles_once(paths, monkeypatch):
     """With a growing mask, a step compiled with dynamic=False recompiled at every step (5 graphs for
-    5 steps before the fix); now one graph serves every step and both budgets."""
+    5 steps before the fix); now one graph serves every step and both budgets. (The packed prefill is
+    compiled too, since issue 33: one graph per packed length's bucket, counted apart.)"""
     from torch._dynamo.testing import CompileCounter
+
+    from mipruner.models import _packed as P
+    from mipruner.models.qwen.batch import packed_inputs
 
     ad, enc = _load(paths, "qwen2_vl")
     counter = CompileCounter()
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, **{**kw, "backend": counter}))
+    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `_packed.compiled` passes to torch.compile
     torch._dynamo.reset()
     use_decode_path(ad, bucket=16, static_cache=True, compile=True)
+    buckets = {packed_inputs(ad, rows, [ad._llm_inputs(e, s) for e, s in rows], 16)["plan"].total
+               for rows in ([(enc, None), (enc, torch.arange(k))] for k in (5, 9))}
     try:
         plain = [a.token_ids for a in answer_batch(ad, enc, [None, torch.arange(5)], max_new_tokens=NEW,
                                                    **ad.fixed_length_kwargs(NEW))]
         for k in (5, 9):
             got = answer_batch(ad, enc, [None, torch.arange(k)], max_new_tokens=NEW, **ad.fixed_length_kwargs(NEW))
             assert all(len(a.token_ids) == NEW for a in got)
-        assert counter.frame_count == 1, counter.frame_count
+        assert counter.frame_count == 1 + len(buckets), (counter.frame_count, buckets)  # ONE step graph
         ad.decode_path = PLAIN
         assert [a.token_ids for a in answer_batch(ad, enc, [None, torch.arange(5)], max_new_tokens=NEW,
                                                   **ad.fixed_length_kwargs(NEW))] == plain

@@ -13,10 +13,11 @@ the family's batched decoder (`_batch_llava`, `qwen/batch.py`) with:
                 encoding decodes with one cache size, i.e. one compiled decoding step;
   static_cache  a preallocated `StaticCache` (LLaVA family: `generate(cache_implementation=
                 "static", max_cache_len=...)`; Qwen: our greedy loop over a `StaticCache`);
-  compile       let `generate` compile its decoding step (transformers compiles the static-cache
-                decoding step on CUDA; `disable_compile=True` otherwise), Qwen: the decoding step
-                through `torch.compile(model)`. Off by default: compiling takes tens of seconds
-                per new shape.
+  compile       the packed prefill (its length padded to the bucket) and the decoding step through
+                `torch.compile` (`_packed.compiled`: CUDA graphs on CUDA), LLaVA family and Qwen
+                alike (where the LLaVA family falls back to `generate`, transformers compiles its
+                static-cache step on CUDA). Off by default: compiling takes tens of seconds per
+                new shape.
 
 Padding never changes what a row computes beyond float rounding: its pad columns are masked out of
 attention and its positions are passed explicitly, so the keep-all row gives the unpruned answer

@@ -166,3 +166,87 @@ def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch
             if hasattr(a, name):
                 delattr(a, name)
         torch._dynamo.reset()
+
+
+QWEN = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed_qwen")
+    out = {}
+    for kind in QWEN:
+        a = mipruner.load(tiny_qwen.build(kind, str(root)))
+        out[kind] = a, a.encode(scene(), "What is red in the image?")
+    return out
+
+
+@pytest.mark.parametrize("kind", QWEN)
+def test_qwen_packed_prefill_compiles_once_per_bucket(qwen, kind):
+    """Qwen's compiled packed prefill (`qwen/prefill.py`: visual rows and Qwen3-VL's deepstack placed
+    before the forward), `torch.compile(fullgraph=True)` with M-RoPE positions (3, 1, S), at two packed
+    lengths of one bucket: one graph, logits equal to the eager prefill's and to the plain path's packed
+    prefill (the model's own forward on `mm_encoder_outputs`)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.models.qwen.batch import packed_inputs as qwen_packed
+    from mipruner.models.qwen.prefill import packed_embeds, packed_prefill as qwen_prefill
+
+    a, e = qwen[kind]
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(qwen_prefill, fullgraph=True, backend=counter, dynamic=False)
+    totals = []
+    for k in (3, 5):
+        rows = [(e, None), (e, torch.arange(k)), (e, torch.arange(1, k + 1))]
+        pk = qwen_packed(a, rows, [a._llm_inputs(enc, keep) for enc, keep in rows], bucket=64)
+        totals.append((pk["plan"].real, pk["plan"].total))
+        packed = packed_embeds(a, pk)
+        assert packed["position_ids"].shape == (3, 1, pk["plan"].total)
+        assert (packed["deepstack"] is not None) == (kind == "qwen3_vl")
+        got, _ = compiled(a.model, packed)
+        want, _ = qwen_prefill(a.model, packed)
+        assert torch.equal(got, want)
+        plain = a.model(input_ids=pk["input_ids"], position_ids=pk["position_ids"], attention_mask=pk["attention_mask"],
+                        mm_encoder_outputs=pk["mm_encoder_outputs"], use_cache=True, logits_to_keep=pk["last"])
+        torch.testing.assert_close(want, plain.logits, atol=1e-5, rtol=0)
+    assert totals[0][0] != totals[1][0] and totals[0][1] == totals[1][1]  # two lengths, one bucket
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", QWEN)
+def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
+    """Qwen on `DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go
+    through `_packed.compiled` (backend: CompileCounter); two kept counts of one bucket in a batch with
+    the unpruned row capture one prefill graph and one step graph, and the answers are the plain path's
+    (tie rule)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import answer_batch, use_decode_path
+    from mipruner.models._decode_path import PLAIN
+    from mipruner.models.qwen.batch import packed_inputs as qwen_packed
+
+    a, e = qwen[kind]
+    n = e.n_visual
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    views = [[None, torch.arange(0, n, 3), torch.arange(n // 2)], [None, torch.arange(1, n, 3), torch.arange(n // 2 - 1)]]
+    plans = [qwen_packed(a, [(e, s) for s in sels], [a._llm_inputs(e, s) for s in sels], bucket=64)["plan"]
+             for sels in views]
+    assert plans[0].real != plans[1].real and plans[0].total == plans[1].total  # two lengths, one bucket
+    refs = [one_by_one(a, e, sels, 4) for sels in views]
+    use_decode_path(a, bucket=64, static_cache=True, compile=True)
+    try:
+        got = [answer_batch(a, e, sels, max_new_tokens=4) for sels in views]
+        assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
+        for g, ref in zip(got, refs):
+            done, total = compare_all(g, ref)
+            assert done >= 0.75 * total, (done, total)
+    finally:
+        a.decode_path = PLAIN
+        for name in ("_compiled_prefill", "_compiled_step"):
+            if hasattr(a, name):
+                delattr(a, name)
+        torch._dynamo.reset()

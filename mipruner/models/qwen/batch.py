@@ -18,6 +18,11 @@ Without a static cache (the plain path, the app's) the prefill is PACKED instead
 (`_packed.py`): one sequence of the rows' own tokens, the text before the image once per encoding
 (the same ids at the same M-RoPE positions in every row), the visual rows merged in packed order;
 the packed keys and values are then gathered into the left-padded (B, W) cache the loop decodes on.
+On the compiled path (`DecodePath(compile=True)`, with a bucket and a static cache) the prefill is
+packed too, its length padded to the bucket, and runs through `_packed.compiled` with the visual rows
+placed before the compiled forward (`prefill.py`: one graph per bucket and batch size, whatever the
+kept counts); the decoding step is compiled the same way (CUDA graphs on CUDA; off CUDA only when
+`_packed.COMPILE` names a backend).
 
 Decoding continues every row at ITS unpruned max position + 1 (`next_position`: rows of
 different encodings have different starts, and `rope_deltas` is never used because positions are
@@ -35,6 +40,7 @@ import torch
 from .. import _packed as P
 from .._decode_path import PLAIN, DecodePath, cache_length, eos_ids, left_pad, round_up, trim_at_eos
 from ..base import Answer, Encoded, keep_indices
+from .prefill import packed_embeds, packed_prefill
 
 
 def _merge_outputs(outs: list):
@@ -111,14 +117,8 @@ def _cache(adapter, path: DecodePath, batch: int, length: int):
 
 
 def _step_fn(adapter, path: DecodePath):
-    """The decoding-step forward: the model itself, or `torch.compile(model)` (kept on the adapter)."""
-    if not path.compile:
-        return adapter.model
-    held = getattr(adapter, "_compiled_step", None)
-    if held is None or held[0] is not adapter.model:
-        held = (adapter.model, torch.compile(adapter.model, dynamic=False))
-        adapter._compiled_step = held
-    return held[1]
+    """The decoding-step forward: the model itself, or compiled (`_packed.compiled`, kept on the adapter)."""
+    return P.compiled(adapter, "step", adapter.model) if path.compile else adapter.model
 
 
 @torch.no_grad()
@@ -160,7 +160,13 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
         return scores.argmax(-1)
 
     t0 = time.perf_counter()
-    if not path.static_cache and P.packable(adapter.model):  # one packed prefill, then the rows' padded cache
+    if path.compile and P.packable(adapter.model):  # the compiled packed prefill at the bucketed length
+        pk = packed_inputs(adapter, rows, b["inputs"], path.bucket)
+        logits, packed_cache = P.compiled(adapter, "prefill", packed_prefill)(adapter.model, packed_embeds(adapter, pk))
+        P.batched_cache(packed_cache, pk["index"], n_rows, width, cache)
+        del packed_cache
+        first = logits[0]
+    elif not path.static_cache and P.packable(adapter.model):  # one packed prefill, then the rows' padded cache
         pk = packed_inputs(adapter, rows, b["inputs"], path.bucket)
         out = adapter.model(input_ids=pk["input_ids"], position_ids=pk["position_ids"],
                             attention_mask=pk["attention_mask"], mm_encoder_outputs=pk["mm_encoder_outputs"],

@@ -28,8 +28,7 @@ from PIL import Image
 
 from ...media import MediaError, Video, is_video_path, load_image, load_video
 from ...pruners.selection import Selection
-from . import attention as QA
-from . import video as QV
+from . import attention as QA, video as QV
 from .._decode_path import PLAIN, DecodePath
 from .attention import merge_attention
 from .video import read_json, smart_resize
@@ -45,6 +44,7 @@ class Qwen2VLAdapter(Adapter):
     qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
     decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
+    device = property(lambda self: self.model.device)  # where the model runs (`_packed.compiled` reads it)
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
         self.model = model.eval()

@@ -1,0 +1,82 @@
+"""Qwen-VL's packed prefill on the compiled path: every input of the compiled forward has the
+bucketed packed length S as its only varying size, so one graph serves every kept count of a bucket.
+
+The plain path's packed prefill (`batch.py`) passes the kept visual rows as `mm_encoder_outputs`:
+their count changes with the kept count (a new graph per kept count), and the forward breaks its
+graph where it checks them (`torch._dynamo.explain` of the model's forward on a packed batch, torch
+2.13, transformers 5.23: Qwen2-VL 4 breaks, at `Tensor.item()` in `get_placeholder_mask`'s
+`torch_compilable_check`; Qwen3-VL 10, those and `aten.nonzero` of the deepstack addition's boolean
+index `hidden_states[visual_pos_masks]`, whose output size depends on the data). Here the same
+operations run before it, on the packed sequence, with the model's own modules:
+
+  * `inputs_embeds`: `embed_tokens(input_ids)` with the visual rows written at the placeholders by
+    `masked_scatter`, image rows then video rows (what `Qwen2VLModel.forward` /
+    `Qwen3VLModel.forward` do with `mm_encoder_outputs`);
+  * Qwen3-VL's deepstack: per injected layer, a (1, S, d) tensor holding each visual row's feature at
+    its placeholder and zeros elsewhere (the same scatter), added to the hidden states after that
+    layer. Adding zero leaves the other positions as they are, so this is the value of the model's
+    masked addition (`Qwen3VLTextModel._deepstack_process`) at every position.
+
+Qwen2-VL / Qwen2.5-VL then run the model's forward on `inputs_embeds` (M-RoPE positions (3, 1, S)
+passed, the 4-D block mask as it is): `_batch_llava.packed_prefill`, the LLaVA family's. Qwen3-VL runs
+the text decoder's public submodules in the order its forward calls them (the mask from
+transformers' `create_causal_mask`, `rotary_emb` once, each layer, the deepstack addition, `norm`, the
+output head on the rows' last tokens), as `mipruner/inllm/_decoder.py` does for the in-LLM methods.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._batch_llava import packed_prefill as embeds_prefill
+
+
+def packed_embeds(adapter, pk: dict) -> dict:
+    """The packed prefill's inputs (`batch.packed_inputs`'s `pk`) with the visual rows placed:
+    inputs_embeds (1, S, d), attention_mask, position_ids (3, 1, S), `last` (B,), and `deepstack`
+    (Qwen3-VL: one (1, S, d) tensor per injected layer; else None)."""
+    model = adapter.model
+    ids = pk["input_ids"]
+    embeds = model.get_input_embeddings()(ids)
+    deep: list[torch.Tensor] | None = None
+    for modality, token in (("image", adapter.config.image_token_id), ("video", adapter.config.video_token_id)):
+        out = pk["mm_encoder_outputs"].get(modality)
+        if out is None:
+            continue
+        where = (ids == token).unsqueeze(-1)  # (1, S, 1): the placeholders, in packed order
+        rows = torch.cat(tuple(out.pooler_output), dim=0).to(embeds.device, embeds.dtype)
+        embeds = embeds.masked_scatter(where, rows)
+        features = getattr(out, "deepstack_features", None)
+        if features is not None:
+            if deep is None:
+                deep = [torch.zeros_like(embeds) for _ in features]
+            deep = [d.masked_scatter(where, torch.cat(tuple(f), dim=0).to(embeds.device, embeds.dtype))
+                    for d, f in zip(deep, features)]
+    return dict(inputs_embeds=embeds, attention_mask=pk["attention_mask"], position_ids=pk["position_ids"],
+                last=pk["last"], deepstack=deep)
+
+
+def packed_prefill(model, packed: dict):
+    """The packed prefill forward on `packed_embeds`' inputs: the rows' last-token logits (1, B, V) and
+    the packed cache (module docstring)."""
+    if packed["deepstack"] is None:
+        return embeds_prefill(model, packed)
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    lm = model.model.language_model
+    h = packed["inputs_embeds"]
+    cache = DynamicCache(config=lm.config)
+    mask = create_causal_mask(config=lm.config, inputs_embeds=h, attention_mask=packed["attention_mask"],
+                              past_key_values=cache, position_ids=None)
+    position_embeddings = lm.rotary_emb(h, packed["position_ids"])
+    deep = packed["deepstack"]
+    for i, layer in enumerate(lm.layers):
+        h = layer(h, attention_mask=mask, position_ids=None, past_key_values=cache,
+                  position_embeddings=position_embeddings)
+        if i < len(deep):
+            h = h + deep[i]
+    h = lm.norm(h)
+    return model.lm_head(h[:, packed["last"]]), cache
+
+
+__all__ = ["packed_embeds", "packed_prefill"]

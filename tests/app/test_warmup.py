@@ -1,0 +1,188 @@
+"""The compiled path's warm-up at start-up (components/warmup.py) on the embedded model: it compiles the
+shapes of the first views (backend: dynamo's CompileCounter, set in `_packed.COMPILE`, which runs the
+captured graphs eagerly), says so while it warms and then that it is ready, switches the model to the
+compiled path only at the end, and a visitor's first views then compile nothing new and answer as the
+plain path does (tie rule); a failure leaves the plain path with one sentence; the flag's choice."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.controls import DEFAULT_SHARE
+from components.examples import load_examples
+from components.hub import ModelHub
+from components.logic import AppLogic
+from components.settings import DEFAULT_METHODS, Settings
+import mipruner
+from components.warmup import COMPILED, WarmUp, compile_choice
+from mipruner.models import _packed as P
+from mipruner.models._batch_llava import packed_inputs
+from mipruner.models._decode_path import PLAIN, DecodePath
+from tests.models.batch_check import compare, one_by_one
+
+EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
+BUDGET = DEFAULT_SHARE / 100
+NEW = 4
+
+
+@pytest.fixture()
+def counter(monkeypatch):
+    from torch._dynamo.testing import CompileCounter
+
+    c = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", c)
+    torch._dynamo.reset()
+    yield c
+    torch._dynamo.reset()
+
+
+@pytest.fixture()
+def hub():
+    h = ModelHub("shapes-llava", device="cpu")  # its own model: the decode path is switched here
+    h.load_default()
+    return h
+
+
+def encode(logic: AppLogic, state=None):
+    return logic.encode(state, "shapes-llava", "image", EXAMPLE["path"], None, EXAMPLE["prompt"])
+
+
+def test_the_flag_chooses_the_compiled_path():
+    assert compile_choice("auto", "cuda", False) == (True, "")
+    assert compile_choice("auto", "cpu", False) == (False, "")
+    assert compile_choice("auto", "cuda", True) == (False, "")
+    assert compile_choice("on", "cpu", False) == (True, "")
+    on, why = compile_choice("on", "cuda", True)
+    assert not on and "ZeroGPU" in why and why.count(".") == 1
+    assert compile_choice("off", "cuda", False) == (False, "")
+    with pytest.raises(ValueError, match="auto, on, off"):
+        compile_choice("yes", "cuda", False)
+
+
+def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
+    engine = hub.get(None)[0]
+    a = engine.adapter
+    seen: list[str] = []
+    warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], DEFAULT_METHODS, BUDGET, NEW, on_change=seen.append)
+    logic = AppLogic(hub, max_new_tokens=NEW, warm=warm)
+    state, status = encode(logic)
+    assert "Warming up the compiled path" in status and "plain path" in status  # before the warm-up ends
+    enc = engine.encoded(state.session, state.key)
+    sels = [mipruner.select(a, enc, m, BUDGET, strict=False) for m in DEFAULT_METHODS]
+    batches = [[None, *sels], sels, [None]]  # what the warm-up answers: the default view, a slider move, one
+    refs = [one_by_one(a, enc, rows, NEW) for rows in batches]  # the plain path's answers
+    assert a.decode_path == PLAIN and counter.frame_count == 0
+
+    assert warm.run()
+    assert seen[0].startswith("Warming up the compiled path")
+    assert [m for m in seen if "answer shapes:" in m][-1].startswith("Warming up the compiled path (3 of 3")
+    assert seen[-1].startswith("The compiled path is warm (3 answer shapes") and warm.message == seen[-1]
+    assert a.decode_path == DecodePath(**COMPILED) and warm.note() == ""
+    assert counter.frame_count == 2 * len(batches)  # per batch: one prefill graph, one step graph
+    compiled = counter.frame_count
+
+    # a visitor's first view (a new session), a slider move within the budget's bucket, one unpruned answer
+    state, status = encode(logic)
+    assert "Warming up" not in status
+    settings = Settings(methods=DEFAULT_METHODS, budget=BUDGET)
+    got = logic.generate(state, settings, NEW)
+    view = [engine.cached_answer(state.session, state.key, m, BUDGET, settings.params, NEW)
+            for m in (None, *DEFAULT_METHODS)]
+    k, bucket = sels[0].keep.numel(), COMPILED["bucket"]
+    total = packed_inputs(a, [(enc, s) for s in sels], bucket=bucket)["plan"].total
+    move = next(b for b in (k + 1, k - 1, k + 2, k - 2) if packed_inputs(
+        a, [(enc, torch.arange(b))] * len(DEFAULT_METHODS), bucket=bucket)["plan"].total == total)
+    logic.generate(state, Settings(methods=DEFAULT_METHODS, budget=move), NEW)
+    fresh, _ = encode(logic)  # another visitor: the unpruned answer alone
+    one = engine.generate(fresh.session, fresh.key, None, max_new_tokens=NEW)
+    assert counter.frame_count == compiled  # every shape was compiled by the warm-up
+    assert got["reference"]["text"] == view[0].text and set(got["methods"]) == set(DEFAULT_METHODS)
+    for ans, (ref, rec) in zip(view, refs[0]):
+        assert compare(ans.token_ids, ref.token_ids, rec.margins) >= 1
+    assert compare(one.token_ids, refs[2][0][0].token_ids, refs[2][0][1].margins) >= 1
+
+
+def test_a_failed_warm_up_leaves_the_plain_path(hub, counter):
+    engine = hub.get(None)[0]
+    seen: list[str] = []
+    warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], ("no-such-method",), BUDGET, NEW, on_change=seen.append)
+    assert not warm.run()
+    assert engine.adapter.decode_path == PLAIN and warm.state == "failed"
+    assert seen[-1].startswith("The compiled path's warm-up failed (") and seen[-1].endswith(
+        "so answers run on the plain path.")
+    logic = AppLogic(hub, max_new_tokens=NEW, warm=warm)
+    _, status = encode(logic)
+    assert seen[-1] in status  # the encode status repeats why
+    assert not WarmUp(engine, None, "", DEFAULT_METHODS, BUDGET, NEW).run()  # no example to warm up on
+
+
+def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
+    """app.py with --compile on (CPU: the CompileCounter backend): the page has the warm-up's status line,
+    the warm-up runs in the background and ends ready; --compile auto on a CPU, off, and on on a ZeroGPU
+    Space build none."""
+    import app
+    import components.spaces_gpu as zero
+
+    args = app.parse_args(["--model", "shapes-llava", "--device", "cpu", "--compile", "on", "--max-new-tokens", "4"])
+    hub = ModelHub("shapes-llava", device="cpu")
+    hub.load_default()
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: True)  # (tests/app/test_zerogpu.py leaves a stand-in `spaces`)
+    assert app.warm_up(args, hub) is None
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: False)
+    for mode in ("auto", "off"):
+        assert app.warm_up(app.parse_args(["--model", "shapes-llava", "--compile", mode]), hub) is None
+    warm = app.warm_up(args, hub)
+    assert warm is not None and warm.state == "waiting"
+    from components.ui import build_demo
+
+    demo = build_demo(AppLogic(hub, max_new_tokens=4, warm=warm))
+    assert any(getattr(b, "elem_id", None) == "warm-status" for b in demo.blocks.values())
+    warm.start()
+    assert warm.wait(600) and warm.state == "ready", warm.message
+    assert hub.get(None)[0].adapter.decode_path == DecodePath(**COMPILED) and counter.frame_count > 0
+
+
+def test_the_page_says_warming_then_ready(hub, counter):
+    """In a browser: the status line under the model says the compiled path is warming while the warm-up
+    waits for the model (the test holds the model's lock), then, without a reload, that it is warm; the
+    API lists the same endpoints as without a warm-up."""
+    import os
+
+    from components.ui import build_demo, launch_kwargs
+
+    from .conftest import free_port
+    from .test_browser import CHROMIUM, _browser_missing
+
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    from playwright.sync_api import expect, sync_playwright
+
+    engine = hub.get(None)[0]
+    warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], DEFAULT_METHODS, BUDGET, NEW)
+    demo = build_demo(AppLogic(hub, max_new_tokens=NEW, warm=warm))
+    port = free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                        **launch_kwargs())
+    try:
+        from gradio_client import Client
+
+        eps = Client(f"http://127.0.0.1:{port}/", verbose=False).view_api(return_format="dict", print_info=False)
+        assert set(eps["named_endpoints"]) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings",
+                                               "/sweep", "/sweep_strip"}  # the status line's timer is private
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                        args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            with engine.model_lock:  # the warm-up cannot encode until the page has shown it warming
+                warm.start()
+                page.goto(f"http://127.0.0.1:{port}/")
+                expect(page.locator("#warm-status")).to_contain_text("Warming up the compiled path")
+            expect(page.locator("#warm-status")).to_contain_text("The compiled path is warm", timeout=300_000)
+            browser.close()
+    finally:
+        demo.close()
+    assert warm.wait(60) and warm.state == "ready"
