@@ -186,7 +186,7 @@ def sdpa(model) -> bool:
 
 
 __all__ = ["COMPILE", "PackedSteps", "Plan", "batched_cache", "compiled", "gather_index", "greedy", "greedy_supported", "pack",
-           "packable", "packed_mask", "plan", "row_sees", "sdpa", "static_cache"]
+           "packable", "packed_mask", "plan", "row_sees", "sdpa", "static_cache", "STATIC_CACHES"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,15 +289,28 @@ def compiled(adapter, name: str, fn):
     return held[1]
 
 
+STATIC_CACHES = 3  # static caches kept per model: the app's view (B rows), its slider moves (B - 1), one answer
+
+
 def static_cache(adapter, batch: int, length: int):
-    """A StaticCache of `length` slots for `batch` rows, kept on the adapter and reset when the shape
-    repeats (a compiled step sees the same buffers)."""
+    """A StaticCache of `length` slots for `batch` rows, kept on the adapter and reset when its shape
+    comes again, so that a compiled step sees the same buffers (a CUDA graph is recorded for buffers:
+    new ones would record it again). The last STATIC_CACHES shapes are kept (least recently used
+    dropped): the app alternates between a view's rows and a slider move's rows, each reusing its own."""
+    from collections import OrderedDict
+
     from transformers import StaticCache
 
-    held = getattr(adapter, "_packed_static_cache", None)
-    if held is not None and held[0] == (batch, length):
-        held[1].reset()
-        return held[1]
-    cache = StaticCache(config=adapter.model.config.get_text_config(), max_cache_len=length)
-    adapter._packed_static_cache = ((batch, length), cache)
+    held = getattr(adapter, "_packed_static_caches", None)
+    if held is None:
+        held = adapter._packed_static_caches = OrderedDict()
+    key = (int(batch), int(length))
+    cache = held.pop(key, None)
+    if cache is not None:
+        cache.reset()
+    else:
+        cache = StaticCache(config=adapter.model.config.get_text_config(), max_cache_len=length)
+        while len(held) >= STATIC_CACHES:
+            held.popitem(last=False)
+    held[key] = cache  # the most recently used last
     return cache

@@ -250,3 +250,18 @@ def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
             if hasattr(a, name):
                 delattr(a, name)
         torch._dynamo.reset()
+
+
+def test_static_caches_are_kept_per_shape(embedded):
+    """A view's rows and a slider move's rows alternate: each shape gets its own static cache back
+    (same buffers for a compiled step), and only the last STATIC_CACHES shapes are held."""
+    a, _ = embedded
+    try:
+        view, move = P.static_cache(a, 5, 64), P.static_cache(a, 4, 64)
+        assert P.static_cache(a, 5, 64) is view and P.static_cache(a, 4, 64) is move and view is not move
+        others = [P.static_cache(a, 1, 64 * (i + 2)) for i in range(P.STATIC_CACHES - 1)]
+        assert P.static_cache(a, 4, 64) is move  # still held: the most recent shapes
+        assert P.static_cache(a, 5, 64) is not view  # the least recently used was dropped
+        assert len(a._packed_static_caches) == P.STATIC_CACHES and others
+    finally:
+        a.__dict__.pop("_packed_static_caches", None)

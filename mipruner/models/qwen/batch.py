@@ -99,21 +99,13 @@ def packed_inputs(adapter, rows: list[tuple[Encoded, object]], ins: list[dict], 
 
 
 def _cache(adapter, path: DecodePath, batch: int, length: int):
-    """A DynamicCache, or a StaticCache of `length` slots (kept on the adapter and reset when the
-    batch and length match the previous call's, so a compiled step sees the same buffers)."""
-    from transformers import DynamicCache, StaticCache
+    """A DynamicCache, or a StaticCache of `length` slots (`_packed.static_cache`: kept on the adapter
+    per shape, so a compiled step sees the same buffers)."""
+    from transformers import DynamicCache
 
-    config = adapter.model.config.get_text_config()
     if not path.static_cache:
-        return DynamicCache(config=config)
-    key = (batch, length)
-    held = getattr(adapter, "_static_cache", None)
-    if held is not None and held[0] == key:
-        held[1].reset()
-        return held[1]
-    cache = StaticCache(config=config, max_cache_len=length)
-    adapter._static_cache = (key, cache)
-    return cache
+        return DynamicCache(config=adapter.model.config.get_text_config())
+    return P.static_cache(adapter, batch, length)
 
 
 def _step_fn(adapter, path: DecodePath):
