@@ -110,6 +110,8 @@ def test_qwen_packs_its_rows(tmp_path):
         got = mipruner.answer_batch(a, e, sels, max_new_tokens=4)
     shared = int(e.state["visual_positions"][0])
     assert rows.prefill_rows == sum(g.input_tokens for g in got) - 3 * shared and shared > 0
+    # decoded in the packed cache: the prefill's rows and four more per step, nothing gathered
+    assert [h[0] * h[2] for h in rows.held[1:]] == [rows.prefill_rows + 4 * i for i in range(len(rows.calls) - 1)]
     done, total = compare_all(got, one_by_one(a, e, sels, 4))
     assert done >= 0.75 * total, (done, total)
 

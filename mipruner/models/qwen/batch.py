@@ -17,7 +17,8 @@ a step compiled with `dynamic=False` would recompile at each one.
 Without a static cache (the plain path, the app's) the prefill is PACKED instead of padded
 (`_packed.py`): one sequence of the rows' own tokens, the text before the image once per encoding
 (the same ids at the same M-RoPE positions in every row), the visual rows merged in packed order;
-the packed keys and values are then gathered into the left-padded (B, W) cache the loop decodes on.
+the loop then decodes in the packed cache itself (`_packed.PackedSteps`: each step's B tokens are B
+more positions, each seeing its own row), with nothing gathered.
 On the compiled path (`DecodePath(compile=True)`, with a bucket and a static cache) the prefill is
 packed too, its length padded to the bucket, and runs through `_packed.compiled` with the visual rows
 placed before the compiled forward (`prefill.py`: one graph per bucket and batch size, whatever the
@@ -152,19 +153,21 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
         return scores.argmax(-1)
 
     t0 = time.perf_counter()
+    steps = None  # the packed steps (`_packed.PackedSteps`) when the rows decode in the packed cache
     if path.compile and P.packable(adapter.model):  # the compiled packed prefill at the bucketed length
         pk = packed_inputs(adapter, rows, b["inputs"], path.bucket)
         logits, packed_cache = P.compiled(adapter, "prefill", packed_prefill)(adapter.model, packed_embeds(adapter, pk))
         P.batched_cache(packed_cache, pk["index"], n_rows, width, cache)
         del packed_cache
         first = logits[0]
-    elif not path.static_cache and P.packable(adapter.model):  # one packed prefill, then the rows' padded cache
+    elif not path.static_cache and P.packable(adapter.model):  # one packed prefill, decoded in its own cache
         pk = packed_inputs(adapter, rows, b["inputs"], path.bucket)
         out = adapter.model(input_ids=pk["input_ids"], position_ids=pk["position_ids"],
                             attention_mask=pk["attention_mask"], mm_encoder_outputs=pk["mm_encoder_outputs"],
                             use_cache=True, logits_to_keep=pk["last"])
-        P.batched_cache(out.past_key_values, pk["index"], n_rows, width, cache)
-        first = out.logits[0]
+        cache, first = out.past_key_values, out.logits[0]
+        steps = P.PackedSteps(P.row_sees(pk["plan"], pk["attention_mask"], pk["last"]), P.sdpa(adapter.model),
+                              adapter.model.dtype)
     else:
         out = adapter.model(input_ids=ids, position_ids=b["position_ids"], attention_mask=mask,
                             mm_encoder_outputs=b["mm_encoder_outputs"], past_key_values=cache, use_cache=True,
@@ -180,14 +183,22 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     for step in range(1, int(max_new_tokens)):
         if eos and bool(done.all()):
             break
-        if path.static_cache:
-            mask[:, width + step - 1] = 1  # the slot the previous token was written to
+        fed = torch.where(done, pad, token)
+        if steps is not None:  # the B rows' tokens as B more positions of the packed sequence
+            pos = (starts + (step - 1)).view(1, 1, n_rows).expand(3, 1, n_rows)
+            out = step_fn(input_ids=fed[None, :], position_ids=pos, attention_mask=steps.next_mask(),
+                          past_key_values=cache, use_cache=True)
+            logits = out.logits[0]
         else:
-            mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
-        pos = (starts + (step - 1)).view(1, n_rows, 1).expand(3, n_rows, 1)
-        out = step_fn(input_ids=torch.where(done, pad, token)[:, None], position_ids=pos, attention_mask=mask,
-                      past_key_values=cache, use_cache=True)
-        token = torch.where(done, pad, pick(out.logits[:, -1], torch.stack(tokens, 1)))
+            if path.static_cache:
+                mask[:, width + step - 1] = 1  # the slot the previous token was written to
+            else:
+                mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
+            pos = (starts + (step - 1)).view(1, n_rows, 1).expand(3, n_rows, 1)
+            out = step_fn(input_ids=fed[:, None], position_ids=pos, attention_mask=mask, past_key_values=cache,
+                          use_cache=True)
+            logits = out.logits[:, -1]
+        token = torch.where(done, pad, pick(logits, torch.stack(tokens, 1)))
         tokens.append(token)
         done = done | torch.isin(token, eos_t)
     all_ids = torch.stack(tokens, 1).tolist()  # one transfer after the loop
