@@ -24,7 +24,6 @@ its own panel).
 """
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,8 @@ from .export import selection_to_json
 from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
 from .render import MethodView, failed_view, render_view
-from .session import CacheBudget, CachedEncoding, EncodingKey, Session, media_hash, nbytes
+from .session import CacheBudget, CachedEncoding, EncodingKey, Session, media_hash, model_storages, nbytes
+from .warm_up import warm_up as _warm_up
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
 
@@ -158,11 +158,7 @@ class Engine:
     def _account(self, session: Session, key: EncodingKey) -> None:
         """Report the entry's current size to the byte cap (which may drop other entries)."""
         if self._weights is None:  # the model's own tensors are shared, never charged to a session
-            import torch
-
-            mods = [m for m in vars(self.adapter).values() if isinstance(m, torch.nn.Module)]
-            self._weights = frozenset(t.untyped_storage().data_ptr() for m in mods
-                                      for t in itertools.chain(m.parameters(), m.buffers()))
+            self._weights = model_storages(self.adapter)
         with session.lock:
             e = session.entries.get(key)
             size = nbytes(e, self._weights) if e is not None else 0
@@ -175,12 +171,10 @@ class Engine:
                need_attention: bool | None = None, methods=()) -> EncodingKey:
         """Encode (media, prompt) unless this session has it cached; returns the cache key.
 
-        need_attention=None: True when any of `methods` (names or Panels) needs the vision
-        encoder's attention. An encoding with attention also serves requests without it. The encoder
-        signals `methods` ask for beyond that (other blocks, per-head attention, pre-projector features:
-        `mipruner.signals_for`) are recorded in the same pass; a method chosen later that asks for one
-        the cached encoding lacks re-encodes it in place (`_extend`).
-        """
+        need_attention=None: True when any of `methods` (names or Panels) needs the vision encoder's attention
+        (an encoding with it also serves requests without it). The other signals `methods` ask for
+        (`mipruner.signals_for`) are recorded in the same pass; a method chosen later that asks for one the
+        cached encoding lacks re-encodes it in place (`_extend`)."""
         names = [_panel(m).name for m in methods]
         if need_attention is None:
             need_attention = mipruner.needs_attention(names)
@@ -188,7 +182,7 @@ class Engine:
         key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
         found = self._attach(session).find((key, key._replace(need_attention=True)), self.clock())
         if found is not None:
-            self._extend(session, self.entry(session, found), want)
+            self._ensure(session, found, want=want)
             return found
         with self._model_lock:
             enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want))
@@ -221,9 +215,15 @@ class Engine:
                 e.refused.add(extra)
         return e
 
-    def _ensure(self, session: Session, key: EncodingKey, methods) -> CachedEncoding:
-        """The entry for `key`, extended with the signals of `methods` (names or Panels)."""
-        return self._extend(session, self.entry(session, key), mipruner.signals_for(_panel(m).name for m in methods))
+    def _ensure(self, session: Session, key: EncodingKey, methods=(), want: Signals | None = None) -> CachedEncoding:
+        """The entry for `key`, extended with `want` or the signals of `methods` (names or Panels); a re-encoding
+        (more signals: more bytes) is charged to the byte cap."""
+        e = self.entry(session, key)
+        before = e.encoded
+        self._extend(session, e, want if want is not None else mipruner.signals_for(_panel(m).name for m in methods))
+        if e.encoded is not before:
+            self._account(session, key)
+        return e
 
     def entry(self, session: Session, key: EncodingKey) -> CachedEncoding:
         """The cached encoding for `key`; StaleKeyError when it was evicted, expired or never made."""
@@ -367,30 +367,9 @@ class Engine:
 
     def warm_up(self, media, prompt: str, methods, budget, max_new_tokens: int,
                 on_batch: Callable[[int, int, str], None] | None = None, **path) -> int:
-        """Compile the decoding path `path` (`mipruner.batch.use_decode_path`'s arguments) for the batches
-        a first view asks for, then answer every request on it (the app's warm-up, components/warmup.py):
-        on its own encoding of (media, prompt), the unpruned answer with `methods`' at `budget`, the
-        methods alone (a slider move; in-LLM methods never answer in a batch: left out), one unpruned
-        answer. `on_batch(i, n, what)` before each. Each batch holds the model lock; requests meanwhile
-        answer on the current path. Returns the number of batches; what fails raises, path unchanged."""
-        from .batch import use_decode_path
-        from .models._decode_path import DecodePath
-
-        a, target = self.adapter, DecodePath(**path)
-        with self._model_lock:
-            enc = a.encode(media, prompt, need_attention=True)
-        sels = [mipruner.select(a, enc, m, budget, strict=False) for m in methods if get_pruner(m).stage != "llm"]
-        batches = [(w, r) for w, r in ((f"the default view's {len(sels) + 1} answers", [None, *sels]),
-                                       (f"a slider move's {len(sels)} answers", sels),
-                                       ("one unpruned answer", [None])) if r]
-        for i, (what, rows) in enumerate(batches):
-            if on_batch is not None:
-                on_batch(i, len(batches), what)
-            with self._model_lock:
-                a.generate_batch([(enc, s) for s in rows], max_new_tokens=max_new_tokens, path=target)
-        with self._model_lock:
-            use_decode_path(a, **path)
-        return len(batches)
+        """`mipruner.warm_up.warm_up` on this engine's model, each batch under the model lock (the app's
+        warm-up, components/warmup.py): requests meanwhile answer on the current path."""
+        return _warm_up(self.adapter, self._model_lock, media, prompt, methods, budget, max_new_tokens, on_batch, **path)
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
         sel = self.prune(session, key, method, budget, **params)

@@ -193,6 +193,17 @@ class Session:
             self.budget.forget(self, key)
 
 
+def model_storages(adapter) -> frozenset:
+    """The storages of the adapter's modules' parameters and buffers: shared by every session, so `nbytes`
+    never charges them to one (an encoding may hold views of them)."""
+    import itertools
+
+    import torch
+
+    mods = [m for m in vars(adapter).values() if isinstance(m, torch.nn.Module)]
+    return frozenset(t.untyped_storage().data_ptr() for m in mods for t in itertools.chain(m.parameters(), m.buffers()))
+
+
 def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
     """Bytes of the tensors, arrays and images reachable from `obj` through containers, dataclasses
     and plain objects; each tensor storage counted once; storages whose data_ptr is in `skip`
@@ -361,4 +372,4 @@ class FileBudget:
 
 
 __all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Session", "StaleKeyError", "media_hash",
-           "nbytes"]
+           "model_storages", "nbytes"]

@@ -171,3 +171,18 @@ def test_encode_for_records_what_the_methods_ask(embedded):
     assert e.signals == Signals(layers=frozenset({None}), features=True) and e.features is not None
     assert torch.equal(e.features, enc.features) and torch.equal(e.attention, enc.attention)
     assert mipruner.encode_for(ad, enc.frames[0], enc.prompt, ["mi"]).attention is None
+
+
+def test_a_re_encoding_is_charged_to_the_byte_cap(tmp_path, embedded):
+    """More signals are more bytes: the cap over every session's encodings hears of the re-encoding at
+    once (here a second `encode` naming a method that asks for more), so memory stays bounded."""
+    from mipruner.engine import Engine
+
+    plugin(tmp_path)
+    engine = Engine(embedded[0])
+    s = engine.new_session()
+    key = engine.encode(s, picture(), "What colour is the square?", need_attention=True)
+    small = engine.cache.total_bytes
+    assert engine.encode(s, picture(), "What colour is the square?", methods=["last_heads"]) == key
+    heads = engine.encoded(s, key).signal("attention_heads", -1)
+    assert heads is not None and engine.cache.total_bytes >= small + heads.numel() * heads.element_size()
