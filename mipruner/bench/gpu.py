@@ -18,8 +18,9 @@ are encoded one by one), selected one by one, and answered as ONE batch
 end, and LLM items/s = B / (time - encode - select).
 
 Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
-lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the
-decoding step compiled by `generate` (CUDA only; each new shape compiles once, in the warm-ups).
+lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the packed
+prefill (at the bucketed length) and the decoding step compiled (`_packed.compiled`: CUDA graphs on
+CUDA, nothing compiled off CUDA; each new shape compiles once, in the warm-ups).
 `--view` runs only the app's view cells instead, as gpu-check's protocol times them
 (`view_runs`, which gpu-check's protocol also runs): one answer (the unpruned one) against the six answers of one view
 (the unpruned one + mi, random, similarity, attention, divprune at the first `--budgets` entry, one
@@ -280,7 +281,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--tiny", action="store_true", help="tiny widths (tests, CPU smoke runs)")
     p.add_argument("--static-cache", action="store_true", help="static KV cache + bucketed lengths")
     p.add_argument("--bucket", type=int, default=64, help="length bucket of the static path")
-    p.add_argument("--compile", action="store_true", help="compile the decoding step (implies --static-cache)")
+    p.add_argument("--compile", action="store_true", help="compile the packed prefill and the decoding step (implies --static-cache)")
     p.add_argument("--view", action="store_true",
                    help="only the view cells: one answer vs the six answers of one view (six_answers_vs_one)")
     p.add_argument("--threads", type=int, default=None)
