@@ -158,3 +158,27 @@ def test_device_selects_what_the_cpu_selects(name, dtype):
         got = mipruner.prune(name, budget=K, **{k: v.to(TEST_DEVICE) for k, v in on_cpu.items()}, **params)
         assert got.keep.device == TEST_DEVICE
         assert got.order.cpu().tolist() == ref.order.tolist(), params
+
+
+def test_the_tile_families_pool_their_attention_on_its_device():
+    """LLaVA-OneVision's and InternVL's tower attention, pooled per view to tokens (`token_attention`,
+    InternVL's `cls_attention`), is built on the attention's device (TEST_DEVICE): nothing made off it."""
+    from mipruner.models._patch_layout import Layout, token_attention
+    from mipruner.models.internvl.layout import cls_attention
+
+    lay = Layout(n_views=2, n_pos=4)
+    lay.add("tile", torch.zeros(3, dtype=torch.long), torch.zeros(3), torch.arange(3))
+    box = torch.tensor([0.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    for view, pos, token in ((0, 0, 0), (0, 1, 0), (0, 2, 1), (1, 0, 2), (1, 3, 2)):  # a token may own two patches
+        lay.own(view, pos, token, box)
+    g = torch.Generator().manual_seed(0)
+    att = torch.rand(2, 5, 5, generator=g).softmax(-1).to(TEST_DEVICE)  # (views, [CLS] + 4 patches, same)
+    keys = torch.rand(2, 5, 8, generator=g).to(TEST_DEVICE)
+    for pool in (lambda: token_attention(lay, att, keys, offset=1), lambda: cls_attention(lay, att, keys)):
+        ref = pool()
+        with meta_default():
+            got = pool()
+        for r, x in zip(ref, got):
+            assert x.device == att.device and torch.equal(x, r)
+    a, _ = token_attention(lay, att, keys, offset=1)
+    assert torch.allclose(a[0, 0], att[0, 1:3, 1:3].sum(1).mean()) and a[0, 2] == 0  # token 0 owns patches 0, 1

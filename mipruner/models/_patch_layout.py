@@ -57,18 +57,13 @@ def token_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor, offset: 
     visual tokens (a token's row: the mean over its patches of the attention summed over each
     other token's patches; 0 across views and for newlines) and keys (N_V, d) (mean over patches).
     `offset`: hidden-state rows before the first patch (1 when the "default" strategy drops one)."""
-    n = len(lay.kind)
-    out = torch.zeros(n, n, dtype=att.dtype)
-    ksum = torch.zeros(n, keys.shape[-1], dtype=keys.dtype)
-    count = torch.zeros(n, dtype=att.dtype)
-    for v in range(lay.n_views):
-        own = lay.owner[v]
-        pos = torch.nonzero(own >= 0).flatten()
-        if not pos.numel():
-            continue
-        tok = own[pos]
+    n, dev = len(lay.kind), att.device
+    out = torch.zeros(n, n, dtype=att.dtype, device=dev)
+    ksum = torch.zeros(n, keys.shape[-1], dtype=keys.dtype, device=dev)
+    count = torch.zeros(n, dtype=att.dtype, device=dev)
+    for v, pos, tok in owned(lay, dev):
         a = att[v][pos + offset][:, pos + offset]  # (p, p) patch queries x patch keys
-        cols = torch.zeros(a.shape[0], n, dtype=att.dtype).index_add_(1, tok, a)  # summed per key token
+        cols = torch.zeros(a.shape[0], n, dtype=att.dtype, device=dev).index_add_(1, tok, a)  # summed per key token
         out.index_add_(0, tok, cols)
         ksum.index_add_(0, tok, keys[v][pos + offset])
         count.index_add_(0, tok, torch.ones_like(tok, dtype=att.dtype))
@@ -76,4 +71,16 @@ def token_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor, offset: 
     return out / div[:, None], ksum / div[:, None]
 
 
-__all__ = ["Layout", "token_attention"]
+def owned(lay: Layout, device) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(view, patch positions, their tokens) of every view that owns a patch, the indices on `device`
+    (found on the host, where the layout lives: no device sync per view)."""
+    out = []
+    for v in range(lay.n_views):
+        own = lay.owner[v]
+        pos = torch.nonzero(own >= 0).flatten()
+        if pos.numel():
+            out.append((v, pos.to(device), own[pos].to(device)))
+    return out
+
+
+__all__ = ["Layout", "owned", "token_attention"]

@@ -198,6 +198,6 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
             res["features"] = rec.features().flatten(0, 1)  # (N_V, 4 * D_v)
         if want.attention:
             raw = rec.cap["attention"].cpu()
-            att, keys = rec.finish(res, lambda a, k: L.cls_attention(lay, a.cpu(), k.cpu()))
+            att, keys = rec.finish(res, lambda a, k: L.cls_attention(lay, a, k))
             res.update(attention=att, keys=keys, has_cls=True, cls=None, state={"attention_all": raw})
         return res

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .._clip_attention import capture_block
-from .._patch_layout import Layout, token_attention
+from .._patch_layout import Layout, owned, token_attention
 
 
 def tile_grid(image_processor, size_hw, tiled: bool) -> tuple[int, int]:
@@ -116,17 +116,14 @@ def cls_attention(lay: Layout, att: torch.Tensor, keys: torch.Tensor):
     and keys (N_V+1, d_head). Row 0: the attention each token's patches receive from their view's
     [CLS] (summed over the token's patches); column 0: the mean attention its patches pay their [CLS];
     (0, 0) and key 0: view 0's [CLS]. The token block is `token_attention` (pooled, 0 across views)."""
-    n = len(lay.kind)
+    n, dev = len(lay.kind), att.device
     inner, k_tok = token_attention(lay, att, keys, offset=1)
-    out = torch.zeros(n + 1, n + 1, dtype=att.dtype)
+    out = torch.zeros(n + 1, n + 1, dtype=att.dtype, device=dev)
     out[1:, 1:] = inner
-    row = torch.zeros(n, dtype=att.dtype)
-    col = torch.zeros(n, dtype=att.dtype)
-    count = torch.zeros(n, dtype=att.dtype)
-    for v in range(lay.n_views):
-        own = lay.owner[v]
-        pos = torch.nonzero(own >= 0).flatten()
-        tok = own[pos]
+    row = torch.zeros(n, dtype=att.dtype, device=dev)
+    col = torch.zeros(n, dtype=att.dtype, device=dev)
+    count = torch.zeros(n, dtype=att.dtype, device=dev)
+    for v, pos, tok in owned(lay, dev):
         row.index_add_(0, tok, att[v, 0, pos + 1])
         col.index_add_(0, tok, att[v, pos + 1, 0])
         count.index_add_(0, tok, torch.ones_like(tok, dtype=att.dtype))

@@ -188,6 +188,6 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
         out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=frames, ref=ref)
         if want.attention:
             raw = rec.cap["attention"].cpu()
-            att, keys = rec.finish(out, lambda a, k: token_attention(lay, a.cpu(), k.cpu(), offset))
+            att, keys = rec.finish(out, lambda a, k: token_attention(lay, a, k, offset))
             out.update(attention=att, keys=keys, has_cls=False, cls=None, state={"attention_all": raw})
         return out
