@@ -267,3 +267,61 @@ def test_static_caches_are_kept_per_shape(embedded):
         assert len(a._packed_static_caches) == P.STATIC_CACHES and others
     finally:
         a.__dict__.pop("_packed_static_caches", None)
+
+
+def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch):
+    """On the compiled path an encoding that records nothing (no attention, no signal: e.g. MI's) runs
+    the vision tower through `_packed.compiled` (backend: CompileCounter): two images capture once, the
+    tokens equal the eager tower's; an encoding that records attention runs the eager tower with its
+    hooks (nothing captured)."""
+    from PIL import Image
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    a, e = embedded
+    images = [Image.new("RGB", (96, 80), c) for c in ((200, 30, 30), (30, 200, 30))]
+    eager = [a.encode(im, e.prompt).visual for im in images]
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    use_decode_path(a, bucket=64, static_cache=True, compile=True)
+    try:
+        got = [a.encode(images[0], e.prompt).visual]
+        captured = counter.frame_count
+        got.append(a.encode(images[1], e.prompt).visual)
+        with_attention = a.encode(images[0], e.prompt, need_attention=True)
+        assert captured == 1 and counter.frame_count == captured, (captured, counter.frame_count)
+    finally:
+        a.decode_path = PLAIN
+        a.__dict__.pop("_compiled_tower", None)
+        torch._dynamo.reset()
+    assert all(torch.equal(g, w) for g, w in zip(got, eager))
+    assert torch.equal(with_attention.visual, eager[0]) and with_attention.attention is not None
+
+
+def test_a_batch_of_items_runs_the_compiled_tower_once(embedded, monkeypatch):
+    """`encode_items` on the compiled path, nothing recorded: the batch's ONE tower call is the compiled one,
+    and each item's tokens are its one-by-one encoding's."""
+    from PIL import Image
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import encode_items, use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    a, e = embedded
+    images = [Image.new("RGB", (96, 80), c) for c in ((200, 30, 30), (30, 200, 30), (30, 30, 200))]
+    eager = [a.encode(im, e.prompt).visual for im in images]
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    use_decode_path(a, bucket=64, static_cache=True, compile=True)
+    try:
+        got = encode_items(a, [(im, e.prompt) for im in images], batch=3)
+        assert counter.frame_count == 1
+    finally:
+        a.decode_path = PLAIN
+        a.__dict__.pop("_compiled_tower", None)
+        torch._dynamo.reset()
+    assert all(torch.allclose(g.visual, w, atol=1e-5) for g, w in zip(got, eager))

@@ -17,12 +17,15 @@ Shared machinery (splicing, positions, generation, attention capture): `_llava_c
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from ...media import Video, load_media
 from ...pruners.signals import Signals
 from .. import _clip_attention as A
 from .. import _llava_common as C
+from .. import _packed as P
 from . import geometry as G
 
 
@@ -99,6 +102,11 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         the `_signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
+        if self.decode_path.compile and not (want.attention or want.extra or extra):
+            # nothing recorded: the tower runs compiled, as the packed prefill does (`_packed.compiled`:
+            # CUDA graphs on CUDA, one per batch size); the outputs are cloned out of the graph's memory
+            feats = P.compiled(self, "tower", image_features)(self.model, pixels)
+            return SimpleNamespace(pooler_output=[f.clone() for f in feats]), None
         tower = self.model.model.vision_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
@@ -127,7 +135,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 outputs, rec = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
                                            Signals.of(need_attention, signals))
                 for j, (i, x) in enumerate(zip(single, inputs)):
-                    held[i] = (x, _item_outputs(outputs, j), rec.item(j))
+                    held[i] = (x, _item_outputs(outputs, j), None if rec is None else rec.item(j))
         out = []
         for i, (m, p) in enumerate(loaded):
             self._tower_item = held.get(i)
@@ -136,6 +144,12 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
             finally:
                 self._tower_item = None
         return out
+
+
+def image_features(model, pixels: torch.Tensor):
+    """The projected visual tokens of a batch of images (`get_image_features`'s pooler output): what the
+    compiled tower computes."""
+    return model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
 
 
 def _item_outputs(outputs, j: int):
