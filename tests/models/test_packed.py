@@ -6,6 +6,8 @@ prefix; and the packed prefill compiled with `torch.compile(fullgraph=True)` com
 packed lengths of one bucket, with the eager logits."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -55,6 +57,29 @@ class FirstLayerRows:
     def prefill_rows(self) -> int:
         b, n = self.calls[0]
         return b * n
+
+
+@contextlib.contextmanager
+def compiled_path(adapter, monkeypatch):
+    """The adapter on `DecodePath(bucket=64, static_cache=True, compile=True)` with dynamo's CompileCounter as
+    `_packed.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
+    yields the counter; afterwards the plain path, no compiled function kept, dynamo's caches reset."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.batch import use_decode_path
+    from mipruner.models._decode_path import PLAIN
+
+    counter = CompileCounter()
+    monkeypatch.setitem(P.COMPILE, "backend", counter)
+    torch._dynamo.reset()
+    use_decode_path(adapter, bucket=64, static_cache=True, compile=True)
+    try:
+        yield counter
+    finally:
+        adapter.decode_path = PLAIN
+        for name in [k for k in vars(adapter) if k.startswith("_compiled_")]:
+            delattr(adapter, name)
+        torch._dynamo.reset()
 
 
 def test_one_view_pays_for_its_own_tokens(embedded):
@@ -142,32 +167,17 @@ def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch
     `torch.compile` (backend: CompileCounter, set in `_packed.COMPILE`); two kept counts of one bucket
     capture one prefill graph and one step graph (the step: one shape at every step), and the answers
     are the plain path's (tie rule)."""
-    from torch._dynamo.testing import CompileCounter
-
-    from mipruner.batch import use_decode_path
-    from mipruner.models._decode_path import PLAIN
-
     from .batch_check import compare
 
     a, e = embedded
-    counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)
-    torch._dynamo.reset()
     keeps = [torch.arange(10), torch.arange(3, 17)]
     ref = one_by_one(a, e, keeps, 4, min_new_tokens=4)
-    use_decode_path(a, bucket=64, static_cache=True, compile=True)
-    try:
+    with compiled_path(a, monkeypatch) as counter:
         got = [a.generate(e, k, max_new_tokens=4, min_new_tokens=4) for k in keeps]
         assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
-        assert [packed_inputs(a, [(e, k)], bucket=64)["plan"].total for k in keeps] == [64, 64]  # one bucket
-        for g, (r, rec) in zip(got, ref):
-            assert len(g.token_ids) == 4 and compare(g.token_ids, r.token_ids, rec.margins) >= 1
-    finally:
-        a.decode_path = PLAIN
-        for name in ("_compiled_prefill", "_compiled_step"):
-            if hasattr(a, name):
-                delattr(a, name)
-        torch._dynamo.reset()
+    assert [packed_inputs(a, [(e, k)], bucket=64)["plan"].total for k in keeps] == [64, 64]  # one bucket
+    for g, (r, rec) in zip(got, ref):
+        assert len(g.token_ids) == 4 and compare(g.token_ids, r.token_ids, rec.margins) >= 1
 
 
 QWEN = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"]
@@ -223,35 +233,22 @@ def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
     through `_packed.compiled` (backend: CompileCounter); two kept counts of one bucket in a batch with
     the unpruned row capture one prefill graph and one step graph, and the answers are the plain path's
     (tie rule)."""
-    from torch._dynamo.testing import CompileCounter
-
-    from mipruner.batch import answer_batch, use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.batch import answer_batch
     from mipruner.models.qwen.batch import packed_inputs as qwen_packed
 
     a, e = qwen[kind]
     n = e.n_visual
-    counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)
-    torch._dynamo.reset()
     views = [[None, torch.arange(0, n, 3), torch.arange(n // 2)], [None, torch.arange(1, n, 3), torch.arange(n // 2 - 1)]]
     plans = [qwen_packed(a, [(e, s) for s in sels], [a._llm_inputs(e, s) for s in sels], bucket=64)["plan"]
              for sels in views]
     assert plans[0].real != plans[1].real and plans[0].total == plans[1].total  # two lengths, one bucket
     refs = [one_by_one(a, e, sels, 4) for sels in views]
-    use_decode_path(a, bucket=64, static_cache=True, compile=True)
-    try:
+    with compiled_path(a, monkeypatch) as counter:
         got = [answer_batch(a, e, sels, max_new_tokens=4) for sels in views]
         assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
-        for g, ref in zip(got, refs):
-            done, total = compare_all(g, ref)
-            assert done >= 0.75 * total, (done, total)
-    finally:
-        a.decode_path = PLAIN
-        for name in ("_compiled_prefill", "_compiled_step"):
-            if hasattr(a, name):
-                delattr(a, name)
-        torch._dynamo.reset()
+    for g, ref in zip(got, refs):
+        done, total = compare_all(g, ref)
+        assert done >= 0.75 * total, (done, total)
 
 
 def test_static_caches_are_kept_per_shape(embedded):
@@ -275,28 +272,16 @@ def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch)
     tokens equal the eager tower's; an encoding that records attention runs the eager tower with its
     hooks (nothing captured)."""
     from PIL import Image
-    from torch._dynamo.testing import CompileCounter
-
-    from mipruner.batch import use_decode_path
-    from mipruner.models._decode_path import PLAIN
 
     a, e = embedded
     images = [Image.new("RGB", (96, 80), c) for c in ((200, 30, 30), (30, 200, 30))]
     eager = [a.encode(im, e.prompt).visual for im in images]
-    counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)
-    torch._dynamo.reset()
-    use_decode_path(a, bucket=64, static_cache=True, compile=True)
-    try:
+    with compiled_path(a, monkeypatch) as counter:
         got = [a.encode(images[0], e.prompt).visual]
         captured = counter.frame_count
         got.append(a.encode(images[1], e.prompt).visual)
         with_attention = a.encode(images[0], e.prompt, need_attention=True)
         assert captured == 1 and counter.frame_count == captured, (captured, counter.frame_count)
-    finally:
-        a.decode_path = PLAIN
-        a.__dict__.pop("_compiled_tower", None)
-        torch._dynamo.reset()
     assert all(torch.equal(g, w) for g, w in zip(got, eager))
     assert torch.equal(with_attention.visual, eager[0]) and with_attention.attention is not None
 
@@ -305,23 +290,13 @@ def test_a_batch_of_items_runs_the_compiled_tower_once(embedded, monkeypatch):
     """`encode_items` on the compiled path, nothing recorded: the batch's ONE tower call is the compiled one,
     and each item's tokens are its one-by-one encoding's."""
     from PIL import Image
-    from torch._dynamo.testing import CompileCounter
 
-    from mipruner.batch import encode_items, use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.batch import encode_items
 
     a, e = embedded
     images = [Image.new("RGB", (96, 80), c) for c in ((200, 30, 30), (30, 200, 30), (30, 30, 200))]
     eager = [a.encode(im, e.prompt).visual for im in images]
-    counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)
-    torch._dynamo.reset()
-    use_decode_path(a, bucket=64, static_cache=True, compile=True)
-    try:
+    with compiled_path(a, monkeypatch) as counter:
         got = encode_items(a, [(im, e.prompt) for im in images], batch=3)
         assert counter.frame_count == 1
-    finally:
-        a.decode_path = PLAIN
-        a.__dict__.pop("_compiled_tower", None)
-        torch._dynamo.reset()
     assert all(torch.allclose(g.visual, w, atol=1e-5) for g, w in zip(got, eager))

@@ -227,6 +227,30 @@ def test_video_file_frame_count_and_qwen3_timestamps(adapters, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- attention
+def recompute_block(ad, enc, media: str, block: int, **capture):
+    """Run the tower again with `_attention_capture` on ViT `block` (per head kept) and check that its
+    recomputed probabilities reproduce the block's real attention output, proj(P @ V); returns (the
+    block's attention module, the capture's store)."""
+    vision = dict(enc.state["vision_inputs"])
+    module = ad.model.model.visual.blocks[block].attn
+    seen = {}
+    handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
+    store = {"keep_heads": True}
+    try:
+        with torch.no_grad(), ad._attention_capture(vision, store, enabled=True, **capture):
+            if media == "video":
+                ad.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"])
+            else:
+                ad.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"])
+    finally:
+        handle.remove()
+    probs, values = store["probs"], store["values"].float().transpose(0, 1)  # (H, P, P), (H, P, hd)
+    out = (probs @ values).transpose(0, 1).reshape(probs.shape[1], -1)
+    with torch.no_grad():
+        torch.testing.assert_close(module.proj(out), seen["out"], atol=1e-5, rtol=1e-4)
+    return module, store
+
+
 @pytest.mark.parametrize("kind,media", CASES)
 def test_vision_attention(adapters, kind, media):
     """The recomputed probabilities reproduce the block's real attention output: proj(P @ V)."""
@@ -237,24 +261,8 @@ def test_vision_attention(adapters, kind, media):
     assert torch.allclose(enc.attention.sum(-1), torch.ones(n), atol=1e-5)
     assert bool((enc.attention >= 0).all())
     # recompute the block output from the captured probabilities
-    vision = {k: v for k, v in enc.state["vision_inputs"].items()}
-    module = ad.model.model.visual.blocks[ad._attention_block()].attn
-    seen = {}
-    handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
-    store = {"keep_heads": True}
-    try:
-        with torch.no_grad(), ad._attention_capture(vision, store, enabled=True):
-            if media == "video":
-                ad.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"])
-            else:
-                ad.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"])
-    finally:
-        handle.remove()
+    module, store = recompute_block(ad, enc, media, ad._attention_block())
     assert not module._forward_pre_hooks and not module._forward_hooks  # hooks removed
-    probs, values = store["probs"], store["values"].float().transpose(0, 1)  # (H, P, P), (H, P, hd)
-    out = (probs @ values).transpose(0, 1).reshape(probs.shape[1], -1)
-    with torch.no_grad():
-        torch.testing.assert_close(module.proj(out), seen["out"], atol=1e-5, rtol=1e-4)
     if media == "video":  # no attention across token-frames
         per = n // len(enc.geometry.grids)
         assert float(enc.attention[:per, per:].abs().max()) == 0.0
@@ -274,24 +282,8 @@ def test_every_block_the_methods_ask_for_is_recomputed_exactly(adapters, kind, m
     depth = len(ad.model.model.visual.blocks)
     enc = ad.encode(scene() if media == "image" else video(), PROMPT,
                     signals=mipruner.Signals(heads=frozenset(range(depth))))
-    vision = enc.state["vision_inputs"]
     for block in sorted({ad._attention_block(b) for b in range(depth)}):
-        module = ad.model.model.visual.blocks[block].attn
-        seen = {}
-        handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
-        store = {"keep_heads": True}
-        try:
-            with torch.no_grad(), ad._attention_capture(vision, store, enabled=True, blocks={block: True}):
-                if media == "video":
-                    ad.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"])
-                else:
-                    ad.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"])
-        finally:
-            handle.remove()
-        probs, values = store["probs"], store["values"].float().transpose(0, 1)  # (H, P, P), (H, P, hd)
-        out = (probs @ values).transpose(0, 1).reshape(probs.shape[1], -1)
-        with torch.no_grad():
-            torch.testing.assert_close(module.proj(out), seen["out"], atol=1e-5, rtol=1e-4)
+        _, store = recompute_block(ad, enc, media, block, blocks={block: True})
         for b in range(depth):  # every block asked that this block gives
             if ad._attention_block(b) == block:
                 got = enc.blocks[b]
