@@ -22,11 +22,11 @@ The prefill packs the rows instead of padding them (`mipruner/models/_packed.py`
 answers make the LLM process the rows' own lengths, the text before the image once.
 
 Encoding: `encode_items` encodes several items with one vision-tower call per `batch` items where
-the family's processor gives every item the same pixel shape (`adapter.encode_batch`: LLaVA-1.5,
-one image per item, its fixed-size tower input); other families' inputs differ in shape per item
-(LLaVA-NeXT's tiles per aspect ratio, Qwen's native resolution and frame counts, OneVision's and
-InternVL's tiles, Video-LLaVA's frames) and are encoded one by one. `answer_items` batches the LLM
-over items.
+the family batches its tower (`adapter.encode_batch`): LLaVA-1.5, one image per item (its fixed-size
+tower input); Qwen2/2.5/3-VL, one image per item at its own native resolution (the ViT takes images
+of any sizes as one patch sequence), when the encoding records nothing of the tower. Other inputs
+(LLaVA-NeXT's tiles per aspect ratio, OneVision's and InternVL's tiles, videos, several images) are
+encoded one by one. `answer_items` batches the LLM over items.
 """
 from __future__ import annotations
 

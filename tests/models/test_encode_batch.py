@@ -1,5 +1,5 @@
-"""Batched encodings (`mipruner.batch.encode_items`, `LlavaAdapter.encode_batch`): several one-image
-items through ONE vision-tower call give the one-by-one encodings (visual tokens, attention, keys,
+"""Batched encodings (`mipruner.batch.encode_items`, `LlavaAdapter.encode_batch`, Qwen's `encode_batch`):
+several one-image items through ONE vision-tower call give the one-by-one encodings (visual tokens, attention, keys,
 [CLS] rows up to float rounding of the batched tower; ids, text and geometry exactly) and answers;
 items the family cannot batch (a video, several images) are encoded one by one in the same call;
 an evaluation run calls the tower ceil(n / batch) times (a forward hook counts the calls)."""
@@ -90,3 +90,62 @@ def test_an_eval_run_calls_the_tower_once_per_group(llava):
         if batch == 2:
             batched = rows
     assert [r["acc"] for r in batched] == [r["acc"] for r in rows]
+
+
+QWEN = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from . import tiny_qwen
+
+    root = tmp_path_factory.mktemp("encode_batch_qwen")
+    return {k: mipruner.load(tiny_qwen.build(k, str(root / k))) for k in QWEN}
+
+
+@pytest.mark.parametrize("kind", QWEN)
+def test_qwen_batches_its_single_images(qwen, kind):
+    """Qwen2-VL / 2.5-VL / 3-VL: single images of different native sizes share ONE tower call (a video is
+    encoded alone) and give the one-by-one encodings (Qwen3-VL's deepstack rows too); an encoding that
+    records the tower's attention is one call an item."""
+    from .test_qwen_family import video
+
+    a = qwen[kind]
+    images = [scene(112, 56, square=(70, 14, 84, 28)), scene(60, 80, square=(10, 10, 30, 30)),
+              scene(96, 96, square=(40, 50, 60, 70))]
+    items = [(images[0], PROMPTS[0]), (video(), PROMPTS[1]), (images[1], PROMPTS[1]), (images[2], PROMPTS[2])]
+    tower = a.model.model.visual
+    calls = []
+    handle = tower.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        got = encode_items(a, items, batch=4)
+        batched_calls = len(calls)
+        encode_items(a, items[:1] + items[2:], batch=4, need_attention=True)
+    finally:
+        handle.remove()
+    assert batched_calls == 2 and len(calls) == 2 + 3  # three images in one call, the video alone
+    alone = [a.encode(m, p) for m, p in items]
+    for g, x in zip(got, alone):
+        assert torch.equal(g.state["input_ids"], x.state["input_ids"]) and g.text_tokens == x.text_tokens
+        assert torch.equal(g.geometry.box, x.geometry.box) and torch.equal(g.state["positions"], x.state["positions"])
+        torch.testing.assert_close(g.visual, x.visual, atol=1e-5, rtol=1e-5)
+        for gd, xd in zip(g.state.get("deepstack", []) or [], x.state.get("deepstack", []) or []):
+            torch.testing.assert_close(gd, xd, atol=1e-5, rtol=1e-5)
+
+
+def test_a_qwen_eval_run_calls_the_tower_once_per_group(qwen):
+    """`python -m mipruner.eval`'s runner on Qwen2-VL: ceil(n / batch) tower calls, the same accuracy."""
+    a = qwen["qwen2_vl"]
+    rng = np.random.default_rng(0)
+    items = [EvalItem(id=str(i), media=Image.fromarray(rng.integers(0, 255, (40 + 4 * i, 50, 3), dtype=np.uint8)),
+                      question="Is there a square?", answer="yes", kind="yesno") for i in range(5)]
+    runs = {}
+    for batch in (2, 1):
+        calls = []
+        handle = a.model.model.visual.register_forward_hook(lambda *_: calls.append(1))
+        try:
+            runs[batch] = evaluate(a, items, ["none", "mi"], [4], {}, "t", max_new_tokens=2, encode_batch=batch)
+        finally:
+            handle.remove()
+        assert len(calls) == math.ceil(len(items) / batch)
+    assert [r["acc"] for r in runs[2]] == [r["acc"] for r in runs[1]]

@@ -20,15 +20,13 @@ frames, resize target and patch layout, with the deviations listed there).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 from PIL import Image
 
-from ...media import MediaError, Video, is_video_path, load_image, load_video
 from ...pruners.selection import Selection
-from . import attention as QA, video as QV
+from . import attention as QA, encode_batch as QE, video as QV
 from .._decode_path import PLAIN, DecodePath
 from .attention import merge_attention
 from .video import read_json, smart_resize
@@ -85,20 +83,8 @@ class Qwen2VLAdapter(Adapter):
         return QV.qwen2_indices(total, video_fps, self.video_config)
 
     def _read_media(self, media):
-        """-> (frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream).
-
-        A `Video` or a list of frames is taken as already sampled (the official processor given
-        decoded frames with `do_sample_frames` off); a video file is sampled by `sample_frames`."""
-        if isinstance(media, Video):
-            return media.frames, True, list(media.indices), media.fps, media.total_frames
-        if isinstance(media, (list, tuple)):
-            if not media:
-                raise MediaError("an empty list of frames")
-            return [load_image(f) for f in media], True, list(range(len(media))), 0.0, len(media)
-        if isinstance(media, (str, os.PathLike)) and is_video_path(media):
-            video = load_video(media, sample=self.sample_frames)
-            return video.frames, True, list(video.indices), video.fps, video.total_frames
-        return [load_image(media)], False, [0], 0.0, 1
+        """(frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream): `video.read_media`."""
+        return QV.read_media(media, self.sample_frames)
 
     def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
         """(height, width) of every frame of a `num_frames`-frame video (the real count, not padded)."""
@@ -135,14 +121,15 @@ class Qwen2VLAdapter(Adapter):
         kind = "video" if is_video else "image"
         messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        rope_kwargs = {}
+        rope_kwargs, held = {}, None
         if is_video:
             pixels, grid, (rh, rw) = self._video_pixels(frames)
             text = self._expand_video_text(text, grid, indices, fps)
             vision = {"pixel_values_videos": pixels, "video_grid_thw": grid}
             rope_kwargs = self._video_rope_kwargs(indices, fps, total)
-        else:
-            out = self.image_processor(images=frames, return_tensors="pt")
+        else:  # a batched tower call's share (`encode_batch`) holds this item's processor output and features
+            held = getattr(self, "_tower_item", None)
+            out = held[0] if held else self.image_processor(images=frames, return_tensors="pt")
             grid = out["image_grid_thw"]
             rh, rw = int(grid[0, 1]) * self.patch, int(grid[0, 2]) * self.patch
             text = text.replace(self.image_token, self.image_token * (int(grid.prod()) // self.merge ** 2), 1)
@@ -165,7 +152,9 @@ class Qwen2VLAdapter(Adapter):
         t1 = time.perf_counter()
         store: dict = {}
         with QA.record(self, vision, store, want):
-            if is_video:
+            if not is_video and held:
+                feats = held[1]
+            elif is_video:
                 feats = self.model.get_video_features(vision["pixel_values_videos"], vision["video_grid_thw"],
                                                       return_dict=True)
             else:
@@ -200,6 +189,10 @@ class Qwen2VLAdapter(Adapter):
             keys=store.get("keys"), has_cls=False, state=state,
             timings={"preprocess_s": t1 - t0, "vision_s": t2 - t1, "encode_s": time.perf_counter() - t0},
             **QA.signal_fields(self, want, store, grid))
+
+    def encode_batch(self, items, **kw) -> list[Encoded]:
+        """`encode` of several (media, prompt) items, the single images in ONE tower call (`encode_batch.py`)."""
+        return QE.encode_batch(self, items, **kw)
 
     def _extra_state(self, feats, state: dict) -> None:
         """Family-specific outputs of the feature method to keep (Qwen3-VL: deepstack)."""

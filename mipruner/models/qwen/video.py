@@ -30,11 +30,12 @@ processor does with `do_sample_frames` off.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
 
-from ...media import MediaError
+from ...media import MediaError, Video, is_video_path, load_image, load_video
 from .._hub_files import read_json, video_processor_dict
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -195,5 +196,22 @@ def video_pixels(frames, target: tuple[int, int], s: dict, image_processor, patc
     return pixels, torch.tensor([[grid_t, gh, gw]])
 
 
-__all__ = ["QWEN2_DEFAULTS", "QWEN3_DEFAULTS", "qwen2_indices", "qwen3_indices", "read_json", "resize_target",
+def read_media(media, sample_frames) -> tuple[list, bool, list[int], float, int]:
+    """(frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream) of `media`.
+
+    A `Video` or a list of frames is taken as already sampled (the official processor given decoded frames
+    with `do_sample_frames` off); a video file is sampled by `sample_frames(total, fps)`."""
+    if isinstance(media, Video):
+        return media.frames, True, list(media.indices), media.fps, media.total_frames
+    if isinstance(media, (list, tuple)):
+        if not media:
+            raise MediaError("an empty list of frames")
+        return [load_image(f) for f in media], True, list(range(len(media))), 0.0, len(media)
+    if isinstance(media, (str, os.PathLike)) and is_video_path(media):
+        video = load_video(media, sample=sample_frames)
+        return video.frames, True, list(video.indices), video.fps, video.total_frames
+    return [load_image(media)], False, [0], 0.0, 1
+
+
+__all__ = ["read_media", "QWEN2_DEFAULTS", "QWEN3_DEFAULTS", "qwen2_indices", "qwen3_indices", "read_json", "resize_target",
            "smart_resize", "smart_resize_3d", "video_pixels", "video_processor_dict", "video_settings"]
