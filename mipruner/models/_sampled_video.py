@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import is_video_path, load_media, load_video
+from ..media import MediaError, is_video_path, load_media, load_video
 from ._hub_files import video_processor_dict
 
 
@@ -29,6 +29,22 @@ def video_settings(cfg: dict, defaults: dict) -> dict:
         size = {"height": edge, "width": edge}
     s["size"] = size
     return s
+
+
+def frames_asked(total: int, video_fps: float, s: dict, default: int) -> int | None:
+    """How many of a `total`-frame video's frames the video config `s` asks for: `num_frames`, or, sampling
+    by fps, max(1, int(total / video_fps * fps)); `default` without `do_sample_frames` (transformers would
+    read every frame, which overflows the context for any real clip); None when it samples with neither
+    (every frame is read)."""
+    if not s["do_sample_frames"]:
+        return default
+    if s["num_frames"] is not None:
+        return int(s["num_frames"])
+    if s["fps"] is not None:
+        if not video_fps:
+            raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
+        return max(1, int(total / video_fps * float(s["fps"])))
+    return None
 
 
 def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:

@@ -43,7 +43,7 @@ from .._clip_attention import feature_layer_index
 from .._patch_layout import Layout
 from .._signals import Record
 from .._hub_files import read_chat_template, read_json
-from .._sampled_video import SampledVideo, video_pixels
+from .._sampled_video import SampledVideo, frames_asked, video_pixels
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -61,16 +61,9 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     num_frames nor fps); at least one."""
     if total <= 0:
         return []
-    k = default
-    if s["do_sample_frames"]:
-        if s["num_frames"] is not None:
-            k = int(s["num_frames"])
-        elif s["fps"] is not None:
-            if not video_fps:
-                raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
-            k = max(1, int(total / video_fps * float(s["fps"])))
-        else:
-            return list(range(total))
+    k = frames_asked(total, video_fps, s, default)
+    if k is None:
+        return list(range(total))
     shift = s["initial_shift"]
     shift = total / k / 2 if shift is True else float(shift or 0)
     if k > total or shift >= total:

@@ -45,7 +45,7 @@ from .. import _llava_common as C
 from . import layout as L
 from .._hub_files import read_chat_template, read_json
 from .._patch_layout import Layout, token_attention
-from .._sampled_video import SampledVideo, video_pixels
+from .._sampled_video import SampledVideo, frames_asked, video_pixels
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -59,19 +59,10 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     config's num_frames, or fps (max(1, int(total / video_fps * fps)) frames); every frame where it
     would refuse (more asked than there are). Without it, `default` frames by the same rule
     (transformers would read every frame, which overflows the context for any real clip)."""
-    n = default
-    if s["do_sample_frames"]:
-        if s["num_frames"] is not None and s["fps"] is not None:
-            raise MediaError("the video processor config sets both fps and num_frames; they are mutually exclusive")
-        if s["num_frames"] is not None:
-            n = int(s["num_frames"])
-        elif s["fps"] is not None:
-            if not video_fps:
-                raise MediaError("the video does not state its frame rate, which frame sampling by fps needs")
-            n = max(1, int(total / video_fps * float(s["fps"])))
-        else:
-            return list(range(total))
-    return sample_indices(total, n)
+    if s["do_sample_frames"] and s["num_frames"] is not None and s["fps"] is not None:
+        raise MediaError("the video processor config sets both fps and num_frames; they are mutually exclusive")
+    n = frames_asked(total, video_fps, s, default)
+    return list(range(total)) if n is None else sample_indices(total, n)
 
 
 def _processor(ip, tok, pcfg: dict, model_config, chat_template):
