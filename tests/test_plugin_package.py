@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -97,31 +96,11 @@ def test_bench_times_the_plugin(target):
 @pytest.fixture(scope="module")
 def app(target, broken):
     """app.py with the installed plug-in, a broken one named by --plugins and a visitor-reachable tripwire."""
-    from .app.conftest import free_port
+    from .app.conftest import app_process
 
-    port = free_port()
-    log = open(os.path.join(os.path.dirname(broken[0]), "app.log"), "w")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--plugins", broken[0]], cwd=ROOT,
-                            env=env(target, broken[1]), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        from gradio_client import Client
-
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                client = Client(url, verbose=False)
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.close()
-                    raise AssertionError(open(log.name).read()) from None
-                time.sleep(1)
-        yield client, log.name
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
+    log = os.path.join(os.path.dirname(broken[0]), "app.log")
+    with app_process(["--plugins", broken[0]], env(target, broken[1]), log) as client:
+        yield client, log
 
 
 def test_the_app_serves_the_plugin_next_to_mi(app, broken):

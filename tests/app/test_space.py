@@ -17,6 +17,8 @@ from components import space_check
 from components.hub import EMBEDDED, SUGGESTED
 from components.space_default import HARDWARE_NOTE, HOSTED_DEFAULT, hardware, start_model
 
+from .conftest import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_DEFAULT = HOSTED_DEFAULT["cpu"]
 FALLBACK = (f"Could not load {CPU_DEFAULT!r}, this Space's default on a CPU, because its files are not on this "
@@ -182,18 +184,10 @@ def test_a_space_serving_a_real_model_says_why_answers_wait(monkeypatch):
 
 # -- the app started as a Space with no hub ----------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_space(tmp_path_factory, **extra):
     """app.py as a CPU Space starts it: SPACE_ID set, no GPU, the hub unreachable (HF_HUB_OFFLINE) and an
     empty hub cache; `extra`: more environment. Returns (process, url, log path) once it serves."""
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("MIPRUNER_MODEL", "SPACES_ZERO_GPU", "SYSTEM")}
     env.update(SPACE_ID="someone/mipruner", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                HF_HOME=str(tmp_path_factory.mktemp("hf-home")), OMP_NUM_THREADS="1", **extra)

@@ -86,35 +86,13 @@ def test_examples_import_no_private_mipruner_module():
 @pytest.fixture(scope="module")
 def app(target, tmp_path_factory):
     """app.py with both installed examples (entry points), on a free port."""
-    import time
+    from ..app.conftest import app_process
 
-    from ..app.conftest import free_port
-
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("app") / "app.log", "w")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                PYTHONPATH=os.pathsep.join([str(ROOT), target]))
     env.pop("MIPRUNER_PLUGINS", None)
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-    try:
-        from gradio_client import Client
-
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.close()
-                    raise AssertionError(open(log.name).read()) from None
-                time.sleep(1)
+    with app_process([], env, tmp_path_factory.mktemp("app") / "app.log") as client:
         yield client
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 def test_the_app_shows_both_next_to_mi(app):
