@@ -27,3 +27,17 @@ def pytest_report_header(config):
 @pytest.fixture
 def device() -> torch.device:
     return TEST_DEVICE
+
+
+def raising_method(name: str, message: str):
+    """A module fixture's body: register method `name`, which raises RuntimeError(message) on every input,
+    yield its name, then remove it (the tests of "a broken method costs its own panel / rows")."""
+    from mipruner.pruners import register_pruner, unregister_pruner
+
+    @register_pruner(name, label="Boom")
+    def method(visual, text, budget):
+        """Raises on every input."""
+        raise RuntimeError(message)
+
+    yield name
+    unregister_pruner(name)

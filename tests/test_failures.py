@@ -18,8 +18,9 @@ from mipruner.eval.shapes import shapes_items
 from mipruner.eval.sweep import run_sweep
 from mipruner.eval.sweep_spec import Sweep
 from mipruner.failures import guarded, sentence
-from mipruner.pruners import register_pruner, unregister_pruner
 from mipruner.pruners._registry import ContractError, get_pruner
+
+from .conftest import raising_method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE = os.path.join(ROOT, "assets", "examples", "scene_3.png")
@@ -38,13 +39,7 @@ def boom(visual, text, budget):
 
 @pytest.fixture(scope="module")
 def boom():
-    @register_pruner("boom_test", label="Boom")
-    def boom_test(visual, text, budget):
-        """Raises on every input."""
-        raise RuntimeError("boom\nsecond line")
-
-    yield "boom_test"
-    unregister_pruner("boom_test")
+    yield from raising_method("boom_test", "boom\nsecond line")
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mipruner.pruners import register_pruner, unregister_pruner
-
+from ..conftest import raising_method
 from .test_app_client import ctl, encode
 from components.examples import load_examples
 
 
 @pytest.fixture(scope="module")
 def boom():
-    @register_pruner("boom_app_test", label="Boom")
-    def boom_app_test(visual, text, budget):
-        """Raises on every input."""
-        raise RuntimeError("boom in the app")
-
-    yield "boom_app_test"
-    unregister_pruner("boom_app_test")
+    yield from raising_method("boom_app_test", "boom in the app")
 
 
 @pytest.fixture(scope="module")
