@@ -33,16 +33,11 @@ from mipruner.models._decode_path import PLAIN
 from .conftest import TEST_DEVICE
 from .models import tester_models
 from .models.tiny_llava import scene
+from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = "What colour is the square?"
 NEW = 5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from mipruner.testing import tensor_inputs
 from .conftest import TEST_DEVICE
 from .models import tester_models
 from .models.tiny_llava import scene
+from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 SELECT_MAX = 16  # syncs of one selection, whatever N_V and K (input checks, extras for the app)
@@ -89,12 +90,6 @@ class SyncCounter:
 @pytest.fixture
 def syncs(monkeypatch):
     return SyncCounter(monkeypatch)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 def test_the_counter_counts_and_is_removed(monkeypatch):

@@ -32,6 +32,7 @@ from mipruner.testing import low_precision_failures, select_failures
 from .conftest import TEST_DEVICE
 from .models import tester_models
 from .models.tiny_llava import scene
+from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 DTYPES = [torch.bfloat16, torch.float16]
 DT_IDS = ["bf16", "fp16"]
@@ -40,12 +41,6 @@ IN_LLM = [n for n in list_pruners() if get_pruner(n).stage == "llm"]
 VIDEO = {"llava", "video_llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}  # LLaVA-NeXT: images only
 PROMPT = "What colour is the square?"
 NEW = 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 # ------------------------------------------------------------------------------ (a) mipruner.prune

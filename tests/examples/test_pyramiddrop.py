@@ -18,7 +18,7 @@ import torch
 import mipruner
 from mipruner import inllm
 
-from ..inllm.test_inllm import CASES, _id, _no_grad, adapters, encoded  # noqa: F401
+from ..inllm.test_inllm import CASES, _id, adapters, encoded, no_grad  # noqa: F401
 from ..inllm.test_sparsevlm import paths  # noqa: F401  (4 decoder layers, every family)
 from .pdrop_reference import reference_pdrop
 

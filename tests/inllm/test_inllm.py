@@ -29,17 +29,12 @@ from ..models import tiny_qwen
 from ..models.test_qwen_family import scene as qwen_scene
 from ..models.test_qwen_family import video as qwen_video
 from ..models.tiny_llava import save_tiny, scene
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .reference import reference_run
 
 PROMPT = "What colour is the square?"
 LLAVA = ("llava", "llava_next", "video_llava")
 QWEN = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from mipruner.inllm import sparsevlm as sv
 
 from ..models import tiny_llava, tiny_qwen
 from .reference import hide_by_stage, reference_staged
-from .test_inllm import (CASES, LLAVA, _eager, _id, _no_grad, _reference_inputs, adapters,  # noqa: F401
+from .test_inllm import (CASES, LLAVA, _eager, _id, no_grad, _reference_inputs, adapters,  # noqa: F401
                          decoder_layer_calls, encoded, tiny_checkpoints)
 
 DEPTH = 4

@@ -13,6 +13,7 @@ from mipruner.batch import answer_batch, answer_items, use_decode_path
 from mipruner.models._decode_path import PLAIN
 from mipruner.pruners import Selection
 
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .batch_check import Scores, check_logits, compare, compare_all, one_by_one
 from .tiny_llava import save_tiny, scene
 
@@ -21,12 +22,6 @@ NEW = 6
 BUCKET = 16  # the GPU path's length bucket in these tests
 CASES = [("llava", "image"), ("llava", "video"), ("llava_next", "image"), ("video_llava", "image"),
          ("video_llava", "video")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

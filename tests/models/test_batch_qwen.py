@@ -14,6 +14,7 @@ import mipruner.models
 from mipruner.batch import answer_batch, answer_items, use_decode_path
 from mipruner.models._decode_path import PLAIN
 
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen
 from .anchor import reference_inputs as plain_inputs
 from .batch_check import Scores, check_logits, compare, compare_all, one_by_one
@@ -24,12 +25,6 @@ PROMPT = "What is red in the image?"
 NEW = 6
 BUCKET = 16  # the GPU path's length bucket in these tests
 CASES = [(k, m) for k in FAMILIES for m in ("image", "video")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,11 @@ from mipruner.eval.runner import evaluate
 from mipruner.eval.tasks import EvalItem
 from mipruner.media import Video
 
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .batch_check import compare, one_by_one
 from .tiny_llava import save_tiny, scene
 
 PROMPTS = ["What colour is the square?", "Is there a square?", "Where is the square?"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

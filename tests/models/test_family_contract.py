@@ -33,6 +33,7 @@ import mipruner
 from mipruner.media import write_video
 from mipruner.models import FAMILIES
 
+from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 from .tiny import TINY, save_tiny
 from .tiny_llava import scene
@@ -49,13 +50,6 @@ VIDEO_WIDER_THAN = {"llava_onevision": 7 * 80, "internvl": 7 * 80}
 
 def _ids(cases):
     return [f"{a}-{b}" for a, b in cases]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

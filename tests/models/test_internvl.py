@@ -19,19 +19,13 @@ import mipruner
 from mipruner.media import load_image, load_video, write_video
 from mipruner.models.internvl.adapter import frame_indices
 
+from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 from .tiny_internvl import IMAGE_SIZE, MAX_TILES, SEQ, save_tiny
 from .tiny_llava import scene
 
 PROMPT = "What colour is the square?"
 H = int(SEQ ** 0.5)  # tokens per tile side
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

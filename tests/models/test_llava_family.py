@@ -14,17 +14,11 @@ import mipruner
 from mipruner.media import MediaError, write_video
 from mipruner.pruners import Selection
 
+from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .tiny_llava import IMAGE_SIZE, MAX_POSITIONS, PATCH, save_tiny, scene
 
 PROMPT = "What colour is the square?"
 RED = (28, 14, 42, 28)  # x0, y0, x1, y1: token row 1, col 2 of the 4 x 4 grid of a 56 px image
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

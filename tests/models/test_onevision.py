@@ -19,19 +19,13 @@ from PIL import Image
 import mipruner
 from mipruner.media import load_image, load_video, sample_indices, write_video
 
+from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
 from .tiny_llava import scene
 from .tiny_onevision import IMAGE_SIZE, PATCH, save_tiny
 
 PROMPT = "What colour is the square?"
 G = IMAGE_SIZE // PATCH
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

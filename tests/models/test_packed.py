@@ -16,17 +16,12 @@ from mipruner.models import _packed as P
 from mipruner.models._batch_llava import packed_inputs, packed_prefill
 from mipruner.testing import embedded_encoding
 
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen
 from .batch_check import compare_all, one_by_one
 from .test_qwen_family import scene
 
 FIVE = ("mi", "random", "similarity", "attention", "divprune")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")

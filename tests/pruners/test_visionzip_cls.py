@@ -18,15 +18,10 @@ import mipruner
 from mipruner import inllm
 
 from ..models.tiny_llava import save_tiny, scene
+from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 PROMPT = "What colour is the square?"
 FAMILIES = ("llava", "llava_next", "video_llava")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 @pytest.fixture(scope="module")
