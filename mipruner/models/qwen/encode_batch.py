@@ -13,10 +13,20 @@ per-head maps, features: those hooks see one image's sequence at a time).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ...media import Video, is_video_path
 from ...pruners.signals import Signals
 from ..base import Encoded
+
+
+def _one_image(media) -> bool:
+    """Whether `media` is one image (not a `Video`, a list of frames or a video file), judged without reading it."""
+    if isinstance(media, (Video, list, tuple)):
+        return False
+    return not (isinstance(media, (str, os.PathLike)) and is_video_path(media))
 
 
 def _share(feats, j: int, counts: list[int]):
@@ -39,10 +49,11 @@ def encode_batch(adapter, items, *, text_mode: str = "question", need_attention:
     held: dict = {}
     if not (want.attention or want.extra):
         singles = []
-        for i, (media, _) in enumerate(items):
-            frames, is_video = adapter._read_media(media)[:2]
-            if not is_video:
-                singles.append((i, adapter.image_processor(images=frames, return_tensors="pt")))
+        for i, (media, prompt) in enumerate(items):
+            if _one_image(media):
+                image = adapter._read_media(media)[0][0]  # read once: its encode below gets the image itself
+                items[i] = (image, prompt)
+                singles.append((i, adapter.image_processor(images=[image], return_tensors="pt")))
         if len(singles) > 1:
             device = adapter.model.device
             pixels = torch.cat([o["pixel_values"] for _, o in singles]).to(device)
