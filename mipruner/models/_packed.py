@@ -26,6 +26,7 @@ additive otherwise). Layers with a sliding window would cut the packed sequence:
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -252,11 +253,9 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
     for n in range(1, int(max_new_tokens)):
         if eos and bool(done.all()):
             break
-        if mask is None:
-            pass
-        elif slots is not None:
+        if slots is not None:
             mask[:, width + n - 1] = 1  # the slot the previous token is written to
-        else:
+        elif mask is not None:
             mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)
         logits = step(torch.where(done, pad, token), mask)
         token = torch.where(done, pad, pick(logits, tokens))
@@ -297,8 +296,6 @@ def static_cache(adapter, batch: int, length: int):
     comes again, so that a compiled step sees the same buffers (a CUDA graph is recorded for buffers:
     new ones would record it again). The last STATIC_CACHES shapes are kept (least recently used
     dropped): the app alternates between a view's rows and a slider move's rows, each reusing its own."""
-    from collections import OrderedDict
-
     from transformers import StaticCache
 
     held = getattr(adapter, "_packed_static_caches", None)
