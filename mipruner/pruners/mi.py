@@ -73,6 +73,7 @@ MI_PARAMS = (LAM, TAU, AGGREGATION, NORMALIZATION, MEAN_WEIGHTS)
 DENSE_LIMIT = 4096  # above this many visual tokens the N_V x N_V matrix is never held whole
 _CHUNK = 1024  # rows per chunk when the Gram matrix is not held
 _TINY = torch.finfo(torch.float32).tiny  # floor for log(p) where MinMax gives p = 0
+_SNAP = 64  # MinMax: entries this many units (eps x the row's largest |rho|) above the row's minimum are it
 
 
 @dataclass
@@ -104,8 +105,17 @@ def _logsumexp_rows_(x: torch.Tensor) -> torch.Tensor:
 
 def _minmax_log_p(rho: torch.Tensor, row_min: torch.Tensor, row_rng: torch.Tensor,
                   row_sum: torch.Tensor) -> torch.Tensor:
-    """log of Eq. (16)-(17): p_ij = ((rho_ij - min_i) / (max_i - min_i)) / Z_i, floored at tiny."""
-    hat = torch.where(row_rng[:, None] > 0, (rho - row_min[:, None]) / row_rng.clamp_min(_TINY)[:, None],
+    """log of Eq. (16)-(17): p_ij = ((rho_ij - min_i) / (max_i - min_i)) / Z_i, floored at tiny.
+
+    An entry within rounding noise of its row's minimum (_SNAP units of the row's largest |rho|) is
+    the minimum: p = 0, floored at tiny. Without this the floor would amplify noise: the chunked
+    self-PMI takes a row's minimum from one matrix product and its entries from another, and an
+    entry that is the minimum came out 1 ulp above it on some CPUs (log p -18 instead of -87).
+    """
+    diff = rho - row_min[:, None]
+    noise = _SNAP * torch.finfo(rho.dtype).eps * torch.maximum(row_min.abs(), (row_min + row_rng).abs())
+    diff = torch.where(diff > noise[:, None], diff, torch.zeros_like(diff))
+    hat = torch.where(row_rng[:, None] > 0, diff / row_rng.clamp_min(_TINY)[:, None],
                       torch.ones_like(rho))  # a constant row is uniform
     return torch.log((hat / row_sum[:, None]).clamp_min(_TINY))
 
