@@ -14,6 +14,8 @@ from components.examples import load_examples
 from components.logic import AppLogic, UIState
 from components.settings import Settings
 
+from ..paths import assert_paths_close
+
 FORKING_SPACES = '''import functools, multiprocessing, pickle
 
 TASKS = {}
@@ -79,7 +81,9 @@ def test_every_handler_through_a_pickling_worker_gives_the_in_process_result(zer
     assert spaces.CALLS == ["encode"] and isinstance(st, UIState) and "visual tokens" in status
     assert st.key == here.key and st.session.keys() == [st.key] and st.session.budget is hub.cache
     enc = local._current(st)[1]  # the encoding came back on the host, in the session's own state
-    assert enc.visual.device.type == "cpu" and torch.equal(enc.visual, local._current(here)[1].visual)
+    # the forked worker is another process (another thread count, so other kernels): within tolerance
+    assert enc.visual.device.type == "cpu"
+    assert_paths_close(enc.visual, local._current(here)[1].visual, name="visual")
 
     views, summary = remote.view(st, SETTINGS)
     want, want_summary = local.view(here, SETTINGS)
@@ -96,7 +100,12 @@ def test_every_handler_through_a_pickling_worker_gives_the_in_process_result(zer
 
     box = enc.geometry.box[5].tolist()
     info = remote.inspect(st, SETTINGS, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
-    assert info == local.inspect(here, SETTINGS, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+    want_info = local.inspect(here, SETTINGS, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+    assert {k: v for k, v in info.items() if k != "pmi"} == {k: v for k, v in want_info.items() if k != "pmi"}
+    # PMI values shown to 5 decimals, from the worker's encoding (another process): the words exactly,
+    # the values within one displayed unit plus the encodings' rounding
+    assert [w for w, _ in info["pmi"]] == [w for w, _ in want_info["pmi"]]
+    assert all(abs(a - b) <= 2e-5 for (_, a), (_, b) in zip(info["pmi"], want_info["pmi"]))
     assert spaces.CALLS == ["encode", "view", "generate", "inspect"]
 
 

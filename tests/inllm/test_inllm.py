@@ -26,6 +26,7 @@ from mipruner.inllm.dart import dart_rank
 from mipruner.models.dummy import DummyAdapter
 
 from ..models import tiny_qwen
+from ..paths import assert_paths_close
 from ..models.test_qwen_family import scene as qwen_scene
 from ..models.test_qwen_family import video as qwen_video
 from ..models.tiny_llava import save_tiny, scene
@@ -171,7 +172,8 @@ def test_layer_at_the_depth_leaves_the_answer_unpruned(adapters, encoded):
     depth = len(ad.model.model.language_model.layers)
     keep = torch.arange(0, enc.n_visual, 3)
     rows = inllm._run._get_prompt(ad, enc, None).kept_sequence(keep)
-    assert torch.equal(inllm.prefill_logits(ad, enc, keep, layer=depth), ad.prefill_logits(enc)[rows])
+    # the head runs on the kept rows only there (a matrix product of another shape): within tolerance
+    assert_paths_close(inllm.prefill_logits(ad, enc, keep, layer=depth), ad.prefill_logits(enc)[rows], name="logits")
     assert inllm.generate(ad, enc, keep, layer=depth, max_new_tokens=4).token_ids == \
         ad.generate(enc, max_new_tokens=4).token_ids
 
