@@ -107,7 +107,7 @@ def cell_floor(config, dev: dict, dtype: str, prompt: int, new_tokens: int, rows
     peak, bw = dev["peak_flops"], dev["bandwidth"]
     ms = lambda x, rate: (x / rate * 1e3) if rate else None  # noqa: E731
     compute, memory = ms(flops, peak), ms(ttft_bytes, bw)
-    return {"prefill_tflop": round(flops / 1e12, 4), "ttft_compute_ms": compute, "ttft_memory_ms": memory,
+    return {"prefill_flops": flops, "ttft_compute_ms": compute, "ttft_memory_ms": memory,
             "ttft_ms": max(compute, memory) if compute is not None and memory is not None else None,
             "decode_step_ms": ms(step_bytes, bw), "decode_weight_ms": ms(w["llm"], bw),
             "weights_gb": round((w["llm"] + w["tower"]) / 1e9, 3), "llm": type(llm_config(config)).__name__}

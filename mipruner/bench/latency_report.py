@@ -37,7 +37,7 @@ def _ratio(a, b):
 
 
 def goals(cells: list[dict]) -> dict:
-    out: dict = {}
+    out: dict = {k: None for k in TARGETS}
     lat = [c for c in cells if c.get("kind") == "latency" and c.get("phase") == "compiled"]
     lengths = sorted({c["length"] for c in lat})
     if lengths:
