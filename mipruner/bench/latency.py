@@ -234,7 +234,7 @@ def main(argv=None) -> int:
             run_phase(cells, pairs, a.repeats, a.warmup, clock)
         for c in cells:
             s = summarize(c)
-            if s.get("prompt_tokens") and c["kind"] in ("latency", "batch", "view"):
+            if s.get("prompt_tokens") and c["kind"] in ("latency", "batch"):
                 s["floor"] = cell_floor(adapter.config, dev, a.dtype, s["prompt_tokens"], c["length"],
                                         rows=c["batch"] if c["kind"] == "batch" else 1)
             report["cells"].append(s)
