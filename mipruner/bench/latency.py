@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     clock = R.Clock(a.device)
     size = int(adapter.config.vision_config.image_size)
     pairs = inputs(a.inputs, size)
-    n_v = mipruner_n_visual(adapter, pairs[0])
+    n_v = _n_visual(adapter, pairs[0])
     budget = min(a.budget, max(1, n_v // 4))
     dev = device_figures(device_name(a.device), a.dtype, a.peak_tflops, a.bandwidth_gbs)
     report = {"command": "python -m mipruner.bench latency " + " ".join(argv), "device": dev["device"],
@@ -249,5 +249,5 @@ def main(argv=None) -> int:
     return 0
 
 
-def mipruner_n_visual(adapter, pair) -> int:
+def _n_visual(adapter, pair) -> int:
     return int(adapter.encode(pair[0], pair[1]).n_visual)
