@@ -11,9 +11,11 @@ decoder layers, `--tiny` shrinks it), for each answer length of `--lengths` (2, 
   `--batch B`     items/s of B items: generate (eager and static), ours unpruned, ours MI; and the
                   encode per image at batch 1 and B (`--batch 0`: none; 32 on CUDA, 0 elsewhere)
   select          every pre-LLM selection at `--budget` of N_V (its median over the timed runs)
-Cells are interleaved: after `--warmup` untimed rounds (every cell sees every image and prompt, so every
-shape compiles there), each of `--repeats` rounds (30 on CUDA, 6 elsewhere) runs every cell of the
-phase once, in turn, on that round's image and prompt (`--inputs` varied pairs). Per cell: median and a
+Cells are interleaved within the group they are compared in (one answer length: generate, ours, the
+view; or the batch and encode cells): after `--warmup` untimed rounds (every cell sees every image and
+prompt, so every shape compiles there), each of `--repeats` rounds (30 on CUDA, 6 elsewhere) runs every
+cell of the group once, in turn, on that round's image and prompt (`--inputs` varied pairs). A group
+runs after the other, so cells of other lengths do not evict each other's static caches. Per cell: median and a
 95% interval (`stats.METHOD`) of the total, the time to first token and the per-token decode time
 (CUDA events), the compile count (dynamo's unique graphs during its warm-up and during its timed runs),
 the memory reserved (CUDA: the peak of `torch.cuda.memory_reserved` during its runs, process-wide, CUDA
@@ -104,8 +106,9 @@ def build_cells(adapter, clock, a, budget: int, phase: str) -> list[dict]:
     def add(kind, method, length, batch, run, bud="all"):
         label = f"{kind} {method}" + (f"@{bud}" if bud != "all" else "") + f" n={length}" + (
             f" x{batch}" if batch > 1 else "")
+        group = "batch" if kind in ("batch", "encode") else f"n={length}"  # the cells compared with each other
         cells.append({"name": label, "phase": phase, "kind": kind, "method": method, "budget": bud, "length": length,
-                      "batch": batch, "run": run})
+                      "batch": batch, "group": group, "run": run})
 
     view = [m for m in VIEW if m in list_pruners()]
     static = phase == "compiled"
@@ -230,8 +233,10 @@ def main(argv=None) -> int:
         ctx = torch.no_grad() if phase == "compiled" else torch.inference_mode()
         with ctx:
             cells = build_cells(adapter, clock, a, budget, phase)
-            print(f"{phase}: {len(cells)} cells, {a.warmup} warm-up rounds, {a.repeats} interleaved rounds")
-            run_phase(cells, pairs, a.repeats, a.warmup, clock)
+            for group in dict.fromkeys(c["group"] for c in cells):
+                mine = [c for c in cells if c["group"] == group]
+                print(f"{phase} {group}: {len(mine)} cells, {a.warmup} warm-up rounds, {a.repeats} interleaved rounds")
+                run_phase(mine, pairs, a.repeats, a.warmup, clock)
         for c in cells:
             s = summarize(c)
             if s.get("prompt_tokens") and c["kind"] in ("latency", "batch"):
