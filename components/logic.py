@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from mipruner.answer_time import own_timing
 from mipruner.engine import MethodView, method_spec, method_specs
 from mipruner.export import selection_to_json
 from mipruner.media import is_video_path
@@ -120,7 +121,7 @@ def _budget(settings: Settings, n_visual: int):
 
 def _answer_dict(ans) -> dict:
     return {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
-            "prefill_ms": round(ans.prefill_s * 1e3, 2), "decode_ms": round(ans.decode_s * 1e3, 2),
+            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in own_timing(ans).items()},  # its own share
             "new_tokens": len(ans.token_ids)}
 
 

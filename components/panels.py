@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import gradio as gr
 from PIL import Image
 
+from mipruner.answer_time import timing_line
 from mipruner.engine import method_spec
 
 from .logic import MAX_PANELS, label
@@ -76,7 +77,7 @@ def answer_md(ans: dict | None, generated_hint: str) -> str:
         return f"**No answer:** {ans['error']}"
     return (f"**Answer:** {ans['text'] or '(empty)'}  \n"
             f"LLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · "
-            f"prefill {ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms ({ans['new_tokens']} tokens)")
+            f"{timing_line(ans)} ({ans['new_tokens']} tokens)")
 
 
 def method_notes(sel) -> str:
@@ -176,8 +177,7 @@ def reference_md(ans: dict | None) -> str:
     if "error" in ans:
         return f"**Unpruned reference:** {ans['error']}"
     return ("**Unpruned reference answer:** " + (ans["text"] or "(empty)")
-            + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · prefill "
-              f"{ans['prefill_ms']:.0f} ms · decode {ans['decode_ms']:.0f} ms")
+            + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · {timing_line(ans)}")
 
 
 __all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .answer_time import split_batch
 from .failures import guarded
 from .methods import answer
 from .models.base import Answer, Encoded
@@ -56,7 +57,8 @@ def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], max_new_toke
              gen: dict) -> list[Answer]:
     out: list[Answer] = []
     for i in range(0, len(rows), max(1, int(max_batch))):
-        out += adapter.generate_batch(rows[i:i + max(1, int(max_batch))], max_new_tokens=max_new_tokens, **gen)
+        got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], max_new_tokens=max_new_tokens, **gen)
+        out += split_batch(adapter, got)  # each answer's share of the batch's prefill (mipruner.answer_time)
     return out
 
 

@@ -13,6 +13,8 @@ COMMANDS = {
     "prefill": ("mipruner.bench.prefill", "vision encode, prefill at keep 100/50/25/10%, pruning overhead"),
     "efficiency": ("mipruner.bench.efficiency", "end-to-end latency + peak memory per method x budget (incl. fastv, dart)"),
     "gpu": ("mipruner.bench.gpu", "paper protocol at LLaVA-1.5/NeXT-7B shapes: batch-1 latency vs plain generate, items/s at batch 1/8/32"),
+    "latency": ("mipruner.bench.latency", "what a user waits for: TTFT and per-token decode at 2/32/128 new tokens vs "
+                "transformers generate (eager, static+compiled), our unpruned path and the device's floor; goals"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "gpu-check": ("mipruner.bench.gpu_check", "GPU acceptance: every family x media x method x 2 budgets + keep-all anchor, "

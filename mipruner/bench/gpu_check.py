@@ -20,10 +20,10 @@ of `bench gpu` on a LLaVA-1.5 model (its own process when isolated), within `--b
 when its estimate fits the budget left (`mipruner/bench/gpu_check_protocol.py`). `--cells` picks the
 cells (select, latency, batch, view, compiled); `--protocol-only` runs no rows.
 
-`--plan` prints, instead of running, a sequence of commands that each fit `--limit-s` (600 s),
-from the first H100 run's timings, and the `gpu-check merge A.json B.json --json all.json` step that
-joins their reports (`gpu_check_plan.py`). The report is rewritten after every row and protocol
-cell, so a command stopped at its limit still leaves every finished row in `--json`.
+The report is rewritten after every row and protocol cell, so a command stopped at a time limit still
+leaves every finished row in `--json`. Splitting the check into commands that fit a lent machine's
+per-call limit, and merging their reports, is a maintainers' tool outside the package
+(`python -m tools.gpu_check plan|merge` in a checkout).
 
 `--llm-layers N` keeps every real shape but gives the LLMs N decoder layers: the CPU proxy of a
 full-size run (the real towers, processors, token counts, widths and vocabularies; 7B LLMs at full
@@ -101,11 +101,6 @@ def parse_args(argv):
     p.add_argument("--isolate", default="auto", choices=("auto", "family", "none"),
                    help="family: each family in its own process (a CUDA fault or abort costs only its rows; one retry "
                         "with CUDA_LAUNCH_BLOCKING=1); none: one process; auto (default): family on CUDA, none elsewhere")
-    p.add_argument("--plan", action="store_true", help="print commands that each fit --limit-s, and the merge step; "
-                   "run nothing")
-    p.add_argument("--limit-s", type=float, default=600.0, help="--plan: each command's time limit (seconds)")
-    p.add_argument("--plan-from", default=None, metavar="REPORT", help="--plan: per-family seconds from this "
-                   "report (default: the first H100 run's)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one family's process (gpu_check_procs)
     return p.parse_args(argv)
@@ -254,21 +249,12 @@ def _protocol(adapter, a, s, log, progress) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["merge"]:
-        from .gpu_check_plan import merge_main
-
-        return merge_main(argv[1:])
     a = parse_args(argv)
     a.command = argv
     if a.threads:
         torch.set_num_threads(a.threads)
     for m in _names(a.methods, list_pruners(), "method"):
         get_pruner(m)
-    if a.plan:
-        from .gpu_check_plan import plan
-
-        print(plan(a, settings(a)))
-        return 0
     report = run(a)
     if a.child:  # one family's process: the parent prints the table
         return 0

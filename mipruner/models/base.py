@@ -143,7 +143,11 @@ class Encoded:
 
 @dataclass
 class Answer:
-    """One generation: `text`, generated `token_ids` only, LLM input length, timings in seconds."""
+    """One generation: `text`, generated `token_ids` only, LLM input length, timings in seconds.
+
+    An answer of a batched call (`mipruner.answer_batch`) carries the batch's `prefill_s` / `decode_s`,
+    `batch_rows` (the rows that shared them) and `prefill_share` (its share of the prefill's compute);
+    `mipruner.answer_time.own_timing` gives what it may show as its own."""
 
     text: str
     token_ids: list[int]
@@ -151,6 +155,8 @@ class Answer:
     visual_tokens: int
     prefill_s: float
     decode_s: float
+    batch_rows: int = 1
+    prefill_share: float = 1.0
 
 
 def check_prompt(prompt: Any) -> str:

@@ -1,0 +1,113 @@
+"""The physical floor of a cell: what the device's peak FLOP/s and memory bandwidth allow.
+
+Device figures (`device_figures`): a small table of datasheet numbers (dense tensor-core FLOP/s, no
+sparsity; HBM bandwidth), matched on `torch.cuda.get_device_name`, or given on the command line
+(`--peak-tflops`, `--bandwidth-gbs`). On the CPU, or an unknown GPU, the floor is unknown unless given.
+The source of the figures is printed with every report.
+
+Floors (`cell_floor`), for a batch of `rows` identical rows of `prompt` LLM tokens:
+- time to first token: the vision tower on the row's images plus the LLM prefill, as a roofline:
+  max(FLOPs / peak FLOP/s, bytes / bandwidth), the bytes being the weights read once (the tower's and
+  the LLM's) and the KV cache written. The issue's wording (FLOPs / peak) is the first term; at 79
+  tokens a 7B LLM is bound by reading its weights, so both terms are given and the floor is the larger;
+- one decoding step: the LLM's weights plus the KV cache of every row (the context at the middle of
+  the answer) read once, over the bandwidth (`decode_weight_ms`: the weights alone, the issue's
+  "weight-bandwidth floor" of the per-token goal).
+FLOPs per row: `mipruner.answer_time.row_prefill_flops` (LLM) and `tower_flops` (a ViT's blocks and the
+projector), both approximations from the configs (norms, softmax and rotary left out).
+"""
+from __future__ import annotations
+
+from mipruner.answer_time import layer_params, llm_config, llm_dims, row_prefill_flops
+
+# (substrings of torch.cuda.get_device_name, all must match) -> figures; TFLOP/s dense, GB/s
+DEVICES = [
+    {"name": "H200", "match": ("H200",), "bf16": 989.4, "fp32": 67.0, "gbs": 4800.0,
+     "source": "NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16 1,979 TFLOP/s with sparsity, 989 dense; "
+               "HBM3e 4.8 TB/s"},
+    {"name": "H100 NVL", "match": ("H100", "NVL"), "bf16": 835.0, "fp32": 60.0, "gbs": 3900.0,
+     "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 NVL): BF16 1,671 TFLOP/s with sparsity, 835 dense; "
+               "3.9 TB/s"},
+    {"name": "H100 PCIe", "match": ("H100", "PCIe"), "bf16": 756.5, "fp32": 51.0, "gbs": 2000.0,
+     "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe): BF16 1,513 TFLOP/s with sparsity, 756 dense; "
+               "HBM2e 2.0 TB/s"},
+    {"name": "H100 SXM", "match": ("H100",), "bf16": 989.4, "fp32": 67.0, "gbs": 3350.0,
+     "source": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 TFLOP/s with sparsity, 989 dense; "
+               "HBM3 3.35 TB/s"},
+    {"name": "A100 80GB PCIe", "match": ("A100", "80GB", "PCIe"), "bf16": 312.0, "fp32": 19.5, "gbs": 1935.0,
+     "source": "NVIDIA A100 Tensor Core GPU datasheet (80GB PCIe): BF16 312 TFLOP/s dense; HBM2e 1,935 GB/s"},
+    {"name": "A100 80GB SXM", "match": ("A100", "80GB"), "bf16": 312.0, "fp32": 19.5, "gbs": 2039.0,
+     "source": "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM): BF16 312 TFLOP/s dense; HBM2e 2,039 GB/s"},
+    {"name": "A100 40GB", "match": ("A100",), "bf16": 312.0, "fp32": 19.5, "gbs": 1555.0,
+     "source": "NVIDIA A100 Tensor Core GPU datasheet (40GB): BF16 312 TFLOP/s dense; HBM2 1,555 GB/s"},
+]
+BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def device_figures(name: str, dtype: str, peak_tflops: float | None = None,
+                   bandwidth_gbs: float | None = None) -> dict:
+    """{peak_flops, bandwidth (bytes/s), source} for a device name ('cpu' or torch's CUDA name) and
+    dtype; None figures where unknown. Given figures replace the table's."""
+    row = next((d for d in DEVICES if all(m.lower() in name.lower() for m in d["match"])), None)
+    peak = bw = None
+    source = "unknown: not in the table of known devices (give --peak-tflops and --bandwidth-gbs)"
+    if name == "cpu":
+        source = "unknown on the CPU unless given (--peak-tflops, --bandwidth-gbs)"
+    if row is not None:
+        peak = (row["fp32"] if dtype == "fp32" else row["bf16"]) * 1e12
+        bw = row["gbs"] * 1e9
+        source = f"{row['name']}: {row['source']}" + (" (fp32 without tensor cores)" if dtype == "fp32" else "")
+    if peak_tflops or bandwidth_gbs:
+        peak = peak_tflops * 1e12 if peak_tflops else peak
+        bw = bandwidth_gbs * 1e9 if bandwidth_gbs else bw
+        source = f"given on the command line ({peak_tflops} TFLOP/s, {bandwidth_gbs} GB/s)" + (
+            f"; otherwise {source}" if row is not None else "")
+    return {"device": name, "peak_flops": peak, "bandwidth": bw, "source": source}
+
+
+def tower_flops(config, images: int = 1) -> float:
+    """A ViT's blocks over its patches (+ [CLS]) and a two-layer projector, per `images` (from the
+    vision config: image_size, patch_size, hidden_size, intermediate_size, num_hidden_layers)."""
+    v = getattr(config, "vision_config", None)
+    if v is None or not hasattr(v, "image_size"):
+        return 0.0
+    T = (int(v.image_size) // int(v.patch_size)) ** 2 + 1
+    d, f, layers = int(v.hidden_size), int(v.intermediate_size), int(v.num_hidden_layers)
+    blocks = layers * (2 * T * (4 * d * d + 2 * d * f) + 4 * T * T * d)
+    D = llm_dims(config)["d"]
+    return float(images * (blocks + 2 * (T - 1) * (d * D + D * D)))
+
+
+def weight_bytes(config, dtype: str) -> dict:
+    """Bytes of the weights a forward reads: {'llm': decoder layers + output head, 'tower': ViT + projector}."""
+    dims = llm_dims(config)
+    llm = dims["layers"] * layer_params(dims) + dims["d"] * dims["vocab"]
+    v = getattr(config, "vision_config", None)
+    tower = 0
+    if v is not None and hasattr(v, "intermediate_size"):
+        d, f = int(v.hidden_size), int(v.intermediate_size)
+        tower = int(v.num_hidden_layers) * (4 * d * d + 2 * d * f) + d * dims["d"] + dims["d"] ** 2
+    return {"llm": llm * BYTES[dtype], "tower": tower * BYTES[dtype]}
+
+
+def kv_bytes(config, tokens: int, dtype: str) -> float:
+    """The KV cache of `tokens` tokens: keys and values of every layer."""
+    dims = llm_dims(config)
+    return float(2 * dims["layers"] * dims["kv"] * tokens * BYTES[dtype])
+
+
+def cell_floor(config, dev: dict, dtype: str, prompt: int, new_tokens: int, rows: int = 1,
+               images: int = 1) -> dict:
+    """Floors in ms of one cell (module docstring); None where the device's figures are unknown."""
+    w = weight_bytes(config, dtype)
+    flops = rows * (row_prefill_flops(config, prompt) + tower_flops(config, images))
+    ttft_bytes = w["llm"] + w["tower"] + rows * kv_bytes(config, prompt, dtype)
+    ctx = prompt + new_tokens // 2
+    step_bytes = w["llm"] + rows * kv_bytes(config, ctx, dtype)
+    peak, bw = dev["peak_flops"], dev["bandwidth"]
+    ms = lambda x, rate: (x / rate * 1e3) if rate else None  # noqa: E731
+    compute, memory = ms(flops, peak), ms(ttft_bytes, bw)
+    return {"prefill_flops": flops, "ttft_compute_ms": compute, "ttft_memory_ms": memory,
+            "ttft_ms": max(compute, memory) if compute is not None and memory is not None else None,
+            "decode_step_ms": ms(step_bytes, bw), "decode_weight_ms": ms(w["llm"], bw),
+            "weights_gb": round((w["llm"] + w["tower"]) / 1e9, 3), "llm": type(llm_config(config)).__name__}

@@ -1,0 +1,40 @@
+"""mipruner.answer_time: the prefill FLOPs of a row, and the shares of a batched call's answers."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mipruner.answer_time import llm_dims, own_timing, row_prefill_flops, split_batch, timing_line
+from mipruner.models.base import Answer
+
+# a Llama-like text config: 2 layers, d 8, 2 heads of 4 (1 kv head), MLP 16, vocabulary 10
+TEXT = SimpleNamespace(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2,
+                       intermediate_size=16, vocab_size=10)
+
+
+def test_row_flops_by_hand():
+    cfg = SimpleNamespace(text_config=TEXT)
+    assert llm_dims(cfg) == {"layers": 2, "d": 8, "q": 8, "kv": 4, "f": 16, "vocab": 10}
+    params = 8 * 8 + 2 * 8 * 4 + 8 * 8 + 3 * 8 * 16  # q, k, v, o, gated MLP
+    L = 5
+    want = 2 * (2 * L * params + 2 * 8 * L * (L + 1)) + 2 * 8 * 10
+    assert row_prefill_flops(cfg, L) == want
+    assert row_prefill_flops(TEXT, 0) == 0.0
+    with pytest.raises(ValueError):
+        row_prefill_flops(TEXT, -1)
+
+
+def test_split_and_labels():
+    adapter = SimpleNamespace(config=SimpleNamespace(text_config=TEXT))
+    rows = [Answer("", [1], n, 0, 0.06, 0.02) for n in (40, 10)]
+    split_batch(adapter, rows)
+    assert sum(a.prefill_share for a in rows) == pytest.approx(1.0)
+    assert rows[0].prefill_share > rows[1].prefill_share
+    shown = own_timing(rows[1])
+    assert shown["prefill_ms"] == pytest.approx(60 * rows[1].prefill_share)
+    assert timing_line(shown) == (f"prefill {shown['prefill_ms']:.0f} ms (share of a 2-answer batch's prefill, "
+                                  "by compute) · decode 20 ms (the 2 answers decode together)")
+    one = [Answer("", [1], 40, 0, 0.06, 0.02)]
+    assert split_batch(adapter, one)[0].batch_rows == 1
+    assert timing_line(own_timing(one[0])) == "prefill 60 ms · decode 20 ms"
