@@ -2,7 +2,7 @@
 marked with the cause, after one retry with CUDA_LAUNCH_BLOCKING=1), rows with non-finite logits
 fail, `--cells` runs only the protocol's cells asked for, and the random builders draw their weights
 in the target dtype with rotary `inv_freq` in float32 (the plan and the merge of several commands:
-tests/test_tools_gpu_check.py)."""
+tests/test_gpu_check_plan.py)."""
 from __future__ import annotations
 
 import json

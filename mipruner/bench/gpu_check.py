@@ -23,7 +23,7 @@ cells (select, latency, batch, view, compiled); `--protocol-only` runs no rows.
 The report is rewritten after every row and protocol cell, so a command stopped at a time limit still
 leaves every finished row in `--json`. Splitting the check into commands that fit a lent machine's
 per-call limit, and merging their reports, is a maintainers' tool outside the package
-(`python -m tools.gpu_check plan|merge` in a checkout).
+(`python -m tests.gpu_check plan|merge` in a checkout).
 
 `--llm-layers N` keeps every real shape but gives the LLMs N decoder layers: the CPU proxy of a
 full-size run (the real towers, processors, token counts, widths and vocabularies; 7B LLMs at full

@@ -1,4 +1,4 @@
-"""tools/gpu_check (outside the package): `plan` covers every family in commands that fit a lent machine's
+"""tests/gpu_check (outside the package): `plan` covers every family in commands that fit a lent machine's
 per-call limit, with the first H100 run's seconds; `merge` joins the commands' reports and recomputes the
 protocol's goals."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from mipruner.bench import gpu_check, zoo
 from mipruner.bench.gpu_check_rows import planned_rows
-from tools.gpu_check.__main__ import main as tools_main
-from tools.gpu_check.plan import H100_S, PROCESS_S, START_S, merge, merge_main, seconds_per_media
+from tests.gpu_check.__main__ import main as tools_main
+from tests.gpu_check.plan import H100_S, PROCESS_S, START_S, merge, merge_main, seconds_per_media
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100_REPORT = os.path.join(ROOT, "docs", "gpu", "2026-11-25-h100-gpu-check.json")
@@ -22,7 +22,7 @@ def _plan(capsys, *args):
     assert tools_main(["plan", *args]) == 0
     out = capsys.readouterr().out.splitlines()
     runs = [x for x in out if x.startswith("python -m mipruner.bench gpu-check")]
-    merge_line, = [x for x in out if x.startswith("python -m tools.gpu_check merge")]
+    merge_line, = [x for x in out if x.startswith("python -m tests.gpu_check merge")]
     parsed = []
     for line in runs:
         command, _, note = line.partition("#")

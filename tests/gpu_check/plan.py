@@ -10,7 +10,7 @@ rows, plus the encode and the unpruned answer; bf16, 13 methods x 2 shares), sca
 rows per medium, plus `PROCESS_S` per process. `--plan-from REPORT` reads the seconds from another
 report instead (e.g. a CPU run's, for CPU commands).
 
-`python -m tools.gpu_check merge A.json B.json ... --json ALL.json` joins reports of one
+`python -m tests.gpu_check merge A.json B.json ... --json ALL.json` joins reports of one
 device, dtype and shape (their header keys must agree): rows and families concatenated (a later
 report's row of the same family, media, method and budget replaces an earlier one), the protocols'
 cells joined (a later cell replaces the same cell of an earlier part) and their goals computed
@@ -101,7 +101,7 @@ def plan(a, s) -> str:
         args = child_args(a, families="all", media="all", methods="all", shares="0.25,0.1", protocol_only=True,
                           budget_s=budget, json=parts[-1])
         lines.append(f"python -m mipruner.bench gpu-check {shlex.join(args)}   # about {budget + PROCESS_S:.0f} s")
-    lines.append(f"python -m tools.gpu_check merge {' '.join(parts)} --json gpu-check.json")
+    lines.append(f"python -m tests.gpu_check merge {' '.join(parts)} --json gpu-check.json")
     return "\n".join(lines)
 
 
@@ -146,7 +146,7 @@ def merge(reports: list[dict], files: list[str]) -> dict:
                                                       x.get("batch")) not in done]
         protocol["spent_s"] = round(sum((r.get("protocol") or {}).get("spent_s", 0.0) for r in reports), 1)
         protocol["goals"] = goals(protocol["cells"], "mi:lam=1")
-    out.update(command="python -m tools.gpu_check merge " + " ".join(files), shares=shares,
+    out.update(command="python -m tests.gpu_check merge " + " ".join(files), shares=shares,
                methods=methods, families=list(fams.values()), rows=list(rows.values()), protocol=protocol,
                wall_s=round(sum(r.get("wall_s", 0.0) for r in reports), 1),
                parts=[{"file": f, "command": r.get("command"), "wall_s": r.get("wall_s")} for f, r in zip(files, reports)])
@@ -154,7 +154,7 @@ def merge(reports: list[dict], files: list[str]) -> dict:
 
 
 def merge_main(argv) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.gpu_check merge",
+    p = argparse.ArgumentParser(prog="python -m tests.gpu_check merge",
                                 description="join gpu-check reports (of one device, dtype and shape) into one")
     p.add_argument("reports", nargs="+", help="the parts' JSON reports, in order (a later row replaces an earlier one)")
     p.add_argument("--json", help="write the joined report here")

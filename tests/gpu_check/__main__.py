@@ -1,6 +1,6 @@
-"""`python -m tools.gpu_check plan [--limit-s S] [--plan-from REPORT] [gpu-check options]` prints gpu-check as
-commands that each fit a lent machine's per-call limit; `python -m tools.gpu_check merge A.json B.json ...
---json ALL.json` joins their reports (tools/gpu_check/plan.py)."""
+"""`python -m tests.gpu_check plan [--limit-s S] [--plan-from REPORT] [gpu-check options]` prints gpu-check as
+commands that each fit a lent machine's per-call limit; `python -m tests.gpu_check merge A.json B.json ...
+--json ALL.json` joins their reports (tests/gpu_check/plan.py)."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     from mipruner.bench import gpu_check
 
-    p = argparse.ArgumentParser(prog="python -m tools.gpu_check plan", add_help=False)
+    p = argparse.ArgumentParser(prog="python -m tests.gpu_check plan", add_help=False)
     p.add_argument("--limit-s", type=float, default=600.0, help="each command's time limit (seconds)")
     p.add_argument("--plan-from", default=None, metavar="REPORT",
                    help="per-family seconds from this report (default: the first H100 run's)")

@@ -1,1 +1,0 @@
-"""Maintainers' tools run from a checkout of the repository; not part of the installed package."""
