@@ -140,4 +140,12 @@ def selection_compute(adapter, encoded, selection) -> Compute | None:
     return compute_of(shape, n_text, int(encoded.n_visual), selection)
 
 
-__all__ = ["Compute", "LLMShape", "adapter_shape", "compute_of", "selection_compute", "visual_rows"]
+def attach_compute(adapter, encoded, selection):
+    """`selection` with `extras["compute"]` set (`selection_compute`) when the adapter has a decoder."""
+    c = selection_compute(adapter, encoded, selection)
+    if c is not None:
+        selection.extras["compute"] = c
+    return selection
+
+
+__all__ = ["attach_compute", "Compute", "LLMShape", "adapter_shape", "compute_of", "selection_compute", "visual_rows"]

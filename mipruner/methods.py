@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .compute import selection_compute
+from .compute import attach_compute
 from .models.base import Answer, Encoded
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
 from .pruners.lam_rule import resolve_lam
@@ -104,11 +104,8 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
                           _inputs(spec, encoded, cache), kw)
     if note is not None:
         sel.extras.update(lam=kw["lam"], lam_note=note)
-    if adapter is not None:  # its prefill compute (`mipruner.compute`), when the model has a decoder to count
-        c = selection_compute(adapter, encoded, sel)
-        if c is not None:
-            sel.extras["compute"] = c
-    return sel
+    # its prefill compute (`mipruner.compute`), when the model has a decoder to count
+    return sel if adapter is None else attach_compute(adapter, encoded, sel)
 
 
 def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int = 64,

@@ -4,8 +4,8 @@
   withdraw  every visual token withdrawn from layer k on (VTW's rule, "Boosting Multimodal Large
             Language Models with Visual Tokens Withdrawal", arXiv 2405.05803): the logits equal
             the model's own forward up to layer k (`output_hidden_states`) followed by layers k..
-            run on the text rows alone; the checker passes it; a pre-LLM method keeping none is
-            refused with the rule in the sentence;
+            run on the text rows alone; the checker passes it; masks, panels and eval say "all
+            withdrawn from layer k"; a pre-LLM method keeping none is refused with the rule in the sentence;
   max-head  the per-head maximum of the last prompt token's attention at layer k-1 ranks the
             visual tokens: its kept set equals the one from the model's own eager attention
             probabilities (`output_attentions=True`), and `StageView.attention(heads=True)` equals
@@ -135,6 +135,26 @@ def test_withdraw_every_token_equals_text_only_after_layer_k(loaded, model):
     ans = mipruner.answer(ad, enc, sel, max_new_tokens=3)
     assert ans.visual_tokens == 0 and ans.input_tokens == int(rows.numel())
     assert check_pruner("withdraw_test", adapter=ad, encoded=enc) == []
+
+
+def test_withdrawal_is_shown_in_masks_panels_and_eval(loaded, model):
+    from components.panels import method_notes
+    from mipruner import viz
+    from mipruner.eval.runner import evaluate, format_rows
+    from mipruner.eval.shapes import shapes_items
+
+    ad, enc = model
+    sel = mipruner.select(ad, enc, "withdraw_test", 4, withdraw_layer=LAYER)
+    assert viz.kept_mask(enc, sel).info["label"] == f"all withdrawn from layer {LAYER}"
+    notes = method_notes(sel)
+    assert f"all withdrawn from layer {LAYER}" in notes and "prefill " in notes and "% of unpruned" in notes
+    c = sel.extras["compute"]
+    assert c.visual_rows == (enc.n_visual,) * LAYER + (0,) * (len(ad.text_decoder().layers) - LAYER)
+    rows = evaluate(ad, shapes_items("shapes-open", n=1), ["none", "withdraw_test"], [4], {"withdraw_layer": LAYER},
+                    "t", max_new_tokens=2)
+    row = next(r for r in rows if r["method"] == "withdraw_test")
+    assert row["kept"] == 0 and row["withdrawn"] == f"all withdrawn from layer {LAYER}" and row["failed"] == 0
+    assert f"0.0 (all withdrawn from layer {LAYER})" in format_rows(rows)
 
 
 def test_pre_llm_method_keeping_none_is_refused_with_its_rule(loaded, model):
