@@ -79,3 +79,36 @@ def test_equal_compute_picks_the_closest_budget(model):
         best = min(cands, key=lambda r: abs(r["flops"] - 0.5))
         assert row["budget"] == "~50% FLOPs" and row["chosen"] == str(best["budget"]) and row["flops"] == best["flops"]
     assert "(K=" in format_rows(rows) and "flops" in format_rows(rows)
+
+
+def test_sweeps_report_flops_and_pick_at_equal_compute(model):
+    from mipruner.eval.shapes import shapes_items
+    from mipruner.eval.sweep import Sweep, run_sweep
+
+    ad, _ = model
+    res = run_sweep(ad, shapes_items("shapes-open", n=1), Sweep(methods=("mi", "fastv"), param="budget",
+                                                                 values=(8, 64, 128), max_new_tokens=2))
+    ref = res.reference()
+    assert ref["flops"] == 1.0
+    for m in ("mi", "fastv"):
+        pts = res.points(m)
+        assert [p["value"] for p in pts] == [8, 64, 128] and all(0 < p["flops"] < 1 for p in pts)
+        assert pts[0]["flops"] < pts[1]["flops"] < pts[2]["flops"]  # more tokens, more compute
+        best = min(pts, key=lambda p: abs(p["flops"] - 0.4))
+        assert next(r for r in res.at_compute(0.4) if r["method"] == m)["value"] == best["value"]
+    assert "flops" in res.table() and "at ~40% FLOPs" in res.table_at_compute(0.4)
+
+
+def test_a_random_model_at_576_tokens_with_the_default_dtype():
+    from PIL import Image
+
+    from mipruner.models import FAMILIES
+
+    ad, desc = FAMILIES["llava"].build(tiny=True, image_size=336, llm_layers=4)  # dtype None: float32 (tiny)
+    assert next(ad.model.parameters()).dtype == torch.float32 and "336px" in desc
+    enc = ad.encode(Image.new("RGB", (500, 400), (200, 30, 30)), "what is in the image ?")
+    assert enc.n_visual == 576  # (336 / 14)^2
+    c = mipruner.select(ad, enc, "fastv", 64, layer=2).extras["compute"]
+    assert c.visual_rows == (576, 576, 64, 64)
+    with pytest.raises(ValueError, match="takes no image_size; those that do: llava, llava_next"):
+        FAMILIES["qwen2_vl"].build(tiny=True, image_size=336)
