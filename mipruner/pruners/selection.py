@@ -94,13 +94,14 @@ def withdrawn_at(sel: Any) -> int | None:
     return None if layer is None else int(layer)
 
 
-def size_rule(k: int, *, adaptive: bool = False, stage: str | None = None) -> str:
-    """The rule on how many visual tokens a selection keeps, as one clause of a contract error."""
+def size_rule(k: int, *, adaptive: bool = False, stage: str | None = None, empty: bool = False) -> str:
+    """The rule on how many visual tokens a selection keeps, as one clause of a contract error
+    (empty: it kept none, which only an in-LLM stage may)."""
     rule = (f"an adaptive method keeps between 1 and K = {k} tokens (the budget is its cap)" if adaptive
             else f"a fixed-K method keeps exactly K = {k} tokens")
     if stage == "llm":
         return rule + ", or none when a stage withdraws every visual token (run.keep(view, []))"
-    if stage is not None:
+    if stage is not None and empty:
         return rule + ("; a pre-LLM method keeps at least one, since the LLM would read nothing of the media "
                        "(only a stage inside the LLM may withdraw every visual token, after layers that read them)")
     return rule
@@ -134,7 +135,7 @@ def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None 
     if tuple(keep.shape) != (n_keep,):
         out.append(f"keep has shape {tuple(keep.shape)} for a budget of {k} tokens (expected "
                    + (f"1 to {k - n_pre}" if adaptive else f"({n_keep},)")
-                   + f": {size_rule(k, adaptive=adaptive, stage=stage)})")
+                   + f": {size_rule(k, adaptive=adaptive, stage=stage, empty=keep.numel() == 0)})")
     elif "meta" in (keep.device.type, order.device.type):
         out.append("keep or order is a meta tensor (a tensor was made without device=)")
     elif n_keep:
