@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--data", help="POPE question file(s), comma-separated (task pope)")
     p.add_argument("--images", help="folder of the POPE images (task pope)")
     p.add_argument("--n", type=int, default=60, help="items: exactly N (shapes-open, shapes-video), the first N per file (pope), at least N per "
-                        "split (shapes-pope: whole scenes, so --n 3 gives 4)")
+                        "split (shapes-pope: whole scenes; --n 3 gives 4 at the default seed)")
     p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
     p.add_argument("--methods", default="mi,random,similarity")
     p.add_argument("--plugins", help="modules or .py files registering more methods, comma-separated (env MIPRUNER_PLUGINS)")
