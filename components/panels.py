@@ -81,12 +81,17 @@ def answer_md(ans: dict | None, generated_hint: str) -> str:
 
 
 def method_notes(sel) -> str:
-    """What a method chose for this input: the lambda applied (MI's lam_rule) and an adaptive K."""
+    """What a method chose for this input: the lambda applied (MI's lam_rule), an adaptive K, a
+    withdrawal of every visual token, and the prefill compute of the selection."""
     notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
     if sel.extras.get("k_rule", "fixed") != "fixed":
         notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
     elif "k_rule" not in sel.extras and sel.method and method_spec(sel.method).adaptive:
         notes.append(f"K = {sel.budget} chosen per input (the budget caps it)")
+    if sel.extras.get("withdrawn_at") is not None:  # an in-LLM stage kept no visual token
+        notes.append(f"all withdrawn from layer {sel.extras['withdrawn_at']}")
+    if sel.extras.get("compute") is not None:  # `mipruner.compute`: the prefill compute it implies
+        notes.append(sel.extras["compute"].text())
     return "".join(f" · {n}" for n in notes)
 
 

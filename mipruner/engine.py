@@ -38,6 +38,7 @@ from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_bu
 from . import viz
 from .answer_cache import answer_key
 from .batch import answer_batch_guarded
+from .compute import attach_compute
 from .export import selection_to_json
 from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
@@ -242,12 +243,11 @@ class Engine:
     # -- prune / view
 
     def _prune(self, e: CachedEncoding, method: str, budget, params: dict) -> Selection:
-        if get_pruner(method).stage == "llm":
-            # runs the first K decoder layers once per (encoding, K), then only re-ranks
+        kw = dict(cache=e.mi_cache, strict=False, **params)
+        if get_pruner(method).stage == "llm":  # runs the first K decoder layers once per (encoding, K), then re-ranks
             with self._model_lock:
-                return mipruner.select(self.adapter, e.encoded, method, budget, cache=e.mi_cache, strict=False,
-                                       **params)
-        return mipruner.select(None, e.encoded, method, budget, cache=e.mi_cache, strict=False, **params)
+                return mipruner.select(self.adapter, e.encoded, method, budget, **kw)
+        return attach_compute(self.adapter, e.encoded, mipruner.select(None, e.encoded, method, budget, **kw))
 
     def prune(self, session: Session, key: EncodingKey, method: str, budget, **params) -> Selection:
         """`mipruner.prune` on the cached encoding, with its attention/keys/seed/MI cache passed in.

@@ -23,7 +23,9 @@ tests/test_methods_contract.py):
   select cache) and through `answer_batch`; every method's answer counts its visual tokens (merged
   rows and `prefix` included).
 Adaptive methods (`adaptive=True`, e.g. `mi_adaptive`) may keep between 1 and the budget: the
-checks take the K they chose and skip "keep-all keeps every token".
+checks take the K they chose and skip "keep-all keeps every token". An in-LLM selection whose last
+stage withdraws every visual token (`extras["withdrawn_at"]`) keeps none, at any budget: the
+keep-all checks skip it too; a pre-LLM method keeping none fails, with the rule in the sentence.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import torch
 
 from .methods import select
 from .pruners._registry import ContractError, adaptive_k, get_pruner, prune
-from .pruners.selection import Selection, selection_failures
+from .pruners.selection import Selection, selection_failures, withdrawn_at
 from .pruners.signals import Signals, encode_kwargs
 
 N_V, D, N_T = 48, 16, 5
@@ -118,7 +120,7 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         sel = _try(f"with budget {budget}", out, lambda b=budget: prune(name, budget=b, **kw))
         if sel is None:
             continue
-        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=adaptive_k(spec, sel, k), device=dev)]
+        out += [f"with budget {budget}, {f}" for f in selection_failures(sel, n=N_V, k=k, device=dev, adaptive=spec.adaptive, stage=spec.stage)]
         if isinstance(budget, float) and budget == 1.0 and not out and not spec.adaptive \
                 and sel.keep.cpu().tolist() != list(range(N_V)):
             out.append("with budget 1.0 (keep all), it does not keep every token")
@@ -130,7 +132,7 @@ def quick_failures(name: str, device="cpu") -> list[str]:
         out.append("two runs with the same inputs and seed select different tokens, it must be deterministic")
     with meta_default():
         m = _try("under torch.set_default_device('meta')", out, lambda: prune(name, budget=7, **kw))
-    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=adaptive_k(spec, m, 7), device=dev)
+    if a is not None and m is not None and _same(a, b) and (selection_failures(m, n=N_V, k=7, device=dev, adaptive=spec.adaptive, stage=spec.stage)
                                                             or not _same(m, a)):
         out.append("it creates a tensor without device=, so under torch.set_default_device('meta') its selection "
                    "changes or leaves the inputs' device")
@@ -212,12 +214,13 @@ def select_failures(name: str, adapter, encoded) -> list[str]:
         sel = _try(f"select with budget {budget}", out, lambda b=budget: select(adapter, encoded, name, b, cache={}))
         if sel is not None:
             kk = adaptive_k(spec, sel, k)
-            out += [f"select with budget {budget}, {f}" for f in selection_failures(sel, n=n, k=kk)]
-            if sel.budget != kk:
+            out += [f"select with budget {budget}, {f}"
+                    for f in selection_failures(sel, n=n, k=k, adaptive=spec.adaptive, stage=spec.stage)]
+            if sel.budget != kk and withdrawn_at(sel) is None:
                 out.append(f"select with budget {budget}, {sel.budget} tokens reach the LLM, not {k}"
                            + (" (an adaptive method keeps between 1 and the budget)" if spec.adaptive else ""))
     sel = _try(f"select with budget {n} (keep all)", out, lambda: select(adapter, encoded, name, n))
-    if sel is not None and not spec.adaptive and sel.keep.cpu().tolist() != list(range(n)):
+    if sel is not None and not spec.adaptive and withdrawn_at(sel) is None and sel.keep.cpu().tolist() != list(range(n)):
         out.append(f"select with budget {n} (keep all) does not keep every token")
     a = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6))
     b = _try("select, run twice", out, lambda: select(adapter, encoded, name, 6, cache={}))
@@ -257,7 +260,7 @@ def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> lis
     if spec.stage == "llm" and not spec.adaptive:
         c: dict = {}
         sel = _try("select keeping every token", out, lambda: select(adapter, encoded, name, n, cache=c))
-        got = None if sel is None else _try("answer keeping every token", out, lambda: answer(
+        got = None if sel is None or withdrawn_at(sel) is not None else _try("answer keeping every token", out, lambda: answer(
             adapter, encoded, sel, max_new_tokens=max_new_tokens, cache=c))
         if got is not None and got.token_ids != ref.token_ids:
             out.append("answer: keeping every token does not give the unpruned answer "

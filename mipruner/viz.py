@@ -53,13 +53,29 @@ def kept_mask(encoded, selection, frame: int | None = None, *, layout: Layout | 
     """The original image (or strip of frames) with dropped tokens' boxes dimmed, kept ones clear.
 
     Pixels no token covers (e.g. outside a centre crop) are dimmed too: the model never saw them.
-    The token-grid outline is the layout's (`build_layout(grid_alpha=...)`).
+    The token-grid outline is the layout's (`build_layout(grid_alpha=...)`). An in-LLM selection that
+    withdraws every visual token from layer k (`extras["withdrawn_at"]`) is all dimmed and says
+    "all withdrawn from layer k" in its top-left corner (and `info["label"]`).
     """
     lay = _layout(encoded, layout)
     clear = np.zeros(len(encoded.geometry) + 1, dtype=np.uint8)  # entry 0: pixels no token covers
     clear[1 + _numpy(selection.keep if hasattr(selection, "keep") else selection).astype(np.int64)] = 255
     img = lay.composite(clear)
-    return img if frame is None else Image.fromarray(lay.crop(np.asarray(img), frame))
+    img = img if frame is None else Image.fromarray(lay.crop(np.asarray(img), frame))
+    layer = getattr(selection, "extras", {}).get("withdrawn_at")
+    if layer is not None:
+        from PIL import ImageDraw
+
+        img = img.copy()
+        img.info["label"] = f"all withdrawn from layer {layer}"
+        draw = ImageDraw.Draw(img)
+        text = img.info["label"]
+        if draw.textbbox((4, 4), text)[2] > img.width - 4:  # a small picture: on two lines
+            text = text.replace(" from", "\nfrom")
+        box = draw.multiline_textbbox((4, 4), text)
+        draw.rectangle((box[0] - 2, box[1] - 2, box[2] + 2, box[3] + 2), fill=(0, 0, 0))
+        draw.multiline_text((4, 4), text, fill=(255, 255, 255))
+    return img
 
 
 @functools.lru_cache(maxsize=16)

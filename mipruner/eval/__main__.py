@@ -61,11 +61,15 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=TASKS, default="shapes-pope")
     p.add_argument("--data", help="POPE question file(s), comma-separated (task pope)")
     p.add_argument("--images", help="folder of the POPE images (task pope)")
-    p.add_argument("--n", type=int, default=60, help="items (per split for POPE tasks)")
+    p.add_argument("--n", type=int, default=60, help="items: exactly N (shapes-open, shapes-video), the first N per file (pope), at least N per "
+                        "split (shapes-pope: whole scenes; --n 3 gives 4 at the default seed)")
     p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
     p.add_argument("--methods", default="mi,random,similarity")
     p.add_argument("--plugins", help="modules or .py files registering more methods, comma-separated (env MIPRUNER_PLUGINS)")
     p.add_argument("--budgets", default="8,16,32", help="ints are tokens, floats in (0,1] shares")
+    p.add_argument("--equal-compute", type=float, default=None, metavar="SHARE",
+                   help="compare at equal compute: per method, of --budgets the one whose prefill FLOPs are "
+                        "closest to SHARE (in (0, 1]) of the unpruned model's; the table says which budget")
     add_param_options(p)
     p.add_argument("--text-mode", choices=("question", "nostop", "prompt"), default="question")
     p.add_argument("--max-new-tokens", type=int, default=8)
@@ -82,6 +86,8 @@ def main(argv=None) -> int:
             mipruner.get_pruner(m)  # unknown names fail before any model is loaded
     params = param_values(a)
     budgets = parse_budgets(a.budgets)
+    if a.equal_compute is not None and not 0.0 < a.equal_compute <= 1.0:
+        raise SystemExit(f"--equal-compute must be a share in (0, 1], got {a.equal_compute}")
     items = build_items(a)
     adapter = mipruner.load(a.model, device=a.device)
     progress = None
@@ -89,7 +95,7 @@ def main(argv=None) -> int:
         from tqdm import tqdm as progress
     rows = evaluate(adapter, items, ["none"] + [m for m in methods if m != "none"], budgets,
                     params, a.task, text_mode=a.text_mode, max_new_tokens=a.max_new_tokens,
-                    progress=progress, batch=not a.no_batch)
+                    progress=progress, batch=not a.no_batch, equal_compute=a.equal_compute)
     print(format_rows(rows))
     if a.json:
         os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)

@@ -18,7 +18,7 @@ def add_param_options(p: argparse.ArgumentParser) -> None:
         kw = {"choices": [str(c) for c in prm.choices]} if prm.kind == "choice" else \
             {"type": int if prm.kind == "int" else float}
         p.add_argument(f"--{prm.name.replace('_', '-')}", dest=f"param_{prm.name}", default=None,
-                       help=f"{prm.doc} (default: {prm.default})", **kw)
+                       help=f"{prm.doc} (default: {prm.default})".replace("%", "%%"), **kw)  # argparse formats help
 
 
 def param_values(a: argparse.Namespace) -> dict:

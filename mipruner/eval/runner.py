@@ -19,6 +19,7 @@ import mipruner
 from mipruner.batch import answer_batch_guarded
 from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
+from mipruner.pruners.selection import withdrawn_at
 
 from .metrics import average_splits, open_metrics, pope_metrics, query_recall, token_object_cover
 from .tasks import EvalItem
@@ -28,7 +29,7 @@ RANDOM_SEEDS = (0, 1, 2)
 
 def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: list, params: dict,
              task: str, text_mode: str = "question", max_new_tokens: int = 8, progress=None,
-             batch: bool = True, encode_batch: int = 8) -> list[dict]:
+             batch: bool = True, encode_batch: int = 8, equal_compute: float | None = None) -> list[dict]:
     """Answers for every (item, method, budget, seed); returns the aggregated rows.
 
     A method that raises (or breaks the selection contract) on an item costs only its own records: they
@@ -38,6 +39,10 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     one batch (`mipruner.answer_batch`; in-LLM methods answer one by one); batch=False answers
     each alone. Greedy tokens are the same either way except at float near-ties of two logits.
     encode_batch: items per vision-tower call (`mipruner.batch.encode_items`; 1: one by one).
+    equal_compute: a share of the unpruned prefill FLOPs (e.g. 0.3): per item and method, of `budgets`
+    (the candidates) the one whose compute (`mipruner.compute`) is closest to it is answered (ties: the
+    first listed); the rows' budget reads "~30% FLOPs" and `chosen` lists the budgets taken.
+    Every row's `flops` is the mean share of the unpruned prefill FLOPs its selections imply.
     """
     from mipruner.batch import encode_items
 
@@ -58,12 +63,15 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
         for m in methods:
             if m == "none":
                 continue
-            for b in budgets:
-                seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
-                for s in seeds:
-                    kw = params if s is None else {**params, "seed": s}
-                    sel, why = guarded(m, lambda m=m, b=b, kw=kw: mipruner.select(adapter, enc, m, b, cache=cache,
-                                                                                   strict=False, **kw))
+            seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
+            for s in seeds:
+                kw = params if s is None else {**params, "seed": s}
+                tried = [(b, *guarded(m, lambda m=m, b=b, kw=kw: mipruner.select(adapter, enc, m, b, cache=cache,
+                                                                                  strict=False, **kw)))
+                         for b in budgets]
+                if equal_compute is not None:
+                    tried = [closest_compute(tried, equal_compute)]
+                for b, sel, why in tried:
                     runs.append((m, b, s))
                     sels.append(sel)
                     errors.append(why)
@@ -73,8 +81,11 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
                 rec = 1.0 if cover is not None and why is None else math.nan
             else:
                 rec = query_recall(sel.keep, cover) if cover is not None else math.nan
-            records.append((m, b, s, item, None if out is None else out.text, rec,
-                            enc.n_visual if sel is None else sel.budget, why))
+            share = flops_share(sel)
+            label = b if equal_compute is None or m == "none" else equal_label(equal_compute)
+            records.append((m, label, s, item, None if out is None else out.text, rec,
+                            enc.n_visual if sel is None else sel.budget, why, share, b,
+                            None if sel is None else withdrawn_at(sel)))
         if bar:
             bar.update(1)
     if bar:
@@ -94,6 +105,33 @@ def _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens: int, batch
     return answers
 
 
+def flops_share(sel) -> float:
+    """The share of the unpruned prefill FLOPs `sel` implies (None: the unpruned run, 1.0; nan when
+    the model has no decoder to count)."""
+    if sel is None:
+        return 1.0
+    c = sel.extras.get("compute")
+    return math.nan if c is None else float(c.flops_share)
+
+
+def equal_label(target: float) -> str:
+    return f"~{100 * target:g}% FLOPs"
+
+
+def closest_compute(tried: list, target: float) -> tuple:
+    """Of (budget, selection, error) tuples, the one whose FLOPs share is closest to `target` (the
+    first on ties); the first failed one when none succeeded."""
+    ok = [t for t in tried if t[1] is not None and not math.isnan(flops_share(t[1]))]
+    if not ok:
+        return tried[0]
+    return min(ok, key=lambda t: abs(flops_share(t[1]) - target))
+
+
+def _withdrawn(layers: list) -> str:
+    """"all withdrawn from layer k" (or layers k1/k2) when selections withdrew every visual token."""
+    return "" if not layers else "all withdrawn from layer " + "/".join(str(x) for x in sorted(layers))
+
+
 def _mean(xs):
     xs = [x for x in xs if not math.isnan(x)]
     return sum(xs) / len(xs) if xs else math.nan
@@ -106,18 +144,27 @@ def aggregate(records, task: str) -> list[dict]:
     records are counted in `failed` (the first sentence in `error`) and left out of the scores."""
     groups, failed = defaultdict(list), defaultdict(list)
     kept = defaultdict(list)  # visual tokens that reached the LLM (an adaptive method's chosen K)
+    flops, chosen = defaultdict(list), defaultdict(list)  # FLOPs shares; budgets taken (equal compute)
+    withdrawn = defaultdict(list)  # layers from which a selection withdrew every visual token
     for m, b, s, item, pred, rec, *extra in records:
-        k, why = (list(extra) + [None, None])[:2]
+        k, why, share, taken, gone = (list(extra) + [None] * 5)[:5]
         if why:
             failed[(m, b)].append(why)
             continue
         groups[(m, b)].append((s, item, pred, rec))
         if k is not None:
             kept[(m, b)].append(k)
+        if share is not None:
+            flops[(m, b)].append(share)
+        if taken is not None and taken not in chosen[(m, b)]:
+            chosen[(m, b)].append(taken)
+        if gone is not None and gone not in withdrawn[(m, b)]:
+            withdrawn[(m, b)].append(gone)
     rows = []
     for (m, b) in [k for k in failed if k not in groups]:  # every record of (method, budget) failed
         rows.append(dict(method=m, budget=b, task=task, split="all", n=0, acc=math.nan, f1=math.nan,
-                         yes_rate=math.nan, query_recall=math.nan, kept=math.nan, failed=len(failed[(m, b)]),
+                         yes_rate=math.nan, query_recall=math.nan, kept=math.nan, flops=math.nan, chosen="",
+                         withdrawn="", failed=len(failed[(m, b)]),
                          error=failed[(m, b)][0]))
     for (m, b), recs in groups.items():
         splits = sorted({it.split for _, it, _, _ in recs})
@@ -131,13 +178,17 @@ def aggregate(records, task: str) -> list[dict]:
             row = {k: _mean([r[k] for r in seed_rows]) for k in ("acc", "f1", "yes_rate", "query_recall")}
             row.update(method=m, budget=b, task=task, split=split, n=seed_rows[0]["n"],
                        kept=_mean(kept[(m, b)]) if kept[(m, b)] else math.nan, failed=len(failed[(m, b)]),
-                       error=(failed[(m, b)] or [None])[0])
+                       error=(failed[(m, b)] or [None])[0], flops=_mean(flops[(m, b)]) if flops[(m, b)] else math.nan,
+                       chosen=",".join(str(c) for c in chosen[(m, b)]),
+                       withdrawn=_withdrawn(withdrawn[(m, b)]))
             per_split.append(row)
         rows += per_split
         if len(per_split) > 1:
             avg = average_splits(per_split, ("acc", "f1", "yes_rate", "query_recall"))
             avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split),
-                       kept=per_split[0]["kept"], failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0])
+                       kept=per_split[0]["kept"], failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0],
+                       flops=per_split[0]["flops"], chosen=per_split[0]["chosen"],
+                       withdrawn=per_split[0]["withdrawn"])
             rows.append(avg)
     return rows
 
@@ -158,9 +209,13 @@ def format_rows(rows: list[dict]) -> str:
     from mipruner.text_table import table
 
     fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
-    kept = lambda r: "-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}"  # noqa: E731
-    body = [[r["method"], str(r["budget"]), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
-             fmt(r["query_recall"]), kept(r), str(r["n"])] for r in rows]
-    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "kept", "n"])
+    kept = lambda r: ("-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}") \
+        + (f" ({r['withdrawn']})" if r.get("withdrawn") else "")  # noqa: E731
+    flops = lambda r: "-" if math.isnan(r.get("flops", math.nan)) else f"{100 * r['flops']:.1f}%"  # noqa: E731
+    budget = lambda r: str(r["budget"]) + (f" (K={r['chosen']})" if r.get("chosen") and str(r["chosen"]) != str(r["budget"])
+                                           else "")  # noqa: E731
+    body = [[r["method"], budget(r), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
+             fmt(r["query_recall"]), kept(r), flops(r), str(r["n"])] for r in rows]
+    return table(body, ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "kept", "flops", "n"])
 
 

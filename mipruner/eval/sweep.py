@@ -17,7 +17,8 @@ a function of the kept tokens (in-LLM and merging methods are always answered).
 
 Each (method, value) point holds accuracy, F1 and yes-rate (yes/no questions), query recall (the
 share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time and
-mean LLM prefill time. `prune_ms` is the select time with the item's cache filled (each method's
+mean LLM prefill time, and `flops`: the mean share of the unpruned prefill FLOPs the selections imply
+(`mipruner.compute`; `SweepResult.at_compute(share)` picks, per method, the budget closest to a share). `prune_ms` is the select time with the item's cache filled (each method's
 first select on an item runs once untimed: MI's PMI, the in-LLM prefix), so the values compare
 what changing the swept parameter costs, as a slider move does in the app. Sweeping
 `lam` sets `lam_rule` to "fixed" unless given (else the paper's rule would override the values).
@@ -32,6 +33,7 @@ from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 from mipruner.pruners.signals import encode_kwargs
 
+from .runner import flops_share
 from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
 from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
 from .sweep_spec import SPECIAL, Sweep, parse_value, parse_values, sweepable
@@ -85,7 +87,7 @@ class SweepRun:
         ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
         self.n_answers += 1
         recs = [self._record(gold, "none", None, None, ref.text, None if cover is None else 1.0, first.n_visual, 0.0,
-                             ref.prefill_s)]
+                             ref.prefill_s, flops=1.0)]
         for m in sw.methods:
             for v in (sw.values if sw.varies(m) else sw.values[:1]):
                 budget, mode, params = sw.setting(m, v)
@@ -98,12 +100,12 @@ class SweepRun:
                     if why is not None:  # this method failed on this item: its record says why, the rest go on
                         recs.append({**gold, "method": m, "value": v, "seed": seed, "prediction": None,
                                      "correct": False, "query_recall": None, "kept": None, "prune_ms": None,
-                                     "prefill_ms": None, "lam": None, "error": why})
+                                     "prefill_ms": None, "lam": None, "flops": None, "error": why})
                         continue
                     sel, ans, prune_s = got
                     rec = query_recall(sel.keep, cover) if cover is not None else None
                     recs.append(self._record(gold, m, v, seed, ans.text, rec, sel.budget, prune_s, ans.prefill_s,
-                                             sel.extras.get("lam")))
+                                             sel.extras.get("lam"), flops_share(sel)))
         self.records += recs
         self.n_items += 1
         return True
@@ -127,14 +129,15 @@ class SweepRun:
         return sel, ans, prune_s
 
     @staticmethod
-    def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None) -> dict:
+    def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None, flops=None) -> dict:
         if gold["kind"] == "yesno":
             correct = parse_yes_no(text) == parse_yes_no(gold["answer"])
         else:
             correct = answer_matches(text, gold["answer"])
         r = {**gold, "method": method, "value": value, "seed": seed, "prediction": text, "correct": bool(correct),
              "query_recall": recall, "kept": kept, "prune_ms": prune_s * 1e3, "prefill_ms": prefill_s * 1e3,
-             "lam": lam}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt)
+             "lam": lam, "flops": flops}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt);
+        # flops: the share of the unpruned prefill FLOPs the selection implies (`mipruner.compute`)
         return r
 
     def result(self, *, set_name: str = "", set_info: dict | None = None, model: str = "") -> "SweepResult":

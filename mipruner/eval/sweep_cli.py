@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--seeds", default="0,1,2", help="seeds of Random (averaged), unless --param seed")
     p.add_argument("--x", choices=X_AXES, default="value", help="x axis: the swept value, or mean tokens kept")
+    p.add_argument("--equal-compute", type=float, default=None, metavar="SHARE",
+                   help="also print, per method, the swept budget whose prefill FLOPs are closest to SHARE (in "
+                        "(0, 1]) of the unpruned model's (--param budget)")
     p.add_argument("--metrics", help=f"curves to draw, comma-separated (default: every one with data): "
                    f"{', '.join(PLOTTED)}")
     p.add_argument("--out", help="output prefix: writes PREFIX.csv, .json, .png (default: outputs/sweep-<param>)")
@@ -70,8 +73,13 @@ def main(argv=None) -> int:
             raise SystemExit(f"sweep: {e}") from None
         for r in (res, *others):
             print(r.table())
+            if a.equal_compute is not None:
+                print(r.table_at_compute(a.equal_compute))
         print(f"wrote {prefix}.png")
         return 0
+    if a.equal_compute is not None and (not 0.0 < a.equal_compute <= 1.0 or a.param != "budget"):
+        raise SystemExit(f"sweep: --equal-compute takes a share in (0, 1] and --param budget, "
+                         f"got {a.equal_compute} with --param {a.param}")
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     try:
         sweep = Sweep(methods=methods, param=a.param.replace("-", "_"), values=a.values, budget=a.budget,
@@ -104,6 +112,8 @@ def main(argv=None) -> int:
     res.to_json(prefix + ".json")
     res.plot(prefix + ".png", x=a.x, metrics=metrics)
     print(res.table())
+    if a.equal_compute is not None:
+        print(res.table_at_compute(a.equal_compute))
     print(f"{res.n_items} items ({res.n_encodes} encodings), {len(res.records)} answers ({res.n_llm_calls} LLM calls, "
           f"the rest reused) in {res.wall_s:.1f} s (model load {load_s:.1f} s); wrote {prefix}.csv, .json, .png")
     if res.cancelled:

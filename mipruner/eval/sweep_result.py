@@ -15,7 +15,7 @@ from .runner import RANDOM_SEEDS, aggregate
 from .sweep_spec import Sweep
 
 METRICS = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
-COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "lam", "n")
+COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "flops", "lam", "n")
 
 
 def _finite(x):
@@ -42,7 +42,8 @@ def summarise(sweep, records: list[dict]) -> list[dict]:
         out = {"method": m, "label": "unpruned" if m == "none" else get_pruner(m).label, "param": sweep.param,
                "value": value, "split": split, "varies": m != "none" and sweep.varies(m),
                **{k: row[k] for k in ("acc", "f1", "yes_rate", "query_recall")},
-               **{k: _mean([r[k] for r in mine]) for k in ("kept", "prune_ms", "prefill_ms", "lam")}, "n": row["n"]}
+               **{k: _mean([r.get(k) for r in mine]) for k in ("kept", "prune_ms", "prefill_ms", "lam", "flops")},
+               "n": row["n"]}
         rows.append(out)
         if m != "none" and not out["varies"]:
             rows += [{**out, "value": other} for other in sweep.values[1:]]
@@ -104,7 +105,7 @@ class SweepResult:
         with open(path) as f:
             doc = json.load(f)
         sw = doc["sweep"]
-        nan = lambda rows: [{k: (math.nan if v is None and k in (*METRICS, "lam") else v)  # noqa: E731
+        nan = lambda rows: [{k: (math.nan if v is None and k in (*METRICS, "lam", "flops") else v)  # noqa: E731
                              for k, v in r.items()} for r in rows]
         return cls(Sweep(methods=tuple(sw["methods"]), param=sw["param"], values=tuple(sw["values"]),
                          budget=sw["budget"], params=sw["params"], text_mode=sw["text_mode"],
@@ -136,10 +137,30 @@ class SweepResult:
         """The overall rows as a text table."""
         fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
             f"{v:.3f}" if isinstance(v, float) else str(v))
-        keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
-        body = [[r["method"], fmt(r["value"]), *[fmt(r[k]) for k in keys], str(r["n"])]
+        keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms", "flops")
+        body = [[r["method"], fmt(r["value"]), *[fmt(r.get(k, math.nan)) for k in keys], str(r["n"])]
                 for m in ("none", *self.sweep.methods) for r in self.points(m)]
         return table(body, ["method", self.sweep.param, *keys, "n"])
+
+    def at_compute(self, share: float) -> list[dict]:
+        """Per method, its overall row whose `flops` (share of the unpruned prefill FLOPs) is closest
+        to `share` (the first swept value on ties); its `value` says which budget that was. Rows
+        without a FLOPs figure (a model with no decoder to count) are left out."""
+        out = []
+        for m in self.sweep.methods:
+            pts = [r for r in self.points(m) if _finite(r.get("flops")) is not None]
+            if pts:
+                out.append(min(pts, key=lambda r: abs(r["flops"] - share)))
+        return out
+
+    def table_at_compute(self, share: float) -> str:
+        """`at_compute(share)` as a text table."""
+        fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
+            f"{v:.3f}" if isinstance(v, float) else str(v))
+        keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "flops")
+        body = [[r["method"], fmt(r["value"]), *[fmt(r.get(k, math.nan)) for k in keys], str(r["n"])]
+                for r in self.at_compute(share)]
+        return table(body, ["method", f"{self.sweep.param} (at ~{100 * share:g}% FLOPs)", *keys, "n"])
 
 
 

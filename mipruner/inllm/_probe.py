@@ -46,9 +46,10 @@ def _rope(attn):
 
 
 def _probabilities(q: torch.Tensor, keys: torch.Tensor, scaling: float, query_index: torch.Tensor,
-                   window: int | None) -> torch.Tensor:
+                   window: int | None, per_head: bool = False) -> torch.Tensor:
     """q (1, H, R, d_head) after rotary, keys (1, KV, L, d_head): head-mean softmax (R, L) float32,
-    causal (query i sees keys <= query_index[i]) and sliding-window masked."""
+    causal (query i sees keys <= query_index[i]) and sliding-window masked; per_head: (H, R, L),
+    head h (reading KV head h // G, as the model's repeat_kv) in the model's head order."""
     d_head, r = keys.shape[-1], q.shape[2]
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     q = q[0].float().view(n_kv, -1, r, d_head)  # grouped-query attention: head h reads KV head h // G
@@ -58,12 +59,14 @@ def _probabilities(q: torch.Tensor, keys: torch.Tensor, scaling: float, query_in
     hidden = j > qi
     if window is not None:
         hidden = hidden | (j <= qi - window)
-    return logits.masked_fill(hidden, -float("inf")).softmax(dim=-1).mean(dim=(0, 1))
+    p = logits.masked_fill(hidden, -float("inf")).softmax(dim=-1)
+    return p.reshape(-1, r, n_keys) if per_head else p.mean(dim=(0, 1))
 
 
 def rater_attention(attn, query_input: torch.Tensor, cos_sin, keys: torch.Tensor, query_index: torch.Tensor,
-                    window: int | None = None) -> torch.Tensor:
-    """Head-mean attention probabilities (R, L) float32 of R queries over the L cached keys.
+                    window: int | None = None, per_head: bool = False) -> torch.Tensor:
+    """Head-mean attention probabilities (R, L) float32 of R queries over the L cached keys
+    (per_head: (H, R, L)).
 
     query_input (1, R, d): the layer's attention input at those rows; cos_sin: their rotary cos/sin;
     keys (1, KV, L, d_head); query_index (R,): each query's place among the keys (causal mask);
@@ -75,11 +78,11 @@ def rater_attention(attn, query_input: torch.Tensor, cos_sin, keys: torch.Tensor
     if getattr(attn, "q_norm", None) is not None:
         q = attn.q_norm(q)
     q, _ = rope(q.transpose(1, 2), q.transpose(1, 2), *cos_sin)  # (1, H, R, d_head)
-    return _probabilities(q, keys, attn.scaling, query_index, window)
+    return _probabilities(q, keys, attn.scaling, query_index, window, per_head)
 
 
 def layer_attention(block, hidden: torch.Tensor, cos_sin, query_index: torch.Tensor,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, per_head: bool = False) -> torch.Tensor:
     """Head-mean attention probabilities (R, L) float32 that decoder layer `block` would compute on
     its input `hidden` (1, L, d) for the query rows `query_index` (R,), before running it: its input
     norm, q/k projections (and q_norm/k_norm), rotary with `cos_sin` (L rows), causal/window mask."""
@@ -96,4 +99,4 @@ def layer_attention(block, hidden: torch.Tensor, cos_sin, query_index: torch.Ten
     q, _ = rope(q.transpose(1, 2), q.transpose(1, 2), cos.index_select(-2, query_index),
                 sin.index_select(-2, query_index))
     k, _ = rope(k.transpose(1, 2), k.transpose(1, 2), cos, sin)  # (1, KV, L, d_head)
-    return _probabilities(q, k, attn.scaling, query_index, window)
+    return _probabilities(q, k, attn.scaling, query_index, window, per_head)

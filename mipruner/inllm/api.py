@@ -23,6 +23,9 @@ rows the earlier stages left and returns a `StageView` of the sequence entering 
 stay from layer K on, and optionally which dropped rows are filled with merged tokens. Call `at`
 with ascending layers, one `keep` after each. The returned Selection's `keep` must be the visual
 tokens the last stage keeps (what masks show; `budget` of them unless the method is adaptive).
+A stage may keep none (`run.keep(view, [])`): every visual token is withdrawn from layer K on
+and the text goes on alone; the selection's `keep` is then empty, at any budget, and
+`extras["withdrawn_at"]` = K (masks, panels and eval say "all withdrawn from layer K").
 
 Positions (`positions=` of `register_inllm`): "original" (FastV's semantics: every remaining row
 keeps its position) or "renumber" (each remaining row moves down by the rows dropped before it:
@@ -106,8 +109,12 @@ class StageView:
                        "text": run.text_positions}[queries]
         return self.columns(queries)
 
-    def attention(self, queries="last", *, layer: str = "previous") -> torch.Tensor:
-        """Head-mean attention probabilities (R, L_cur) float32 of R query rows over the rows present.
+    def attention(self, queries="last", *, layer: str = "previous", heads: bool = False) -> torch.Tensor:
+        """Head-mean attention probabilities (R, L_cur) float32 of R query rows over the rows present;
+        heads=True: per head, (H, R, L_cur) float32 in the model's head order, so the mean, the
+        maximum or any other statistic over heads is the method's choice. Nothing is recorded for
+        it in advance: it is computed when asked for, from the query inputs and keys the stage
+        holds anyway, and takes H * R * L_cur * 4 bytes (twice that while the softmax runs).
 
         queries: "last" (the last prompt token), "after" (the prompt tokens after the last visual
         token), "text" (every non-visual token) or (R,) sequence positions. layer: "previous", the
@@ -121,18 +128,19 @@ class StageView:
         idx = self._queries(queries)
         if layer == "this":
             block = self._run._prompt.lm.layers[self.layer]
-            return layer_attention(block, self._prefix.hidden, self._cos_sin(), idx, self._window(self.layer))
+            return layer_attention(block, self._prefix.hidden, self._cos_sin(), idx, self._window(self.layer),
+                                   per_head=heads)
         if layer != "previous":
             raise ValueError(f"layer must be 'previous' or 'this', got {layer!r}")
         p = self._prefix.probe
         attn = self._run._prompt.lm.layers[self.layer - 1].self_attn
-        if isinstance(queries, str) and queries == "last":  # FastV's row, computed as it always was
+        if isinstance(queries, str) and queries == "last" and not heads:  # FastV's row, computed as it always was
             x, (cos, sin) = p["query_input"], p["cos_sin"]
             return last_token_attention(attn, x.index_select(1, idx), (cos.index_select(-2, idx),
                                         sin.index_select(-2, idx)), p["keys"], p["window"])[None]
         x, (cos, sin) = p["query_input"], p["cos_sin"]
         return rater_attention(attn, x.index_select(1, idx), (cos.index_select(-2, idx), sin.index_select(-2, idx)),
-                               p["keys"], idx, p["window"])
+                               p["keys"], idx, p["window"], per_head=heads)
 
     def _cos_sin(self):
         from ._decoder import row_inputs
@@ -286,6 +294,10 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
     if isinstance(sel, Selection):
         sel.extras["stages"] = tuple(run.stages)
         sel.extras.setdefault("layer", last.layer)
+        n_text = prompt.length - run.n_visual
+        gone = [s.layer for s in run.stages if int(s.rows.numel()) == n_text]  # no visual row left (one read each)
+        if gone:
+            sel.extras["withdrawn_at"] = gone[0]
         if cache is not None:
             cache[key] = sel
             cache[_LAST] = (tuple(run.stages), run._prefix)

@@ -100,11 +100,30 @@ def answer(adapter, media, prompt: str, config: MethodConfig, max_new_tokens: in
     return answer_encoded(adapter, enc, config, max_new_tokens)
 
 
-def answer_encoded(adapter, enc, config: MethodConfig, max_new_tokens: int, cache: dict | None = None):
+def answer_encoded(adapter, enc, config: MethodConfig, max_new_tokens: int, cache: dict | None = None,
+                   computes: list | None = None):
     """The answer of `config` on an encoding. `cache`: one dict per encoding, shared by the methods and
-    budgets answered on it (MI's PMI matrices, FastV/DART's first K layers), as in the eval runner."""
+    budgets answered on it (MI's PMI matrices, FastV/DART's first K layers), as in the eval runner.
+    computes: a list the selection's prefill compute (`mipruner.compute.Compute`) is appended to."""
     if config.method == NONE:
+        if computes is not None:
+            from mipruner.compute import selection_compute
+
+            computes.append(selection_compute(adapter, enc, None))
         return mipruner.answer(adapter, enc, None, max_new_tokens=max_new_tokens)
     cache = {} if cache is None else cache
     sel = mipruner.select(adapter, enc, config.method, config.budget, cache=cache, **config.params)
+    if computes is not None:
+        computes.append(sel.extras.get("compute"))
     return mipruner.answer(adapter, enc, sel, max_new_tokens=max_new_tokens, cache=cache)
+
+
+def compute_summary(computes: list) -> str | None:
+    """One line: the mean shares of the unpruned prefill FLOPs, visual-token-layers and KV cache of
+    the answers computed (None when none was counted)."""
+    cs = [c for c in computes if c is not None]
+    if not cs:
+        return None
+    mean = lambda k: 100 * sum(getattr(c, k) for c in cs) / len(cs)  # noqa: E731
+    return (f"prefill FLOPs {mean('flops_share'):.1f}% of unpruned, visual-token-layers "
+            f"{mean('visual_token_layers_share'):.1f}%, KV cache {mean('kv_share'):.1f}% (mean over {len(cs)} answers)")

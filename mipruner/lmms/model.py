@@ -47,7 +47,7 @@ from PIL import Image
 import mipruner
 
 from ..failures import guarded
-from .answer import MethodConfig, answer_encoded
+from .answer import MethodConfig, answer_encoded, compute_summary
 from .cache import AnswerCache, answer_key, media_digest
 
 log = logging.getLogger("mipruner.lmms")
@@ -130,6 +130,7 @@ class MiPruner(lmms):
         self.batch_size_per_gpu = int(batch_size)  # requests encoded per vision-tower call; answers one by one
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
         self.failures: list[str] = []  # "task/doc: sentence" of each answer a method failed to give
+        self.computes: list = []  # this run's selections' prefill compute (`mipruner.compute`), answers computed
 
     def _sweep(self, dtype, cache_dir) -> list[MethodConfig]:
         """This run's configuration, then the sweep's other runs answered on the same encodings (same
@@ -212,6 +213,10 @@ class MiPruner(lmms):
         if self.cache is not None:
             log.warning("mipruner rank %d: %d answers computed, %d from the cache %s", self._rank, self.calls,
                         self.cache.hits, self.cache.folder)
+        summary = compute_summary(self.computes)
+        if summary is not None:
+            log.warning("mipruner rank %d: %s budget=%s: %s", self._rank, self.config.method, self.config.budget,
+                        summary)
         if self.failures:
             log.error("mipruner rank %d: %d answers failed (scored as empty), the first: %s", self._rank,
                       len(self.failures), self.failures[0])
@@ -222,8 +227,10 @@ class MiPruner(lmms):
         todo = [(c, k) for i, (c, k) in enumerate(zip(self.sweep, keys)) if i == 0 or not self.cache.has(k)]
         shared: dict = {}
         text = None
-        for c, k in todo:
-            got, why = guarded(c.method, lambda c=c: answer_encoded(self.adapter, enc, c, max_new, shared))
+        for i, (c, k) in enumerate(todo):
+            mine = self.computes if i == 0 else None  # this run's configuration (the first of `todo`)
+            got, why = guarded(c.method, lambda c=c, mine=mine: answer_encoded(self.adapter, enc, c, max_new, shared,
+                                                                                mine))
             if why is not None:  # this configuration failed on this document: an empty answer, not cached
                 self.failures.append(f"{task}/{doc_id}: {why}")  # (a rerun retries); the others go on
                 log.warning("mipruner rank %d: %s/%s: %s", self._rank, task, doc_id, why)

@@ -69,9 +69,27 @@ class Family:
         """The random-weight builder (imports the family's folder)."""
         return self._find(self.builder) if isinstance(self.builder, str) else self.builder
 
-    def build(self, *, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
-        """The random-weight model: (adapter, description); see the module doc."""
-        return self.builder_function()(tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
+    def build(self, *, tiny: bool, device="cpu", dtype=None, seed: int = 0, llm_layers: int | None = None,
+              image_size: int | None = None):
+        """The random-weight model: (adapter, description); see the module doc. dtype None: float32 for
+        tiny=True (what CPU tests compare in), bfloat16 at the real shape (as the checkpoints load).
+        image_size: the vision tower's input side, for builders that take it (LLaVA-1.5, LLaVA-NeXT):
+        tiny widths at a real geometry, e.g. 336 gives 576 visual tokens (24 x 24) as LLaVA-1.5-7B."""
+        import inspect
+
+        import torch
+
+        if dtype is None:
+            dtype = torch.float32 if tiny else torch.bfloat16
+        fn = self.builder_function()
+        kw = {}
+        if image_size is not None:
+            if "image_size" not in inspect.signature(fn).parameters:
+                takes = [f.name for f in FAMILIES.values()
+                         if "image_size" in inspect.signature(f.builder_function()).parameters]
+                raise ValueError(f"{self.name}: its builder takes no image_size; those that do: {', '.join(takes)}")
+            kw["image_size"] = int(image_size)
+        return fn(tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers, **kw)
 
 
 _IMAGE_VIDEO = ("image", "video")

@@ -332,8 +332,8 @@ def adaptive_k(spec: "MethodSpec", sel: Any, k: int) -> int:
 
 def check_plugin_selection(spec: "MethodSpec", sel: Any, n: int, k: int, device: torch.device) -> None:
     """ContractError naming the plug-in when `sel` breaks the selection contract (`selection_failures`);
-    an adaptive method may keep between 1 and `k` tokens."""
-    bad = selection_failures(sel, n=n, k=adaptive_k(spec, sel, k), device=device)
+    the size rule is the spec's (`selection.size_rule`: fixed K, adaptive 1..K, none only in the LLM)."""
+    bad = selection_failures(sel, n=n, k=k, device=device, adaptive=spec.adaptive, stage=spec.stage)
     if bad:
         raise ContractError(spec, bad[0])
 

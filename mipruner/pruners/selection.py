@@ -86,10 +86,36 @@ class Selection:
                          extras={k: move(v) for k, v in self.extras.items()}, method=self.method)
 
 
-def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None = None) -> list[str]:
+def withdrawn_at(sel: Any) -> int | None:
+    """The decoder layer from which an in-LLM selection withdraws every visual token (its last stage
+    keeps none, `extras["withdrawn_at"]`), else None."""
+    extras = getattr(sel, "extras", None)
+    layer = extras.get("withdrawn_at") if isinstance(extras, dict) else None
+    return None if layer is None else int(layer)
+
+
+def size_rule(k: int, *, adaptive: bool = False, stage: str | None = None, empty: bool = False) -> str:
+    """The rule on how many visual tokens a selection keeps, as one clause of a contract error
+    (empty: it kept none, which only an in-LLM stage may)."""
+    rule = (f"an adaptive method keeps between 1 and K = {k} tokens (the budget is its cap)" if adaptive
+            else f"a fixed-K method keeps exactly K = {k} tokens")
+    if stage == "llm":
+        return rule + ", or none when a stage withdraws every visual token (run.keep(view, []))"
+    if stage is not None and empty:
+        return rule + ("; a pre-LLM method keeps at least one, since the LLM would read nothing of the media "
+                       "(only a stage inside the LLM may withdraw every visual token, after layers that read them)")
+    return rule
+
+
+def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None = None, adaptive: bool = False,
+                       stage: str | None = None) -> list[str]:
     """What is wrong with `sel` as a selection of `k` of `n` visual tokens (empty: nothing), one
     sentence each: its type, the shapes and dtypes of keep / order / scores / tokens, duplicate or
-    out-of-range indices, and (given `device`) tensors off the inputs' device. Never raises."""
+    out-of-range indices, and (given `device`) tensors off the inputs' device. Never raises.
+
+    The size rule (`size_rule`, stated in the sentence): exactly `k` tokens (`prefix` rows counted), or
+    with `adaptive` between 1 and `k`; with stage "llm" also none, when its last stage withdraws every
+    visual token (`withdrawn_at`); a pre-LLM method (any other stage) never keeps none."""
     if not isinstance(sel, Selection):
         return [f"it returned {type(sel).__name__}, not a Selection"]
     out = []
@@ -99,11 +125,17 @@ def selection_failures(sel: Any, *, n: int, k: int, device: torch.device | None 
     if out:
         return out
     keep, order, scores = sel.keep, sel.order, sel.scores
-    n_keep = k - (0 if sel.prefix is None else int(sel.prefix.shape[0]))  # rows with no position count
+    n_pre = 0 if sel.prefix is None else int(sel.prefix.shape[0])  # rows with no position count
+    n_keep = k - n_pre
+    if keep.ndim == 1 and (adaptive and 1 <= keep.numel() + n_pre <= k
+                           or stage == "llm" and keep.numel() == 0 and withdrawn_at(sel) is not None):
+        n_keep = int(keep.numel())  # within the rule: checked at the size it chose
     if keep.dtype != torch.long or order.dtype != torch.long:
         out.append(f"keep and order must be int64, got {keep.dtype} and {order.dtype}")
     if tuple(keep.shape) != (n_keep,):
-        out.append(f"keep has shape {tuple(keep.shape)} for a budget of {k} tokens (expected ({n_keep},))")
+        out.append(f"keep has shape {tuple(keep.shape)} for a budget of {k} tokens (expected "
+                   + (f"1 to {k - n_pre}" if adaptive else f"({n_keep},)")
+                   + f": {size_rule(k, adaptive=adaptive, stage=stage, empty=keep.numel() == 0)})")
     elif "meta" in (keep.device.type, order.device.type):
         out.append("keep or order is a meta tensor (a tensor was made without device=)")
     elif n_keep:

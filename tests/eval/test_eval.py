@@ -111,3 +111,19 @@ def test_dummy_attention_feeds_every_attention_pruner():
             sel = mipruner.prune(name, visual=enc.visual, text=enc.scoring_text, budget=4,
                                  attention=enc.attention, keys=enc.keys)
             assert sel.budget == 4
+
+
+def test_n_is_exact_on_open_tasks_and_whole_scenes_per_pope_split():
+    """`--n` as docs/evaluation.md states it: exactly N items on shapes-open, at least N per POPE split
+    (whole scenes, each scene's positives with its negatives), and every split balanced."""
+    from collections import Counter
+
+    from mipruner.eval.shapes import shapes_items
+
+    assert len(shapes_items("shapes-open", n=3)) == 3
+    pope = shapes_items("shapes-pope", n=3)
+    per_split = Counter(it.split for it in pope)
+    assert set(per_split) == {"random", "popular", "adversarial"} and all(v >= 3 for v in per_split.values())
+    for split in per_split:
+        answers = Counter(it.answer for it in pope if it.split == split)
+        assert answers["yes"] == answers["no"]

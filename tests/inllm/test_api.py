@@ -88,8 +88,22 @@ def test_adaptive_in_llm_and_the_contract(model, registered):
     for name in registered:
         _as_plugin(name)
     assert mipruner.select(ad, enc, "half_adaptive", 10).budget == 5
-    with pytest.raises(ContractError, match="half_fixed"):
+    with pytest.raises(ContractError, match="half_fixed") as e:
         mipruner.select(ad, enc, "half_fixed", 10)
+    assert "a fixed-K method keeps exactly K = 10 tokens, or none when a stage withdraws every visual token" \
+        in str(e.value)  # the rule that applies, in the sentence
+
+    def more_than(run, budget):
+        view = run.at(1)
+        keep = view.visual[: budget + 1]
+        run.keep(view, keep)
+        return Selection.from_order(keep, torch.zeros(run.n_visual, device=keep.device))
+
+    register_inllm("more_adaptive", adaptive=True)(more_than)
+    registered.append("more_adaptive")
+    _as_plugin("more_adaptive")
+    with pytest.raises(ContractError, match="expected 1 to 10: an adaptive method keeps between 1 and K = 10"):
+        mipruner.select(ad, enc, "more_adaptive", 10)
     assert check_pruner("half_adaptive", adapter=ad, encoded=enc) == []
     assert any("keep has shape" in f for f in check_pruner("half_fixed", adapter=ad, encoded=enc))
 

@@ -14,6 +14,7 @@ from tests.models.tiny_llava import save_tiny, scene  # noqa: E402
 
 
 def test_requests_share_tower_calls(tmp_path):
+    from mipruner.lmms.answer import compute_summary
     from mipruner.lmms.model import MiPruner
 
     path = save_tiny("llava", str(tmp_path / "llava"))
@@ -27,4 +28,7 @@ def test_requests_share_tower_calls(tmp_path):
         with TowerCalls(model.adapter) as calls:
             answers[batch] = model.generate_until(reqs)
         assert calls.n == math.ceil(len(reqs) / batch) and model.calls == len(reqs)
+        # each answer's prefill compute, logged as one line at the end of the run (`compute_summary`)
+        assert len(model.computes) == len(reqs) and all(0 < c.flops_share < 1 for c in model.computes)
+        assert compute_summary(model.computes).startswith("prefill FLOPs ")
     assert answers[3] == answers[1]

@@ -89,16 +89,23 @@ LLAVA_TINY = dict(image_size=56, patch=14, vision_layers=2, vision_width=64, llm
 LLAVA_REAL = dict(llm_layers=32, vocab_size=32064)
 
 
-def _build(family: str, *, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
+def _build(family: str, *, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None,
+           image_size: int | None = None):
     shape = dict(LLAVA_TINY if tiny else LLAVA_REAL)
     if llm_layers:
         shape["llm_layers"] = llm_layers
+    if image_size:  # e.g. 336: (336 / 14)^2 = 576 visual tokens at tiny widths
+        shape["image_size"] = image_size
     return build_random_llava(family=family, device=device, dtype=dtype, seed=seed, **shape)
 
 
-def build_llava(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
-    return _build("llava", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
+def build_llava(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None,
+                image_size: int | None = None):
+    return _build("llava", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers,
+                  image_size=image_size)
 
 
-def build_llava_next(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None):
-    return _build("llava_next", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers)
+def build_llava_next(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = None,
+                     image_size: int | None = None):
+    return _build("llava_next", tiny=tiny, device=device, dtype=dtype, seed=seed, llm_layers=llm_layers,
+                  image_size=image_size)

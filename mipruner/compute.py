@@ -1,0 +1,151 @@
+"""The compute a selection implies in the language model's prefill, from the LLM's config and the rows
+each decoder layer processes (the formula is written out in docs/methods.md, "Compute").
+
+For a decoder of width d, FFN width I (gated: three matrices), H query heads and KV key/value heads of
+width d_h, vocabulary V and n_l rows entering layer l:
+
+    F(n)       = 4 n d H d_h  +  4 n d KV d_h  +  4 n^2 H d_h  +  6 n d I
+                 (q and o)       (k and v)        (q k^T and p v)  (gate, up, down)
+    FLOPs      = sum_l F(n_l) + 2 d V          (the output head on the last row, which greedy reads)
+    visual-token-layers = sum_l v_l            (v_l: visual rows, merged ones included, in layer l)
+    KV bytes   = sum_l 2 n_l KV d_h b          (b: bytes per value of the model's dtype)
+
+Rows: a pre-LLM selection sends N_T + K rows through every layer (K = `Selection.budget`, merged and
+`prefix` rows counted); an in-LLM selection sends the full prompt through the layers before its first
+stage, then each stage's rows from its layer on (none visual once a stage withdraws them all); the
+unpruned model N_T + N_V everywhere. Each figure also as a share of the unpruned one. Counted: the
+matrix products (a multiply-add = 2 FLOPs, attention over every key, as FastV's paper counts); not
+counted: norms, rotary, softmax, the embedding look-up, sliding windows.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class LLMShape:
+    """What the formula reads of a decoder: d, I, depth, H, KV, d_h, V and bytes per value."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    value_bytes: int = 2
+
+    @classmethod
+    def from_config(cls, config, *, layers: int | None = None, vocab: int | None = None,
+                    value_bytes: int = 2) -> "LLMShape":
+        """From a transformers text config (hidden_size, intermediate_size, num_hidden_layers,
+        num_attention_heads, num_key_value_heads, head_dim, vocab_size)."""
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or int(config.hidden_size) // heads
+        return cls(hidden=int(config.hidden_size), intermediate=int(config.intermediate_size),
+                   layers=int(layers if layers is not None else config.num_hidden_layers), heads=heads,
+                   kv_heads=int(getattr(config, "num_key_value_heads", None) or heads), head_dim=int(head_dim),
+                   vocab=int(vocab if vocab is not None else config.vocab_size), value_bytes=int(value_bytes))
+
+    def layer_flops(self, n: int) -> int:
+        """F(n): one decoder layer on n rows attending to those n rows."""
+        d, dh = self.hidden, self.head_dim
+        return 4 * n * d * self.heads * dh + 4 * n * d * self.kv_heads * dh + 4 * n * n * self.heads * dh \
+            + 6 * n * d * self.intermediate
+
+    def prefill_flops(self, rows: list[int]) -> int:
+        """sum_l F(n_l) + 2 d V for rows n_l per layer."""
+        return sum(self.layer_flops(n) for n in rows) + 2 * self.hidden * self.vocab
+
+    def kv_bytes(self, rows: list[int]) -> int:
+        return sum(2 * n * self.kv_heads * self.head_dim * self.value_bytes for n in rows)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A selection's prefill compute and its share of the unpruned model's (share = value / unpruned)."""
+
+    flops: int
+    flops_share: float
+    visual_token_layers: int
+    visual_token_layers_share: float
+    kv_bytes: int
+    kv_share: float
+    visual_rows: tuple[int, ...]  # visual rows entering each layer
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        """One line for a panel: "prefill 1.23 TFLOPs (41% of unpruned) · visual-token-layers 30% · KV cache 45%"."""
+        return (f"prefill {_si(self.flops)}FLOPs ({100 * self.flops_share:.0f}% of unpruned) · "
+                f"visual-token-layers {self.visual_token_layers} ({100 * self.visual_token_layers_share:.0f}%) · "
+                f"KV cache {_si(self.kv_bytes)}B ({100 * self.kv_share:.0f}%)")
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.3g} "
+
+
+def visual_rows(n_layers: int, n_text: int, n_visual: int, selection) -> list[int]:
+    """Visual rows entering each decoder layer under `selection` (None: unpruned): a staged in-LLM
+    selection's per stage (`extras["stages"]`), any other's `budget` at every layer."""
+    if selection is None:
+        return [n_visual] * n_layers
+    stages = selection.extras.get("stages") if isinstance(selection.extras, dict) else None
+    if not stages:
+        return [int(selection.budget)] * n_layers
+    out, current = [], n_visual
+    bounds = {int(s.layer): int(s.rows.numel()) - n_text for s in stages}
+    for layer in range(n_layers):
+        current = bounds.get(layer, current)
+        out.append(current)
+    return out
+
+
+def compute_of(shape: LLMShape, n_text: int, n_visual: int, selection) -> Compute:
+    """The compute of `selection` (None: unpruned) on a prompt of n_text + n_visual rows."""
+    vis = visual_rows(shape.layers, n_text, n_visual, selection)
+    rows = [n_text + v for v in vis]
+    full = [n_text + n_visual] * shape.layers
+    f, f0 = shape.prefill_flops(rows), shape.prefill_flops(full)
+    kv, kv0 = shape.kv_bytes(rows), shape.kv_bytes(full)
+    vtl, vtl0 = sum(vis), n_visual * shape.layers
+    return Compute(f, f / f0, vtl, vtl / vtl0 if vtl0 else 1.0, kv, kv / kv0, tuple(vis))
+
+
+def adapter_shape(adapter) -> LLMShape | None:
+    """The LLMShape of an adapter's language model (its text decoder's config, depth and output
+    head; the dtype of its weights), or None when it has no transformers decoder (the dummy adapter)."""
+    try:
+        lm = adapter.text_decoder()
+    except (NotImplementedError, AttributeError):
+        return None
+    head = adapter.output_head()
+    weight = next(lm.parameters())
+    shape = LLMShape.from_config(lm.config, layers=len(lm.layers), vocab=int(head.weight.shape[0]),
+                                 value_bytes=weight.element_size())
+    return shape
+
+
+def selection_compute(adapter, encoded, selection) -> Compute | None:
+    """`compute_of` for a selection of `encoded` by `adapter` (None: unpruned); None without a decoder."""
+    shape = adapter_shape(adapter) if adapter is not None else None
+    if shape is None:
+        return None
+    n_text = int(encoded.text.shape[0])
+    return compute_of(shape, n_text, int(encoded.n_visual), selection)
+
+
+def attach_compute(adapter, encoded, selection):
+    """`selection` with `extras["compute"]` set (`selection_compute`) when the adapter has a decoder."""
+    c = selection_compute(adapter, encoded, selection)
+    if c is not None:
+        selection.extras["compute"] = c
+    return selection
+
+
+__all__ = ["attach_compute", "Compute", "LLMShape", "adapter_shape", "compute_of", "selection_compute", "visual_rows"]
