@@ -11,49 +11,18 @@ layer of the LLM, from the LLM's config). `own_timing(answer)` gives what an ans
 prefill as that share of the batch's prefill, labelled "share of a 6-answer batch's prefill, by
 compute", and the decoding loop's time labelled as the batch's (the rows decode together).
 
-The FLOPs formula (dense decoder layers, causal attention, the output head on the last row):
-  per layer: 2 L (d q + 2 d kv + q d + 3 d f)  (q, k, v, o projections; a gated MLP)
-             + 2 x 2 q L (L + 1) / 2            (Q K^T and P V under a causal mask)
-  plus 2 d V for the last row's logits,
-with L the row's tokens, d the hidden size, q = heads x head_dim, kv = key-value heads x head_dim,
-f the MLP width and V the vocabulary. An approximation (norms, rotary and the softmax are left out);
-it is the same for every row, so the shares compare rows of one batch.
+A row's prefill FLOPs are `mipruner.compute`'s formula (docs/methods.md, "Compute") for the row's own
+tokens through every layer of the LLM: the same for every row, so the shares compare rows of one batch.
 """
 from __future__ import annotations
 
+from .compute import LLMShape
 from .models.base import Answer
 
 
-def llm_config(config):
-    """The LLM's config of a multimodal config (`text_config`), or the config itself."""
-    return getattr(config, "text_config", None) or config
-
-
-def llm_dims(config) -> dict:
-    """layers, d, q, kv, f, vocab of the LLM (from its config; `head_dim` where the config names it)."""
-    c = llm_config(config)
-    d = int(c.hidden_size)
-    heads = int(c.num_attention_heads)
-    head_dim = int(getattr(c, "head_dim", None) or d // heads)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-    return {"layers": int(c.num_hidden_layers), "d": d, "q": heads * head_dim, "kv": kv_heads * head_dim,
-            "f": int(c.intermediate_size), "vocab": int(c.vocab_size)}
-
-
-def layer_params(dims: dict) -> int:
-    """Weights of one decoder layer's matmuls (projections and gated MLP)."""
-    d, q, kv, f = dims["d"], dims["q"], dims["kv"], dims["f"]
-    return d * q + 2 * d * kv + q * d + 3 * d * f
-
-
-def row_prefill_flops(config, n_tokens: int) -> float:
-    """Prefill FLOPs of one row of `n_tokens` tokens through the LLM (module docstring)."""
-    if n_tokens < 0:
-        raise ValueError(f"a row has at least 0 tokens, got {n_tokens}")
-    dims = llm_dims(config)
-    L = int(n_tokens)
-    per_layer = 2 * L * layer_params(dims) + 2 * dims["q"] * L * (L + 1)
-    return float(dims["layers"] * per_layer + (2 * dims["d"] * dims["vocab"] if L else 0))
+def row_prefill_flops(config, n_tokens: int) -> int:
+    """Prefill FLOPs of one row of `n_tokens` tokens through the LLM of `config` (mipruner.compute)."""
+    return LLMShape.of(config).row_flops(int(n_tokens))
 
 
 def split_batch(adapter, answers: list[Answer]) -> list[Answer]:

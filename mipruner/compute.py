@@ -47,6 +47,22 @@ class LLMShape:
                    kv_heads=int(getattr(config, "num_key_value_heads", None) or heads), head_dim=int(head_dim),
                    vocab=int(vocab if vocab is not None else config.vocab_size), value_bytes=int(value_bytes))
 
+    @classmethod
+    def of(cls, config, value_bytes: int = 2) -> "LLMShape":
+        """From a multimodal config (its `text_config`) or a text config itself."""
+        return cls.from_config(getattr(config, "text_config", None) or config, value_bytes=value_bytes)
+
+    def layer_weights(self) -> int:
+        """Weights of one decoder layer's matrix products (q, k, v, o; gate, up, down)."""
+        d, dh = self.hidden, self.head_dim
+        return 2 * d * self.heads * dh + 2 * d * self.kv_heads * dh + 3 * d * self.intermediate
+
+    def row_flops(self, n: int) -> int:
+        """One row of n tokens through every layer and the output head (0 for an empty row)."""
+        if n < 0:
+            raise ValueError(f"a row has at least 0 tokens, got {n}")
+        return self.prefill_flops([n] * self.layers) if n else 0
+
     def layer_flops(self, n: int) -> int:
         """F(n): one decoder layer on n rows attending to those n rows."""
         d, dh = self.hidden, self.head_dim

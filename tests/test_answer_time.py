@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mipruner.answer_time import llm_dims, own_timing, row_prefill_flops, split_batch, timing_line
+from mipruner.answer_time import own_timing, row_prefill_flops, split_batch, timing_line
 from mipruner.models.base import Answer
 
 # a Llama-like text config: 2 layers, d 8, 2 heads of 4 (1 kv head), MLP 16, vocabulary 10
@@ -13,14 +13,12 @@ TEXT = SimpleNamespace(hidden_size=8, num_attention_heads=2, num_key_value_heads
                        intermediate_size=16, vocab_size=10)
 
 
-def test_row_flops_by_hand():
+def test_row_flops_are_the_compute_formula():
     cfg = SimpleNamespace(text_config=TEXT)
-    assert llm_dims(cfg) == {"layers": 2, "d": 8, "q": 8, "kv": 4, "f": 16, "vocab": 10}
-    params = 8 * 8 + 2 * 8 * 4 + 8 * 8 + 3 * 8 * 16  # q, k, v, o, gated MLP
-    L = 5
-    want = 2 * (2 * L * params + 2 * 8 * L * (L + 1)) + 2 * 8 * 10
-    assert row_prefill_flops(cfg, L) == want
-    assert row_prefill_flops(TEXT, 0) == 0.0
+    L = 5  # d 8, I 16, H 2, KV 1, d_h 4, V 10 (docs/methods.md, "Compute")
+    per_layer = 4 * L * 8 * 2 * 4 + 4 * L * 8 * 1 * 4 + 4 * L * L * 2 * 4 + 6 * L * 8 * 16
+    assert row_prefill_flops(cfg, L) == row_prefill_flops(TEXT, L) == 2 * per_layer + 2 * 8 * 10
+    assert row_prefill_flops(TEXT, 0) == 0
     with pytest.raises(ValueError):
         row_prefill_flops(TEXT, -1)
 

@@ -18,7 +18,8 @@ projector), both approximations from the configs (norms, softmax and rotary left
 """
 from __future__ import annotations
 
-from mipruner.answer_time import layer_params, llm_config, llm_dims, row_prefill_flops
+from mipruner.answer_time import row_prefill_flops
+from mipruner.compute import LLMShape
 
 # (substrings of torch.cuda.get_device_name, all must match) -> figures; TFLOP/s dense, GB/s
 DEVICES = [
@@ -74,26 +75,25 @@ def tower_flops(config, images: int = 1) -> float:
     T = (int(v.image_size) // int(v.patch_size)) ** 2 + 1
     d, f, layers = int(v.hidden_size), int(v.intermediate_size), int(v.num_hidden_layers)
     blocks = layers * (2 * T * (4 * d * d + 2 * d * f) + 4 * T * T * d)
-    D = llm_dims(config)["d"]
+    D = LLMShape.of(config).hidden
     return float(images * (blocks + 2 * (T - 1) * (d * D + D * D)))
 
 
 def weight_bytes(config, dtype: str) -> dict:
     """Bytes of the weights a forward reads: {'llm': decoder layers + output head, 'tower': ViT + projector}."""
-    dims = llm_dims(config)
-    llm = dims["layers"] * layer_params(dims) + dims["d"] * dims["vocab"]
+    shape = LLMShape.of(config)
+    llm = shape.layers * shape.layer_weights() + shape.hidden * shape.vocab
     v = getattr(config, "vision_config", None)
     tower = 0
     if v is not None and hasattr(v, "intermediate_size"):
         d, f = int(v.hidden_size), int(v.intermediate_size)
-        tower = int(v.num_hidden_layers) * (4 * d * d + 2 * d * f) + d * dims["d"] + dims["d"] ** 2
+        tower = int(v.num_hidden_layers) * (4 * d * d + 2 * d * f) + d * shape.hidden + shape.hidden ** 2
     return {"llm": llm * BYTES[dtype], "tower": tower * BYTES[dtype]}
 
 
 def kv_bytes(config, tokens: int, dtype: str) -> float:
     """The KV cache of `tokens` tokens: keys and values of every layer."""
-    dims = llm_dims(config)
-    return float(2 * dims["layers"] * dims["kv"] * tokens * BYTES[dtype])
+    return float(LLMShape.of(config, value_bytes=BYTES[dtype]).kv_bytes([tokens] * LLMShape.of(config).layers))
 
 
 def cell_floor(config, dev: dict, dtype: str, prompt: int, new_tokens: int, rows: int = 1,
@@ -110,4 +110,4 @@ def cell_floor(config, dev: dict, dtype: str, prompt: int, new_tokens: int, rows
     return {"prefill_flops": flops, "ttft_compute_ms": compute, "ttft_memory_ms": memory,
             "ttft_ms": max(compute, memory) if compute is not None and memory is not None else None,
             "decode_step_ms": ms(step_bytes, bw), "decode_weight_ms": ms(w["llm"], bw),
-            "weights_gb": round((w["llm"] + w["tower"]) / 1e9, 3), "llm": type(llm_config(config)).__name__}
+            "weights_gb": round((w["llm"] + w["tower"]) / 1e9, 3), "llm": type(getattr(config, "text_config", None) or config).__name__}
