@@ -301,10 +301,22 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     """Pre-LLM method `spec` on tensors, its parameters `kw` already bound (`MethodSpec.bind`) and
     its `inputs` already checked: what `prune` and `mipruner.select` share once they have validated
     what they were given. Checks the tensors, resolves the budget, checks a plug-in's selection."""
+    check_tensors(spec, visual, text)
+    n_v = visual.shape[0]
+    k = resolve_budget(budget, n_v)
+    sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
+    if spec.origin:  # a plug-in's selection is checked before anything reads it
+        check_plugin_selection(spec, sel, n_v, k, visual.device)
+    sel.method = spec.name
+    return sel
+
+
+def check_tensors(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | None) -> None:
+    """ValueError when `visual` / `text` are not what pre-LLM method `spec` takes (shapes, types, values;
+    within `values_checked()` shapes and types only)."""
     name = spec.name
     check_matrix("visual", visual)
-    n_v = visual.shape[0]
-    if n_v == 0:
+    if visual.shape[0] == 0:
         raise ValueError("visual has no tokens (N_V = 0)")
     if spec.needs_text:
         if text is None:
@@ -315,12 +327,6 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
         if text.shape[1] != visual.shape[1]:
             raise ValueError(f"width mismatch: visual has d={visual.shape[1]}, text has d={text.shape[1]}; "
                              "both must live in the LLM's input space")
-    k = resolve_budget(budget, n_v)
-    sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
-    if spec.origin:  # a plug-in's selection is checked before anything reads it
-        check_plugin_selection(spec, sel, n_v, k, visual.device)
-    sel.method = name
-    return sel
 
 
 class ContractError(ValueError):

@@ -159,10 +159,13 @@ def _key(name: str, k: int, tensors: dict, static: dict) -> tuple:
             torch.is_inference_mode_enabled())
 
 
-def run(spec, k: int, inputs: dict, params: dict) -> Selection:
+def run(spec, k: int, inputs: dict, params: dict, *, fn: Callable[..., Selection] | None = None,
+        label: str = "") -> Selection:
     """`spec.fn(budget=k, **inputs, **params)` with the input values checked once here; on CUDA (when
-    `enabled` and `capturable`) replayed from a graph recorded on the second call of its key."""
-    fn = spec.fn
+    `enabled` and `capturable`) replayed from a graph recorded on the second call of its key.
+    fn, label: another function of the same keywords standing for the method (`batched.py`: B items stacked
+    on a leading dim, N_V read as `visual.shape[-2]`), its graphs keyed apart by `label`."""
+    fn = fn or spec.fn
     if torch.compiler.is_compiling():  # traced by the caller's torch.compile: the caller owns the edge
         return fn(budget=k, **inputs, **params)
     for name in _TENSOR_INPUTS[2:]:  # visual and text were checked by `prune`
@@ -170,7 +173,7 @@ def run(spec, k: int, inputs: dict, params: dict) -> Selection:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
             check_finite(name, x)
     visual = inputs["visual"]
-    if not (enabled(visual.device) and capturable(spec, visual.shape[0], params)):
+    if not (enabled(visual.device) and capturable(spec, visual.shape[-2], params)):
         with values_checked():
             return fn(budget=k, **inputs, **params)
     tensors = {n: v for n, v in inputs.items() if isinstance(v, torch.Tensor) and n not in spec.capture.static}
@@ -178,7 +181,7 @@ def run(spec, k: int, inputs: dict, params: dict) -> Selection:
     static.update(params, budget=k)
     if "cache" in inputs:
         static["cache"] = None  # see the module doc
-    key = _key(spec.name, k, tensors, static)
+    key = _key(label + spec.name, k, tensors, static)
     with _LOCK:
         graph = _GRAPHS.get(key, False)
         if graph is False and key not in _SEEN:  # first sighting: eager (module doc)

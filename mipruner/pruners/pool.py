@@ -156,7 +156,13 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     if budget >= n:  # keep-all: the unpruned input
         keep = torch.arange(n, device=dev)
         return Selection.from_order(keep, torch.ones(n, device=dev))
-    on, slot, counts, keep, weight, merged = device_layout(grid, n, budget, dev)
+    return pooled(visual, device_layout(grid, n, budget, dev))
+
+
+def pooled(visual: torch.Tensor, layout: tuple[torch.Tensor, ...]) -> Selection:
+    """The Selection of `visual` pooled by a `device_layout`: device work only (what a CUDA graph records)."""
+    on, slot, counts, keep, weight, merged = layout
+    budget, dev = keep.shape[0], visual.device
     v = visual.to(torch.float32)
     sums = torch.zeros(budget, v.shape[-1], dtype=v.dtype, device=dev).index_add(0, slot, v.index_select(0, on))
     tokens = sums / counts[:, None]
@@ -164,4 +170,4 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     return Selection.from_order(keep.clone(), weight.clone(), tokens=tokens.to(visual.dtype), merged_into=merged.clone())
 
 
-__all__ = ["device_layout", "pool_layout", "pool_pruner"]
+__all__ = ["device_layout", "pooled", "pool_layout", "pool_pruner"]
