@@ -130,7 +130,7 @@ def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, 
     for idx in by_params.values():
         items = [{"visual": encodings[i].visual,
                   "text": encodings[i].scoring_text if spec.needs_text else None,
-                  **{k: v for k, v in _inputs(spec, encodings[i], None).items()}} for i in idx]
+                  **_inputs(spec, encodings[i], caches[i])} for i in idx]  # a cache serves an item run alone
         for i, sel in zip(idx, run_batch(spec, items, budget, resolved[idx[0]])):
             if notes[i] is not None:
                 sel.extras.update(lam=resolved[i]["lam"], lam_note=notes[i])

@@ -15,8 +15,8 @@ the same; the float scores come from batched kernels (a batched matmul instead o
 the CPU a plain matmul where one item uses NumPy's syrk, `selection.gram`), so they agree within
 float32 rounding, not bit for bit (tests/pruners/test_capture.py states the tolerance).
 
-A `cache=` (MI's per-encoding normalisers) is not used on the batched path: the stacked call
-computes them for the whole group at once; it is the first call on an encoding that a batch serves.
+A `cache=` (MI's per-encoding normalisers) is not used on the batched path (the stacked call computes
+them for the whole group at once); an item that runs alone uses its own.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def run_batch(spec: MethodSpec, items: Sequence[dict], budget, kw: dict) -> list
                 check_tensors(spec, items[i]["visual"], items[i].get("text"))
         k = resolve_budget(budget, first["visual"].shape[0])
         stacked = {n: (torch.stack([items[i][n] for i in idx]) if isinstance(v, torch.Tensor)
-                       and n not in rule.static else v) for n, v in first.items()}
+                       and n not in rule.static else v) for n, v in first.items() if n != "cache"}
         for n in ("visual", "text"):
             if isinstance(stacked.get(n), torch.Tensor):
                 check_finite(n, stacked[n])

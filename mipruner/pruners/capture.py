@@ -1,17 +1,20 @@
 """Selections captured once per shape and replayed: the CUDA-graph path of `mipruner.prune`.
 
 At batch 1 on a GPU a selection is launch-bound: MI's greedy at N_V 576, K 64 is a few hundred small
-kernels, each a few microseconds of host time. Every built-in pre-LLM method with a fixed K is
-written as one capturable computation (no host sync, no data-dependent Python control flow, shapes
-fixed by (N_V, K, dtype); tests/pruners/test_capture.py traces each with
-`torch.compile(fullgraph=True)`), so on CUDA `prune` records it as a CUDA graph once per (method,
+kernels, each a few microseconds of host time. Every built-in pre-LLM method is written as one
+capturable computation (no host sync, no data-dependent Python control flow, shapes fixed by (N_V, K,
+dtype); tests/pruners/test_capture.py traces each with `torch.compile(fullgraph=True)`) under the
+conditions it declares where it is registered (`register_pruner(capture=Capturable(...))`: its token
+cap, its own parameter conditions; this module keeps no list of names), so on CUDA `prune` records
+it as a CUDA graph once per (method,
 K, parameters, input shapes / dtypes / device) and replays it afterwards: one graph launch, plus
 copying the inputs into the graph's buffers and the outputs out of them. A key is recorded the
 SECOND time it is seen (the first call runs eagerly): recording costs about two eager runs, which
 a shape seen once (a Qwen image of its own size, one gpu-check row) would never win back; the app's
 slider moves, an eval over one model's fixed N_V and a bench's repeats see their keys again.
-Selections over more than `MAX_TOKENS` visual tokens run eagerly: there the work, not the launches,
-dominates, and a graph would hold several N_V x N_V buffers in its memory pool.
+Selections over more than a method's `max_tokens` (default `MAX_TOKENS`) run eagerly: there the work,
+not the launches, dominates, and a graph would hold several N_V x N_V buffers in its memory pool.
+B equal-shape items run as one batched call (`batched.py`), recorded here as one graph per B.
 
 Why `torch.cuda.CUDAGraph` on the eager code rather than `torch.compile(mode="reduce-overhead")`:
 recording is one eager run (milliseconds), where compiling a greedy loop unrolled K times takes

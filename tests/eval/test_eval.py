@@ -111,3 +111,31 @@ def test_dummy_attention_feeds_every_attention_pruner():
             sel = mipruner.prune(name, visual=enc.visual, text=enc.scoring_text, budget=4,
                                  attention=enc.attention, keys=enc.keys)
             assert sel.budget == 4
+
+
+def test_runner_selects_a_group_of_items_as_one_batched_call(monkeypatch):
+    """encode_batch=4: each (method, budget, seed) selects the group's four encodings in one batched call where the
+    method allows it (`select_batch`); the rows equal those of items selected one by one (encode_batch=1)."""
+    from mipruner.pruners import batched
+
+    items = []
+    for i in range(4):
+        im, mask = scene(bright=i % 2 == 0)
+        items.append(EvalItem(id=str(i), media=im, question="Is there a white square?", kind="yesno",
+                              answer="yes" if i % 2 == 0 else "no", split="random", masks=[mask]))
+    methods = ["none", "mi", "similarity", "random", "pool", "cdpruner"]
+    one = evaluate(DummyAdapter(patch=8), items, methods, [1, 5], {"lam": 1.0}, "toy", encode_batch=1)
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    grouped = evaluate(DummyAdapter(patch=8), items, methods, [1, 5], {"lam": 1.0}, "toy", encode_batch=4)
+    # one call per (method, budget, seed) of the methods that batch; cdpruner declares no batched call
+    assert sorted(set(calls)) == ["mi", "pool", "random", "similarity"]
+    assert len(calls) == 2 * (1 + 1 + 3 + 1)
+    key = lambda r: (r["method"], str(r["budget"]), r["split"])  # noqa: E731
+    assert len(one) == len(grouped)
+    for a, b in zip(sorted(one, key=key), sorted(grouped, key=key)):
+        assert a.keys() == b.keys()
+        for k in a:
+            same = a[k] == b[k] or (isinstance(a[k], float) and math.isnan(a[k]) and math.isnan(b[k]))
+            assert same, (key(a), k, a[k], b[k])
