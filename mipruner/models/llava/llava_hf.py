@@ -26,6 +26,7 @@ from ...pruners.signals import Signals
 from .. import _clip_attention as A
 from .. import _llava_common as C
 from .. import _packed as P
+from .. import _short_tower as T
 from . import geometry as G
 
 
@@ -109,7 +110,11 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
             return SimpleNamespace(pooler_output=[f.clone() for f in feats]), None
         tower = self.model.model.vision_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
-            outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+            if extra or not T.applies(self.model, tower):
+                outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+            else:  # the tower up to the block the projector reads (and any block recorded): `_short_tower`
+                upto = max(rec.asked.values(), default=-1) + 1
+                outputs = T.image_features(self.model, tower, pixels, upto=upto)
         return outputs, rec
 
     @torch.no_grad()
@@ -147,8 +152,11 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
 
 def image_features(model, pixels: torch.Tensor):
-    """The projected visual tokens of a batch of images (`get_image_features`'s pooler output): what the
-    compiled tower computes."""
+    """The projected visual tokens of a batch of images (`get_image_features`'s pooler output, the tower run
+    up to the block the projector reads, `_short_tower`): what the compiled tower computes."""
+    tower = model.model.vision_tower
+    if T.applies(model, tower):
+        return T.image_features(model, tower, pixels).pooler_output
     return model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
 
 
