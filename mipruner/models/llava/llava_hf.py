@@ -23,6 +23,7 @@ import torch
 
 from ...media import Video, load_media
 from ...pruners.signals import Signals
+from ..base import LazyGeometry, TokenGeometry
 from .. import _clip_attention as A
 from .. import _llava_common as C
 from .. import _packed as P
@@ -71,12 +72,9 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         feats = outputs.pooler_output
         per_image = [f.shape[0] for f in feats]
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): image after image
-        parts, grids, has_cls = [], [], False
-        for f, (image, n) in enumerate(zip(images, per_image)):
-            p, grid, has_cls = image_parts(self, image, pixels.shape[-2:], n, frame=f)
-            parts += p
-            grids.append(grid)
-        geometry = G.cat_geometry(parts, grids, [im.size for im in images])
+        hw = tuple(pixels.shape[-2:])
+        has_cls = [cls_first(self, hw, n) for n in per_image][-1]  # checks every image's count now
+        geometry = LazyGeometry(lambda: images_geometry(self, images, hw, per_image))  # built when read
         out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
                    is_video=is_video, ref={k: v for k, v in inputs.items()})
         if want.features:  # the projector's input, (F, n, D_v): image after image, as the tokens
@@ -172,6 +170,26 @@ def _item_outputs(outputs, j: int):
     return type(outputs)(**kw)
 
 
+def cls_first(adapter, processed_hw, n_visual: int) -> bool:
+    """Whether an image's `n_visual` tokens start with its [CLS] (the "full" strategy) on its patch grid;
+    RuntimeError when the count fits neither."""
+    patch = int(adapter.config.vision_config.patch_size)
+    rows, cols = int(processed_hw[0]) // patch, int(processed_hw[1]) // patch
+    if n_visual not in (rows * cols, rows * cols + 1):
+        raise RuntimeError(f"{n_visual} visual tokens for a {rows} x {cols} patch grid")
+    return n_visual == rows * cols + 1
+
+
+def images_geometry(adapter, images, processed_hw, per_image) -> TokenGeometry:
+    """The geometry of CLIP-grid images one after another (`per_image` tokens each), frame = the image's index."""
+    parts, grids = [], []
+    for f, (image, n) in enumerate(zip(images, per_image)):
+        p, grid, _ = image_parts(adapter, image, processed_hw, n, frame=f)
+        parts += p
+        grids.append(grid)
+    return G.cat_geometry(parts, grids, [im.size for im in images])
+
+
 def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     """Geometry parts of one CLIP-grid image: (parts for `cat_geometry`, (rows, cols), has CLS token)."""
     patch = int(adapter.config.vision_config.patch_size)
@@ -179,9 +197,7 @@ def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     rows, cols = hp // patch, wp // patch
     pmap = G.resize_crop_map(image.width, image.height, adapter.image_processor)
     parts = []
-    has_cls = n_visual == rows * cols + 1  # "full" strategy keeps CLS in front
-    if not has_cls and n_visual != rows * cols:
-        raise RuntimeError(f"{n_visual} visual tokens for a {rows} x {cols} patch grid")
+    has_cls = cls_first(adapter, processed_hw, n_visual)  # "full" strategy keeps CLS in front
     if has_cls:
         parts.append(cls_token(pmap, hp, wp, frame))
     parts.append(G.grid_geometry(pmap, rows, cols, patch, frame=frame))

@@ -1,4 +1,5 @@
-"""The vision tower runs only up to the block the projector reads (`mipruner/models/_short_tower.py`).
+"""LLaVA-1.5's encode path: the vision tower runs only up to the block the projector reads
+(`mipruner/models/_short_tower.py`), and the geometry is built when first read (`base.LazyGeometry`).
 
 The tiny LLaVA's CLIP tower has 3 blocks and reads hidden_states[-2], the output of block 1: the
 shortened pass runs blocks 0 and 1 through the tower's own modules. Same modules, same inputs, same
@@ -91,3 +92,26 @@ def test_encode_runs_the_tower_only_as_far_as_it_reads(adapter):
         att = adapter.encode(image, PROMPT, need_attention=True)
     assert last == [] and att.attention.shape == (enc.n_visual + 1, enc.n_visual + 1)
     assert torch.equal(att.visual, enc.visual) and torch.equal(att.cls, rec.cls)
+
+
+def test_the_geometry_is_built_when_first_read(adapter):
+    import copy
+    import pickle
+
+    from mipruner.models.base import LazyGeometry, TokenGeometry
+    from mipruner.models.llava.llava_hf import images_geometry
+
+    image = scene(80, 60, square=(20, 10, 40, 30))
+    enc = adapter.encode(image, PROMPT)
+    assert isinstance(enc.geometry, LazyGeometry) and not enc.geometry.built  # nothing drawn yet
+    pixels = adapter.processor(images=[image], text="<image>", return_tensors="pt")["pixel_values"]
+    ref = images_geometry(adapter, [image], tuple(pixels.shape[-2:]), [enc.n_visual])
+    assert len(enc.geometry) == enc.n_visual and enc.geometry.built
+    for f in ("frame", "row", "col", "box"):
+        assert torch.equal(getattr(enc.geometry, f), getattr(ref, f)), f
+    assert (enc.geometry.kind, enc.geometry.grids, enc.geometry.sizes) == (ref.kind, ref.grids, ref.sizes)
+    assert torch.equal(enc.grid, ref.grid())  # pool's input
+    lazy = adapter.encode(image, PROMPT).geometry
+    for g in (pickle.loads(pickle.dumps(lazy)), copy.deepcopy(adapter.encode(image, PROMPT).geometry)):
+        assert type(g) is TokenGeometry and torch.equal(g.box, ref.box)  # a copy is built, then plain
+    assert lazy.built
