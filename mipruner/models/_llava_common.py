@@ -6,7 +6,8 @@ The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevi
 `internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
 geometry. Everything that runs the LLM lives here:
 
-  encode          media + prompt -> templated prompt -> input_ids with N_V visual placeholders;
+  encode          media + prompt -> templated prompt -> input_ids with N_V visual placeholders (the
+                  prompt tokenized once where the family gives only pixels: its placeholders expanded);
                   visual tokens V from the model's public `get_image_features` / `get_video_features`;
                   text embeddings from `model.get_input_embeddings()`.
   prefill_logits  `inputs_embeds` = the prompt with the kept visual rows spliced in at the visual
@@ -183,7 +184,12 @@ class LlavaFamilyAdapter(Adapter):
         source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
         if "expanded" in out:
             plain = self.tokenizer(source, return_offsets_mapping=True)
-        ids = out["input_ids"][0].to(self.device)  # (L,)
+        if "placeholders" in out:  # the prompt tokenized once: its visual placeholders expanded to the tokens' count
+            ids = expand_placeholders(plain["input_ids"], self._visual_token_ids(), out["placeholders"])
+            out["ref"] = dict(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None], **out.get("ref", {}))
+        else:
+            ids = out["input_ids"][0]
+        ids = ids.to(self.device)  # (L,)
         self._check_length(int(ids.numel()))
         vis_mask = self._visual_mask(ids)  # (L,) bool
         n_v = int(vis_mask.sum())
@@ -322,6 +328,21 @@ class LlavaFamilyAdapter(Adapter):
         from ._batch_llava import generate_rows
 
         return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
+
+
+def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]) -> torch.Tensor:
+    """(L,) int64 on the host: `ids` (the templated prompt's tokens) with its i-th visual placeholder token repeated
+    counts[i] times, what a processor's tokenization of the expanded prompt gives (one <image> -> N_V <image>
+    tokens); RuntimeError when the placeholders and the counts disagree."""
+    special = set(visual_ids)
+    at = [i for i, t in enumerate(ids) if t in special]
+    if len(at) != len(counts):
+        raise RuntimeError(f"{len(at)} visual placeholders in the prompt for {len(counts)} images")
+    out, start = [], 0
+    for i, n in zip(at, counts):
+        out += ids[start:i] + [ids[i]] * int(n)
+        start = i + 1
+    return torch.tensor(out + ids[start:], dtype=torch.long)
 
 
 def single_image(media, family: str):

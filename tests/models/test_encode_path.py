@@ -115,3 +115,25 @@ def test_the_geometry_is_built_when_first_read(adapter):
     for g in (pickle.loads(pickle.dumps(lazy)), copy.deepcopy(adapter.encode(image, PROMPT).geometry)):
         assert type(g) is TokenGeometry and torch.equal(g.box, ref.box)  # a copy is built, then plain
     assert lazy.built
+
+
+def test_the_prompt_is_tokenized_once_and_the_inputs_are_the_processors(adapter, monkeypatch):
+    from mipruner.models._llava_common import expand_placeholders
+
+    image, two = scene(80, 60, square=(20, 10, 40, 30)), [scene(56, 56, seed=1), scene(70, 56, seed=2)]
+    runs = []
+    real = type(adapter.tokenizer).__call__
+    monkeypatch.setattr(type(adapter.tokenizer), "__call__", lambda self, *a, **k: (runs.append(1), real(self, *a, **k))[1])
+    enc = adapter.encode(image, PROMPT)
+    assert len(runs) == 1  # the templated prompt, once (the processor would tokenize it again)
+    many = adapter.encode(two, PROMPT)
+    monkeypatch.undo()
+    for e, images in ((enc, [image]), (many, two)):
+        ref = adapter.processor(images=images, text=e.state["templated"], return_tensors="pt")
+        assert set(e.state["ref"]) == set(ref)  # the model's own inputs: the processor's, key for key
+        for k in ref:
+            assert torch.equal(e.state["ref"][k], ref[k]), k
+        assert torch.equal(e.state["input_ids"], ref["input_ids"][0])
+    with pytest.raises(RuntimeError, match="2 visual placeholders in the prompt for 1 images"):
+        expand_placeholders([5, 9, 6, 9], [9], [3])
+    assert expand_placeholders([5, 9, 6, 9, 7], [9], [2, 3]).tolist() == [5, 9, 9, 6, 9, 9, 9, 7]

@@ -65,8 +65,8 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         held = getattr(self, "_tower_item", None)  # this item's share of a batched tower call (`encode_batch`)
         if held is not None:
             inputs, outputs, rec = held
-        else:
-            inputs = self.processor(images=images, text=templated, return_tensors="pt")
+        else:  # pixels only: `encode` tokenizes the templated prompt once and expands its <image> placeholders
+            inputs = self.image_processor(images, return_tensors="pt")
             outputs, rec = self._tower(inputs, want)
         pixels = inputs["pixel_values"]  # (F, 3, Hp, Wp)
         feats = outputs.pooler_output
@@ -75,8 +75,8 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         hw = tuple(pixels.shape[-2:])
         has_cls = [cls_first(self, hw, n) for n in per_image][-1]  # checks every image's count now
         geometry = LazyGeometry(lambda: images_geometry(self, images, hw, per_image))  # built when read
-        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
-                   is_video=is_video, ref={k: v for k, v in inputs.items()})
+        out = dict(placeholders=per_image, visual=visual, geometry=geometry, frames=images, is_video=is_video,
+                   ref={"pixel_values": pixels})
         if want.features:  # the projector's input, (F, n, D_v): image after image, as the tokens
             out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
         if want.attention:
@@ -132,7 +132,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 m, p = loaded[i]
                 C.check_prompt(p)
                 image = m[0] if isinstance(m, list) else m
-                inputs.append(self.processor(images=[image], text=self._template(p, "image", 1), return_tensors="pt"))
+                inputs.append(self.image_processor([image], return_tensors="pt"))  # the prompt: tokenized by `encode`
             shapes = {tuple(x["pixel_values"].shape[1:]) for x in inputs}
             if len(shapes) == 1 and all("image_sizes" not in x for x in inputs):
                 outputs, rec = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
