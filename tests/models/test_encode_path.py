@@ -137,3 +137,14 @@ def test_the_prompt_is_tokenized_once_and_the_inputs_are_the_processors(adapter,
     with pytest.raises(RuntimeError, match="2 visual placeholders in the prompt for 1 images"):
         expand_placeholders([5, 9, 6, 9], [9], [3])
     assert expand_placeholders([5, 9, 6, 9, 7], [9], [2, 3]).tolist() == [5, 9, 9, 6, 9, 9, 9, 7]
+
+
+def test_video_llava_images_run_the_image_tower_only_as_far_as_it_reads(tmp_path):
+    a = mipruner.load(save_tiny("video_llava", str(tmp_path / "video_llava")), device="cpu")
+    tower = a.model.model.image_tower
+    image = scene(80, 60, square=(20, 10, 40, 30))
+    with calls(A.encoder_layers(tower)[-1]) as last, calls(tower.embeddings) as passes:
+        enc = a.encode(image, PROMPT)
+    assert last == [] and passes == [1]
+    ref = a.model.model.get_image_features(pixel_values=enc.state["ref"]["pixel_values"].to(a.dtype), return_dict=True)
+    assert torch.equal(enc.visual, ref.pooler_output.reshape(-1, enc.visual.shape[-1]))  # bit for bit
