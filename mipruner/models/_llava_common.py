@@ -189,25 +189,27 @@ class LlavaFamilyAdapter(Adapter):
             out["ref"] = dict(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None], **out.get("ref", {}))
         else:
             ids = out["input_ids"][0]
-        ids = ids.to(self.device)  # (L,)
+        ids = ids.cpu()  # (L,) host ids (a processor's or ours): the checks below read them without a device sync
         self._check_length(int(ids.numel()))
         vis_mask = self._visual_mask(ids)  # (L,) bool
         n_v = int(vis_mask.sum())
         visual = out["visual"]
         if n_v != visual.shape[0]:
             raise RuntimeError(f"{n_v} visual placeholders in the prompt but {visual.shape[0]} visual tokens")
-        embeds = self.model.get_input_embeddings()(ids[~vis_mask])  # (N_P, d)
+        text_ids_host = ids[~vis_mask]  # (N_P,)
+        embeds = self.model.get_input_embeddings()(text_ids_host.to(self.device))  # (N_P, d)
         # token strings and offsets of the non-visual tokens, from the un-expanded templated prompt
         special = set(self._visual_token_ids())
         keep_tok = [i for i, t in enumerate(plain["input_ids"]) if t not in special]
         text_ids = [plain["input_ids"][i] for i in keep_tok]
-        if text_ids != ids[~vis_mask].tolist():
+        if text_ids != text_ids_host.tolist():
             raise RuntimeError("the tokenizer and the processor disagree on the prompt's text tokens")
         offsets = [tuple(plain["offset_mapping"][i]) for i in keep_tok]
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids)
         tmask = text_mask(tokens, offsets, source, prompt, text_mode)
         cuda_sync(self.device)
-        state = dict(input_ids=ids, visual_positions=torch.nonzero(vis_mask).flatten(), ref=out.get("ref", {}),
+        state = dict(input_ids=ids.to(self.device), visual_positions=torch.nonzero(vis_mask).flatten().to(self.device),
+                     ref=out.get("ref", {}),
                      templated=templated, **out.get("state", {}))
         return Encoded(model=self.name, prompt=prompt, visual=visual, geometry=out["geometry"], text=embeds,
                        text_tokens=tokens, text_mask=tmask, text_mode=text_mode, frames=out["frames"],
