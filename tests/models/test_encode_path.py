@@ -148,3 +148,18 @@ def test_video_llava_images_run_the_image_tower_only_as_far_as_it_reads(tmp_path
     assert last == [] and passes == [1]
     ref = a.model.model.get_image_features(pixel_values=enc.state["ref"]["pixel_values"].to(a.dtype), return_dict=True)
     assert torch.equal(enc.visual, ref.pooler_output.reshape(-1, enc.visual.shape[-1]))  # bit for bit
+
+
+def test_llava_next_tokenizes_the_prompt_once_and_keeps_the_processors_inputs(tmp_path, monkeypatch):
+    a = mipruner.load(save_tiny("llava_next", str(tmp_path / "llava_next")), device="cpu")
+    image = scene(112, 56, square=(70, 14, 84, 28))
+    runs = []
+    real = type(a.tokenizer).__call__
+    monkeypatch.setattr(type(a.tokenizer), "__call__", lambda self, *x, **k: (runs.append(1), real(self, *x, **k))[1])
+    enc = a.encode(image, PROMPT)
+    monkeypatch.undo()
+    assert len(runs) == 1
+    ref = a.processor(images=image, text=enc.state["templated"], return_tensors="pt")
+    assert set(enc.state["ref"]) == set(ref)
+    for k in ref:
+        assert torch.equal(enc.state["ref"][k], ref[k]), k
