@@ -41,14 +41,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import DuplicateNameError, Registry, did_you_mean
+from ..registry import DuplicateNameError, did_you_mean
+from ._table import METHODS
 from . import capture as capture_rules  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
 from .signals import SIGNAL_INPUTS, Signals, check_layer
 
-# name -> MethodSpec. `mipruner.plugins` adds its lazy discovery of installed plug-ins as a first-use
-# hook, so they register after the built-ins and only when needed.
-METHODS = Registry("pruner")
+# name -> MethodSpec (`_table.py`). `mipruner.plugins` adds its lazy discovery of installed plug-ins as a
+# first-use hook, so they register after the built-ins and only when needed.
 
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter")

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._table import METHODS
 from .selection import Selection, check_finite, values_checked
 
 MAX_GRAPHS = 16  # graphs held at once; each holds its inputs, outputs and intermediates
@@ -102,9 +103,7 @@ def capturable(spec, n_v: int, params: dict) -> bool:
     """Whether method `spec` (a MethodSpec or a registered name) with `params` on N_V tokens is one capturable
     computation: what it declared at registration (`Capturable`), its parameters' defaults filled in."""
     if isinstance(spec, str):
-        from ._registry import get_pruner  # at call time: the registry imports this module
-
-        spec = get_pruner(spec)
+        spec = METHODS.get(spec)
     rule = spec.capture
     return rule is not None and rule.allows(n_v, {**spec.defaults(), **params})
 
