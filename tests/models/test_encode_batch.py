@@ -32,7 +32,7 @@ def llava(tmp_path_factory):
 
 class TowerCalls:
     """Counts the passes through the adapter's vision tower: the calls of its patch embedding, which every pass
-    makes once, whether through the tower's forward or only up to the projector's block (`_short_tower`)."""
+    makes once, whether through the tower's forward or only up to the projector's block (`short_tower`)."""
 
     def __init__(self, adapter):
         tower = adapter.model.model.vision_tower

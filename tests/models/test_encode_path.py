@@ -1,5 +1,5 @@
 """LLaVA-1.5's encode path: the vision tower runs only up to the block the projector reads
-(`mipruner/models/_short_tower.py`), and the geometry is built when first read (`base.LazyGeometry`).
+(`mipruner/models/llava/short_tower.py`), and the geometry is built when first read (`base.LazyGeometry`).
 
 The tiny LLaVA's CLIP tower has 3 blocks and reads hidden_states[-2], the output of block 1: the
 shortened pass runs blocks 0 and 1 through the tower's own modules. Same modules, same inputs, same
@@ -15,7 +15,7 @@ import torch
 
 import mipruner
 from mipruner.models import _clip_attention as A
-from mipruner.models import _short_tower as T
+from mipruner.models.llava import short_tower as T
 from mipruner.pruners.signals import Signals
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)

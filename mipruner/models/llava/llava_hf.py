@@ -27,7 +27,7 @@ from ..base import LazyGeometry, TokenGeometry
 from .. import _clip_attention as A
 from .. import _llava_common as C
 from .. import _packed as P
-from .. import _short_tower as T
+from . import short_tower as T
 from . import geometry as G
 
 
@@ -110,7 +110,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
             if extra or not T.applies(self.model, tower):
                 outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
-            else:  # the tower up to the block the projector reads (and any block recorded): `_short_tower`
+            else:  # the tower up to the block the projector reads (and any block recorded): `short_tower`
                 upto = max(rec.asked.values(), default=-1) + 1
                 outputs = T.image_features(self.model, tower, pixels, upto=upto)
         return outputs, rec
@@ -151,7 +151,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
 def image_features(model, pixels: torch.Tensor):
     """The projected visual tokens of a batch of images (`get_image_features`'s pooler output, the tower run
-    up to the block the projector reads, `_short_tower`): what the compiled tower computes."""
+    up to the block the projector reads, `short_tower`): what the compiled tower computes."""
     tower = model.model.vision_tower
     if T.applies(model, tower):
         return T.image_features(model, tower, pixels).pooler_output

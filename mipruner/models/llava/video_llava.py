@@ -31,7 +31,7 @@ import torch
 from ...media import MediaError, Video
 from .. import _clip_attention as A
 from .. import _llava_common as C
-from .. import _short_tower as T
+from . import short_tower as T
 from . import geometry as G
 from .llava_hf import image_geometry
 
@@ -100,7 +100,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         pixels = self._pixels([image])  # (1, 3, Hp, Wp)
         tower = self.model.model.image_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
-            if T.applies(self.model, tower):  # the tower up to the block the projector reads (`_short_tower`)
+            if T.applies(self.model, tower):  # the tower up to the block the projector reads (`short_tower`)
                 outputs = T.image_features(self.model, tower, pixels, upto=max(rec.asked.values(), default=-1) + 1)
             else:
                 outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
