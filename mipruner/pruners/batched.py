@@ -89,8 +89,8 @@ def run_batch(spec: MethodSpec, items: Sequence[dict], budget, kw: dict) -> list
         n_v = item["visual"].shape[0] if isinstance(item.get("visual"), torch.Tensor) else 0
         if rule is not None and rule.batch and n_v and capture.capturable(spec, n_v, kw):
             groups.setdefault(_group_key(item, rule.static), []).append(i)
-    alone = [i for i in range(len(items)) if not any(i in g for g in groups.values() if len(g) > 1)]
-    for i in alone:
+    stacked_ids = {i for g in groups.values() if len(g) > 1 for i in g}
+    for i in (i for i in range(len(items)) if i not in stacked_ids):  # alone: the path of `prune`
         item = items[i]
         inputs = {n: v for n, v in item.items() if n not in ("visual", "text")}
         out[i] = run_pre_llm(spec, item["visual"], item.get("text"), budget, inputs, kw)
