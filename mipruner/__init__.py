@@ -34,5 +34,6 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
 
 
 __all__ = ["Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
-           "load", "load_plugins", "needs_attention", "prune", "prune_batch", "register_pruner", "select", "select_batch",
+           "load", "load_plugins", "needs_attention", "prune", "prune_batch", "register_pruner", "select",
+           "select_batch",
            "signals_for", "__version__"]

@@ -122,7 +122,9 @@ def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, 
     by_params: dict[tuple, list[int]] = {}
     resolved, notes = [], []
     for i, e in enumerate(encodings):
-        kw_i, note = resolve_lam(kw, e.prompt, spec.param("lam").default) if "lam_rule" in spec.param_names else (kw, None)
+        kw_i, note = (kw, None)
+        if "lam_rule" in spec.param_names:
+            kw_i, note = resolve_lam(kw, e.prompt, spec.param("lam").default)
         resolved.append(kw_i)
         notes.append(note)
         by_params.setdefault(tuple(sorted((k, repr(v)) for k, v in kw_i.items())), []).append(i)

@@ -243,8 +243,8 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
     return cache[key]
 
 
-@register_pruner("mi", needs=("text",), capture=Capturable(), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner", is_mi=True,
-                 score_label="greedy MI gain (nats)")
+@register_pruner("mi", needs=("text",), capture=Capturable(), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner",
+                 is_mi=True, score_label="greedy MI gain (nats)")
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}

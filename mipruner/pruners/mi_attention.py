@@ -28,7 +28,8 @@ from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select
 from .selection import Selection, top_indices
 
 
-@register_pruner("mi_attention", stage="vision", capture=Capturable(), needs=("text", "attention"), label="MI-Pruner + attention",
+@register_pruner("mi_attention", stage="vision", capture=Capturable(), needs=("text", "attention"),
+                 label="MI-Pruner + attention",
                  score_label="greedy MI gain (nats)",
                  is_mi=True, params=(Param.real("split", 0.5, 0.0, 1.0, "share of the budget kept by vision-encoder "
                                                 "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS, LAM_RULE))

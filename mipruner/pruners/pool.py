@@ -120,8 +120,8 @@ def device_layout(grid: torch.Tensor | None, n: int, k: int, device: torch.devic
     """(on (N_on,) the pooled tokens' indices, slot (N_on,) each one's row in `keep` order, counts (K,) float32
     members per row, keep (K,) ascending, weight (N_V,) float32, merged (N_V,) int64) on `device`; computed
     on the host once per (grid content, N_V, K, device) and memoized (the grid is host metadata: an
-    encoding's grid lives where its geometry does, on the host, so reading it waits for no device), so a call afterwards (a CUDA-graph
-    replay included) is device work only."""
+    encoding's grid lives where its geometry does, on the host, so reading it waits for no device), so a
+    call afterwards (a CUDA-graph replay included) is device work only."""
     key = (content_key(grid), n, k, str(device))
     with _LOCK:
         hit = _LAYOUTS.get(key)
@@ -167,7 +167,8 @@ def pooled(visual: torch.Tensor, layout: tuple[torch.Tensor, ...]) -> Selection:
     sums = torch.zeros(budget, v.shape[-1], dtype=v.dtype, device=dev).index_add(0, slot, v.index_select(0, on))
     tokens = sums / counts[:, None]
     # the memoized tensors are copied: a caller may write into its selection
-    return Selection.from_order(keep.clone(), weight.clone(), tokens=tokens.to(visual.dtype), merged_into=merged.clone())
+    return Selection.from_order(keep.clone(), weight.clone(), tokens=tokens.to(visual.dtype),
+                                merged_into=merged.clone())
 
 
 __all__ = ["device_layout", "pooled", "pool_layout", "pool_pruner"]

@@ -123,7 +123,8 @@ def test_the_prompt_is_tokenized_once_and_the_inputs_are_the_processors(adapter,
     image, two = scene(80, 60, square=(20, 10, 40, 30)), [scene(56, 56, seed=1), scene(70, 56, seed=2)]
     runs = []
     real = type(adapter.tokenizer).__call__
-    monkeypatch.setattr(type(adapter.tokenizer), "__call__", lambda self, *a, **k: (runs.append(1), real(self, *a, **k))[1])
+    monkeypatch.setattr(type(adapter.tokenizer), "__call__",
+                        lambda self, *a, **k: (runs.append(1), real(self, *a, **k))[1])
     enc = adapter.encode(image, PROMPT)
     assert len(runs) == 1  # the templated prompt, once (the processor would tokenize it again)
     many = adapter.encode(two, PROMPT)
