@@ -139,3 +139,25 @@ def test_runner_selects_a_group_of_items_as_one_batched_call(monkeypatch):
         for k in a:
             same = a[k] == b[k] or (isinstance(a[k], float) and math.isnan(a[k]) and math.isnan(b[k]))
             assert same, (key(a), k, a[k], b[k])
+
+
+def test_select_batch_gives_every_pre_llm_methods_one_by_one_selections(monkeypatch):
+    import mipruner
+    from mipruner.pruners import batched, get_pruner
+
+    ad = DummyAdapter(patch=8)
+    encs = [ad.encode(scene(bright=i % 2 == 0)[0], "Is there a white square?", need_attention=True) for i in range(3)]
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    for m in mipruner.list_pruners("projector") + mipruner.list_pruners("vision"):
+        calls.clear()
+        got = mipruner.select_batch(ad, encs, m, 5, caches=[{}, {}, {}])
+        ref = [mipruner.select(ad, e, m, 5) for e in encs]
+        assert calls == ([m] if get_pruner(m).capture.batch else []), m
+        for a, b in zip(got, ref):  # decisions exact (the scores: tests/pruners/test_capture.py)
+            assert torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order), m
+            assert a.method == b.method == m and a.extras.keys() == b.extras.keys()
+            assert a.extras.get("lam_note") == b.extras.get("lam_note")
+    with pytest.raises(ValueError, match="caches has 1 entries for 3 encodings"):
+        mipruner.select_batch(ad, encs, "mi", 5, caches=[{}])
