@@ -147,6 +147,7 @@ def test_video_llava_images_run_the_image_tower_only_as_far_as_it_reads(tmp_path
     with calls(A.encoder_layers(tower)[-1]) as last, calls(tower.embeddings) as passes:
         enc = a.encode(image, PROMPT)
     assert last == [] and passes == [1]
+    assert not enc.geometry.built and len(enc.geometry) == enc.n_visual  # built when first read
     ref = a.model.model.get_image_features(pixel_values=enc.state["ref"]["pixel_values"].to(a.dtype), return_dict=True)
     assert torch.equal(enc.visual, ref.pooler_output.reshape(-1, enc.visual.shape[-1]))  # bit for bit
 

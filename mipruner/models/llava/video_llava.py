@@ -33,7 +33,8 @@ from .. import _clip_attention as A
 from .. import _llava_common as C
 from . import short_tower as T
 from . import geometry as G
-from .llava_hf import image_geometry
+from ..base import LazyGeometry, TokenGeometry
+from .llava_hf import cls_first, image_geometry
 
 
 class VideoLlavaAdapter(C.LlavaFamilyAdapter):
@@ -78,12 +79,18 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
         n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
         visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
-        parts, grids = [], []
-        for f, frame in enumerate(frames):
-            g, _ = image_geometry(self, frame, pixels.shape[-2:], per_frame, frame=f)
-            parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
-            grids += g.grids
-        geometry = G.cat_geometry(parts, grids, [fr.size for fr in frames])
+        hw = tuple(pixels.shape[-2:])
+        cls_first(self, hw, per_frame)  # the count checked now; the geometry built when first read
+
+        def build() -> TokenGeometry:
+            parts, grids = [], []
+            for f, frame in enumerate(frames):
+                g, _ = image_geometry(self, frame, hw, per_frame, frame=f)
+                parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
+                grids += g.grids
+            return G.cat_geometry(parts, grids, [fr.size for fr in frames])
+
+        geometry = LazyGeometry(build)
         out = dict(placeholders=self._one_placeholder(templated, self.config.video_token_id, visual.shape[0]),
                    visual=visual, geometry=geometry, frames=list(frames), is_video=True,
                    ref=dict(pixel_values_videos=pixels.cpu()))
@@ -105,7 +112,9 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             else:
                 outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
         visual = torch.cat(list(outputs.pooler_output))  # (N_V, d)
-        geometry, _ = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])
+        hw, n = tuple(pixels.shape[-2:]), visual.shape[0]
+        cls_first(self, hw, n)  # the count checked now; the geometry built when first read
+        geometry = LazyGeometry(lambda: image_geometry(self, image, hw, n)[0])
         out = dict(placeholders=self._one_placeholder(templated, self.config.image_token_id, visual.shape[0]),
                    visual=visual, geometry=geometry, frames=[image], ref=dict(pixel_values=pixels.cpu()))
         if want.features:  # the projector's input (1, n, D_v)
