@@ -10,14 +10,15 @@ transformers, are imported on first use of `mipruner.load`. Gradio is never impo
     ans = mipruner.answer(adapter, enc, sel)
     ref, ans = mipruner.answer_batch(adapter, enc, [None, sel])  # several selections, one batch
     sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
+    sels = mipruner.select_batch(adapter, encs, "mi", 64)     # B encodings' selections as one batched call
 
 Methods from outside the package (plug-ins: installed packages declaring the entry-point group
 `mipruner.pruners`, MIPRUNER_PLUGINS, `mipruner.load_plugins("my_module")`): `mipruner.plugins`;
 checking one against the contract the built-ins pass: `mipruner.testing.check_pruner(name)`.
 """
-from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, register_pruner
+from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, prune, prune_batch, register_pruner
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
-from .methods import answer, encode_for, needs_attention, select, signals_for
+from .methods import answer, encode_for, needs_attention, select, select_batch, signals_for
 from .pruners.signals import Signals
 from .batch import answer_batch  # noqa: E402
 from .plugins import load_plugins  # noqa: E402  (installed plug-ins load on the registry's first use)
@@ -33,4 +34,6 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
 
 
 __all__ = ["Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
-           "load", "load_plugins", "needs_attention", "prune", "register_pruner", "select", "signals_for", "__version__"]
+           "load", "load_plugins", "needs_attention", "prune", "prune_batch", "register_pruner", "select",
+           "select_batch",
+           "signals_for", "__version__"]

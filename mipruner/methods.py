@@ -13,11 +13,12 @@ method's stage.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from .compute import attach_compute
 from .models.base import Answer, Encoded
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
+from .pruners.batched import run_batch
 from .pruners.lam_rule import resolve_lam
 from .pruners.selection import Selection, resolve_budget
 from .pruners.signals import Signals, encode_kwargs
@@ -108,6 +109,41 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
     return sel if adapter is None else attach_compute(adapter, encoded, sel)
 
 
+def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, caches: Sequence[dict] | None = None,
+                 strict: bool = True, **params) -> list[Selection]:
+    """`[select(adapter, e, method, budget, cache=c, ...) for e, c in zip(encodings, caches)]`, with the pre-LLM
+    selections of equal-shape encodings (one model's N_V, prompts of one length, the same resolved parameters)
+    run as one batched call where the method allows it (`mipruner.pruners.batched`: one `torch.vmap` call, one
+    CUDA graph on CUDA). Decisions equal the one-by-one ones; scores agree within float32 rounding. In-LLM
+    methods, and methods that do not declare a batched call, select one encoding at a time."""
+    caches = [None] * len(encodings) if caches is None else list(caches)
+    if len(caches) != len(encodings):
+        raise ValueError(f"caches has {len(caches)} entries for {len(encodings)} encodings")
+    spec = get_pruner(method)
+    if spec.stage == "llm" or spec.capture is None or not spec.capture.batch or len(encodings) < 2:
+        return [select(adapter, e, method, budget, cache=c, strict=strict, **params) for e, c in zip(encodings, caches)]
+    kw = spec.bind(params, strict=strict)
+    by_params: dict[tuple, list[int]] = {}
+    resolved, notes = [], []
+    for i, e in enumerate(encodings):
+        kw_i, note = (kw, None)
+        if "lam_rule" in spec.param_names:
+            kw_i, note = resolve_lam(kw, e.prompt, spec.param("lam").default)
+        resolved.append(kw_i)
+        notes.append(note)
+        by_params.setdefault(tuple(sorted((k, repr(v)) for k, v in kw_i.items())), []).append(i)
+    out: list[Selection | None] = [None] * len(encodings)
+    for idx in by_params.values():
+        items = [{"visual": encodings[i].visual,
+                  "text": encodings[i].scoring_text if spec.needs_text else None,
+                  **_inputs(spec, encodings[i], caches[i])} for i in idx]  # a cache serves an item run alone
+        for i, sel in zip(idx, run_batch(spec, items, budget, resolved[idx[0]])):
+            if notes[i] is not None:
+                sel.extras.update(lam=resolved[i]["lam"], lam_note=notes[i])
+            out[i] = sel if adapter is None else attach_compute(adapter, encodings[i], sel)  # as `select`
+    return out  # type: ignore[return-value]
+
+
 def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int = 64,
            cache: dict | None = None, **gen) -> Answer:
     """Greedy answer of the LLM on `selection`'s kept tokens (None: all of them, the unpruned answer).
@@ -122,4 +158,4 @@ def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max
     return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)
 
 
-__all__ = ["answer", "encode_for", "needs_attention", "select", "signals_for"]
+__all__ = ["answer", "encode_for", "needs_attention", "select", "select_batch", "signals_for"]

@@ -234,8 +234,10 @@ def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
         elif isinstance(x, (list, tuple, set, frozenset, deque)):
             stack += [(v, depth + 1) for v in x]
         elif hasattr(x, "__dict__") or is_dataclass(x):
-            d = getattr(x, "__dict__", None) or {f.name: getattr(x, f.name, None) for f in fields(x)}
-            stack += [(v, depth + 1) for v in d.values()]
+            d = getattr(x, "__dict__", None)
+            if not d and is_dataclass(x):
+                d = {f.name: getattr(x, f.name, None) for f in fields(x)}
+            stack += [(v, depth + 1) for v in (d or {}).values()]  # an unbuilt LazyGeometry: its build function
     return total
 
 

@@ -60,7 +60,7 @@ def test_batch_cells_encode_with_one_tower_call_and_the_view_cells():
 
     ad, _ = build_random_llava(llm_layers=2, dtype=__import__("torch").float32, **TINY)
     calls = []
-    handle = ad.model.model.vision_tower.register_forward_hook(lambda *a: calls.append(1))
+    handle = ad.model.model.vision_tower.embeddings.register_forward_hook(lambda *a: calls.append(1))  # a pass
     try:
         ans, t = make_batch_run(ad, test_image(56), "mi", 4, 2, {"lam": 1.0}, 3)()
     finally:

@@ -23,3 +23,14 @@ def test_a_small_run_reports_every_method():
     by = {r["method"]: r["ops"] for r in rows}
     assert by["mi lam=0.5"] > by["mi lam=1"]  # the greedy's steps
     assert "aten ops" in lines[-1]
+
+
+def test_batch_columns_time_one_by_one_against_prune_batch():
+    lines = []
+    rows = ops.run(24, 8, 3, 4, ["mi", "cdpruner", "random"], repeats=1, log=lines.append, batch=3)
+    by = {r["method"]: r for r in rows}
+    for label in ("mi lam=1", "mi lam=0.5", "random"):
+        assert by[label]["batch"] == 3 and by[label]["batched_same_tokens"] is True
+        assert by[label]["batched_ms_per_item"] > 0 and by[label]["one_by_one_ms_per_item"] > 0
+    assert "batch" not in by["cdpruner"]  # declares no batched call
+    assert "3 batched ms/item" in lines[-1]

@@ -99,8 +99,8 @@ def make_plain_run(adapter, image, new_tokens: int, batch: int = 1):
 
 
 def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params: dict, batch: int):
-    """B items: encode them (one tower call where the family batches it), select each, answer all as one
-    batch (`answer_items`)."""
+    """B items: encode them (one tower call where the family batches it), select them (one batched call where
+    the method allows it, `select_batch`), answer all as one batch (`answer_items`)."""
     asked = mipruner.signals_for([] if method == "none" else [method])  # what the method reads
     gen = adapter.fixed_length_kwargs(new_tokens)
 
@@ -108,8 +108,8 @@ def make_batch_run(adapter, image, method: str, budget, new_tokens: int, params:
         t0 = time.perf_counter()
         encs = encode_items(adapter, [(image, PROMPT)] * batch, batch=batch, signals=asked)
         t1 = time.perf_counter()
-        sels = [None if method == "none" else
-                mipruner.select(adapter, e, method, budget, cache={}, strict=False, **params) for e in encs]
+        sels = ([None] * len(encs) if method == "none" else  # one batched call where the method allows it
+                mipruner.select_batch(adapter, encs, method, budget, strict=False, **params))
         t2 = time.perf_counter()
         answers = answer_items(adapter, list(zip(encs, sels)), max_new_tokens=new_tokens, max_batch=batch, **gen)
         t3 = time.perf_counter()

@@ -15,6 +15,11 @@ For every pre-LLM method (MI at lam 1 and 0.5 counted apart), on random inputs o
              "none": not timed; "inductor" needs a C++ compiler and minutes per method).
   same       whether the captured call keeps the same tokens (keep and order) as the eager one.
 
+`--batch B` adds, per method, the selections of B items (random inputs of one shape, seeds 0..B-1):
+one by one (B `mipruner.prune` calls) against one `mipruner.prune_batch` call (one `torch.vmap` call, one
+CUDA graph on CUDA, where the method declares it batches), both with capture on, in ms per item, and
+whether the batched call keeps each item's tokens. Methods that do not batch show "-".
+
 Cells are timed round-robin (one call of each method per round) after warm-up, with
 `torch.cuda.synchronize()` around every call on CUDA. Methods that read attention get a
 (N_V+1, N_V+1) softmax matrix with [CLS] first and keys (N_V+1, 64), on the inputs' device.
@@ -83,7 +88,7 @@ def _median_ms(calls: dict, repeats: int, sync) -> dict[str, float]:
 
 
 def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: int, device="cpu",
-        dtype=torch.float32, cpu_backend: str = "none", log=print) -> list[dict]:
+        dtype=torch.float32, cpu_backend: str = "none", log=print, batch: int = 1) -> list[dict]:
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     data = make_inputs(n_v, dim, n_text, 0, True, device, dtype)
@@ -111,12 +116,44 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
                      "-" if c is None else f"{eager[label] / c:.1f}", "-" if same is None else ("yes" if same else "NO")])
         out.append(dict(method=label, n_v=n_v, d=dim, n_t=n_text, k=k, ops=ops[label], eager_ms=eager[label],
                         captured_ms=c, same_tokens=same, device=str(device), dtype=str(dtype).replace("torch.", "")))
+    if batch > 1:
+        _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, device, dtype, sync)
     how = "CUDA graph replay" if device.type == "cuda" else (f"torch.compile backend={cpu_backend}"
                                                              if cpu_backend != "none" else "not timed on the CPU")
     log(f"N_V={n_v}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
         f"(torch threads {torch.get_num_threads()}, {repeats} round-robin rounds; captured: {how})")
-    log(table(rows, ["method", "aten ops", "eager ms", "captured ms", "speed-up", "same tokens"]))
+    head = ["method", "aten ops", "eager ms", "captured ms", "speed-up", "same tokens"]
+    if batch > 1:
+        head += [f"{batch} one by one ms/item", f"{batch} batched ms/item", "batched speed-up", "batched same"]
+    log(table(rows, head))
     return out
+
+
+def _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, device, dtype, sync) -> None:
+    """One by one against `prune_batch` on `batch` items (module doc): columns appended to `rows` / `out`."""
+    items = [make_inputs(n_v, dim, n_text, seed, True, device, dtype) for seed in range(batch)]
+    singles, batched = {}, {}
+    for label, name, extra in labels:
+        spec = get_pruner(name)
+        if spec.capture is None or not spec.capture.batch:
+            continue
+        kws = [{key: val for key, val in it.items() if key in ("visual", "text", *spec.inputs)} for it in items]
+        lists = {key: [kw[key] for kw in kws] for key in kws[0]}
+        singles[label] = lambda kws=kws, name=name, extra=extra: [mipruner.prune(name, budget=k, **kw, **extra)
+                                                                  for kw in kws]
+        batched[label] = lambda lists=lists, name=name, extra=extra: mipruner.prune_batch(name, budget=k, **lists,
+                                                                                          **extra)
+    one, many = _median_ms(singles, repeats, sync), _median_ms(batched, repeats, sync)
+    for row, rec, (label, _name, _extra) in zip(rows, out, labels):
+        if label not in batched:
+            row += ["-"] * 4
+            continue
+        same = all(torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order)
+                   for a, b in zip(batched[label](), singles[label]()))
+        row += [f"{one[label] / batch:.2f}", f"{many[label] / batch:.2f}", f"{one[label] / many[label]:.1f}",
+                "yes" if same else "NO"]
+        rec.update(batch=batch, one_by_one_ms_per_item=one[label] / batch, batched_ms_per_item=many[label] / batch,
+                   batched_same_tokens=same)
 
 
 def main(argv=None) -> None:
@@ -133,6 +170,7 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     p.add_argument("--cpu-backend", default="none", help="on the CPU: torch.compile backend for the captured column "
                    "(none: not timed; eager: dynamo only; inductor)")
+    p.add_argument("--batch", type=int, default=1, help="B > 1: also one by one against prune_batch on B items")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="also write the rows as JSON to this file")
     a = p.parse_args(argv)
@@ -142,7 +180,8 @@ def main(argv=None) -> None:
     for m in methods:
         if get_pruner(m).stage == "llm":
             p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
-    rows = run(a.n_v, a.dim, a.text, a.budget, methods, a.repeats, a.device, DTYPES[a.dtype], a.cpu_backend)
+    rows = run(a.n_v, a.dim, a.text, a.budget, methods, a.repeats, a.device, DTYPES[a.dtype], a.cpu_backend,
+               batch=a.batch)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

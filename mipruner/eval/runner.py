@@ -1,6 +1,7 @@
 """Run pruners x budgets over evaluation items with one encoding per item; aggregate rows.
 
-Per item: encode once, select for every method and budget on the cached encoding, then answer
+Per item: encode once, select for every method and budget on the cached encoding (the selections of a
+group of encodings as one batched call where the method allows it, `mipruner.select_batch`), then answer
 unpruned (method "none") and on every selection's kept tokens, all answers of the item as one
 batch (`mipruner.answer_batch`). Random is run with 3 seeds and averaged,
 as in the paper. Every method goes through `mipruner.select` / `mipruner.answer` with one cache
@@ -52,23 +53,23 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     bar = progress(total=len(items), desc=f"eval {task}") if progress else None
     step = max(1, int(encode_batch))
     encs: list = []
+    settings = [(m, b, s) for m in methods if m != "none" for b in budgets
+                for s in (RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,))]
     for n, item in enumerate(items):
         if n % step == 0:  # the next group's encodings, one tower call where the family batches it
             encs = encode_items(adapter, [(it.media, it.question) for it in items[n:n + step]], batch=step,
                                 text_mode=text_mode, signals=signals)
-        enc = encs[n % step]
+            caches = [{} for _ in encs]
+            picked = _select_group(adapter, encs, caches, settings, params)
+        enc, cache = encs[n % step], caches[n % step]
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
-        cache: dict = {}
         runs, sels, errors = [("none", "all", None)], [None], [None]
         for m in methods:
             if m == "none":
                 continue
             seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
             for s in seeds:
-                kw = params if s is None else {**params, "seed": s}
-                tried = [(b, *guarded(m, lambda m=m, b=b, kw=kw: mipruner.select(adapter, enc, m, b, cache=cache,
-                                                                                  strict=False, **kw)))
-                         for b in budgets]
+                tried = [(b, *picked[(m, b, s)][n % step]) for b in budgets]
                 if equal_compute is not None:
                     tried = [closest_compute(tried, equal_compute)]
                 for b, sel, why in tried:
@@ -91,6 +92,24 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     if bar:
         bar.close()
     return aggregate(records, task)
+
+
+def _select_group(adapter, encs: list, caches: list, settings: list, params: dict) -> dict:
+    """{(method, budget, seed): [(selection, None) or (None, the sentence) per encoding]}: each setting's
+    selections of the group's encodings as one batched call where the method allows it
+    (`mipruner.select_batch`); when that raises, each encoding alone, so a failure costs only its own item."""
+    out = {}
+    for m, b, s in settings:
+        kw = params if s is None else {**params, "seed": s}
+        sels, why = guarded(m, lambda m=m, b=b, kw=kw: mipruner.select_batch(adapter, encs, m, b, caches=caches,
+                                                                              strict=False, **kw))
+        if why is None:
+            out[(m, b, s)] = [(sel, None) for sel in sels]
+            continue
+        out[(m, b, s)] = [guarded(m, lambda e=e, c=c, m=m, b=b, kw=kw: mipruner.select(adapter, e, m, b, cache=c,
+                                                                                        strict=False, **kw))
+                          for e, c in zip(encs, caches)]
+    return out
 
 
 def _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens: int, batch: bool) -> list:

@@ -6,7 +6,8 @@ The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevi
 `internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
 geometry. Everything that runs the LLM lives here:
 
-  encode          media + prompt -> templated prompt -> input_ids with N_V visual placeholders;
+  encode          media + prompt -> templated prompt -> input_ids with N_V visual placeholders (the
+                  prompt tokenized once where the family gives only pixels: its placeholders expanded);
                   visual tokens V from the model's public `get_image_features` / `get_video_features`;
                   text embeddings from `model.get_input_embeddings()`.
   prefill_logits  `inputs_embeds` = the prompt with the kept visual rows spliced in at the visual
@@ -183,25 +184,32 @@ class LlavaFamilyAdapter(Adapter):
         source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
         if "expanded" in out:
             plain = self.tokenizer(source, return_offsets_mapping=True)
-        ids = out["input_ids"][0].to(self.device)  # (L,)
+        if "placeholders" in out:  # the prompt tokenized once: its visual placeholders expanded to the tokens' count
+            ids = expand_placeholders(plain["input_ids"], self._visual_token_ids(), out["placeholders"])
+            out["ref"] = dict(input_ids=ids[None], attention_mask=torch.ones_like(ids)[None], **out.get("ref", {}))
+        else:
+            ids = out["input_ids"][0]
+        ids = ids.cpu()  # (L,) host ids (a processor's or ours): the checks below read them without a device sync
         self._check_length(int(ids.numel()))
         vis_mask = self._visual_mask(ids)  # (L,) bool
         n_v = int(vis_mask.sum())
         visual = out["visual"]
         if n_v != visual.shape[0]:
             raise RuntimeError(f"{n_v} visual placeholders in the prompt but {visual.shape[0]} visual tokens")
-        embeds = self.model.get_input_embeddings()(ids[~vis_mask])  # (N_P, d)
+        text_ids_host = ids[~vis_mask]  # (N_P,)
+        embeds = self.model.get_input_embeddings()(text_ids_host.to(self.device))  # (N_P, d)
         # token strings and offsets of the non-visual tokens, from the un-expanded templated prompt
         special = set(self._visual_token_ids())
         keep_tok = [i for i, t in enumerate(plain["input_ids"]) if t not in special]
         text_ids = [plain["input_ids"][i] for i in keep_tok]
-        if text_ids != ids[~vis_mask].tolist():
+        if text_ids != text_ids_host.tolist():
             raise RuntimeError("the tokenizer and the processor disagree on the prompt's text tokens")
         offsets = [tuple(plain["offset_mapping"][i]) for i in keep_tok]
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids)
         tmask = text_mask(tokens, offsets, source, prompt, text_mode)
         cuda_sync(self.device)
-        state = dict(input_ids=ids, visual_positions=torch.nonzero(vis_mask).flatten(), ref=out.get("ref", {}),
+        state = dict(input_ids=ids.to(self.device), visual_positions=torch.nonzero(vis_mask).flatten().to(self.device),
+                     ref=out.get("ref", {}),
                      templated=templated, **out.get("state", {}))
         return Encoded(model=self.name, prompt=prompt, visual=visual, geometry=out["geometry"], text=embeds,
                        text_tokens=tokens, text_mask=tmask, text_mode=text_mode, frames=out["frames"],
@@ -322,6 +330,21 @@ class LlavaFamilyAdapter(Adapter):
         from ._batch_llava import generate_rows
 
         return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
+
+
+def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]) -> torch.Tensor:
+    """(L,) int64 on the host: `ids` (the templated prompt's tokens) with its i-th visual placeholder token repeated
+    counts[i] times, what a processor's tokenization of the expanded prompt gives (one <image> -> N_V <image>
+    tokens); RuntimeError when the placeholders and the counts disagree."""
+    special = set(visual_ids)
+    at = [i for i, t in enumerate(ids) if t in special]
+    if len(at) != len(counts):
+        raise RuntimeError(f"{len(at)} visual placeholders in the prompt for {len(counts)} images")
+    out, start = [], 0
+    for i, n in zip(at, counts):
+        out += ids[start:i] + [ids[i]] * int(n)
+        start = i + 1
+    return torch.tensor(out + ids[start:], dtype=torch.long)
 
 
 def single_image(media, family: str):

@@ -9,9 +9,10 @@ nothing outside `mipruner/models/` tests a family or reads `Encoded.state`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from PIL import Image
@@ -55,6 +56,36 @@ class TokenGeometry:
         newline = torch.tensor([k == "newline" for k in self.kind], dtype=torch.bool, device=dev)
         view = torch.where(newline, torch.full_like(view, -1), view)
         return torch.stack([view, self.row.to(torch.long), self.col.to(torch.long)], 1)
+
+
+class LazyGeometry(TokenGeometry):
+    """A `TokenGeometry` built on its first read: an encoding computes where its tokens come from only when
+    something asks (a drawing, an export, pool's grid, an evaluation's object masks), not on every encode.
+
+    `build()` -> the TokenGeometry; called at most once, by the first access to any field. Pickling or
+    copying builds it and gives a plain TokenGeometry."""
+
+    def __init__(self, build: Callable[[], TokenGeometry]):  # noqa: the fields come from `build`, later
+        self.__dict__["_build"] = build
+
+    def __getattr__(self, name: str):  # only reached for an attribute not yet set: a field before the build
+        build = self.__dict__.pop("_build", None)
+        if build is None or name.startswith("__"):
+            if build is not None:
+                self.__dict__["_build"] = build
+            raise AttributeError(name)
+        geometry = build()
+        for f in dataclasses.fields(TokenGeometry):
+            self.__dict__[f.name] = getattr(geometry, f.name)
+        return getattr(self, name)
+
+    @property
+    def built(self) -> bool:
+        """Whether the geometry was computed (read) yet."""
+        return "_build" not in self.__dict__
+
+    def __reduce__(self):
+        return TokenGeometry, tuple(getattr(self, f.name) for f in dataclasses.fields(TokenGeometry))
 
 
 @dataclass

@@ -19,6 +19,9 @@ from . import vispruner  # noqa: E402,F401
 from . import mi_attention  # noqa: E402,F401
 from . import mi_adaptive  # noqa: E402,F401
 from . import pool  # noqa: E402,F401
+from .batched import prune_batch  # noqa: E402
+from .capture import Capturable  # noqa: E402
 
-__all__ = ["METHODS", "MethodSpec", "Param", "PrunerSpec", "Selection", "all_params", "check_budget", "did_you_mean", "get_pruner", "list_pruners", "prune",
+__all__ = ["Capturable", "METHODS", "MethodSpec", "Param", "PrunerSpec", "Selection", "all_params", "check_budget",
+           "did_you_mean", "get_pruner", "list_pruners", "prune", "prune_batch",
            "register_pruner", "resolve_budget", "unregister_pruner"]

@@ -18,6 +18,9 @@ Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
   None when they carry no meaning (Random's are random draws), so nothing should colour by them.
 - `inputs`: the encoding-derived keywords its function takes (attention, keys, ..., cache), read from
   its signature once, here at registration, so no call inspects a signature again.
+- `capture`: whether (and under which conditions) its selection is one capturable computation, a
+  `capture.Capturable` it declares itself (None: it always runs eagerly); on CUDA `prune` then replays it
+  as a CUDA graph, and `batched.prune_batch` runs B equal-shape inputs as one call when it allows that.
 Per-method metadata is a field of `MethodSpec` (with a default) and a keyword of `register_pruner`;
 the registry object stores whatever entry it is given.
 
@@ -38,14 +41,14 @@ from typing import Any, Callable
 
 import torch
 
-from ..registry import DuplicateNameError, Registry, did_you_mean
-from . import capture  # the inputs' values checked once; on CUDA a selection is a graph replay
+from ..registry import DuplicateNameError, did_you_mean
+from ._table import METHODS
+from . import capture as capture_rules  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
 from .signals import SIGNAL_INPUTS, Signals, check_layer
 
-# name -> MethodSpec. `mipruner.plugins` adds its lazy discovery of installed plug-ins as a first-use
-# hook, so they register after the built-ins and only when needed.
-METHODS = Registry("pruner")
+# name -> MethodSpec (`_table.py`). `mipruner.plugins` adds its lazy discovery of installed plug-ins as a
+# first-use hook, so they register after the built-ins and only when needed.
 
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter")
@@ -136,6 +139,7 @@ class MethodSpec:
     adaptive: bool = False  # chooses K per input, the budget as its cap: it may keep fewer (at least 1)
     inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
     encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
+    capture: capture_rules.Capturable | None = None  # its own capture conditions (`capture.py`); None: always eager
 
     @property
     def needs_text(self) -> bool:
@@ -181,7 +185,7 @@ class MethodSpec:
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
                     answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False,
-                    encoder_layer: int | None = None):
+                    encoder_layer: int | None = None, capture: "capture_rules.Capturable | None" = None):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
@@ -194,6 +198,9 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
     (None: the adapter's default block; -1: the last block; see `signals.py`). Signals are asked for
     by naming them in `needs` or taking their keywords (`attention_heads=`: (H, N[+1], N[+1]) float32;
     `features=`: (N_V, d_vision) pre-projector features).
+    capture: a `capture.Capturable` when the selection is one capturable computation (no host sync, no
+    data-dependent Python control flow) under its stated conditions: on CUDA it is then replayed as a CUDA
+    graph, and with `batch` B equal-shape inputs run as one batched call (`batched.prune_batch`).
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -205,6 +212,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         if bad:
             raise ValueError(f"{name!r}: unknown needs {bad}; known: {NEEDS}")
         layer = check_layer(encoder_layer)
+        if capture is not None and (stage == "llm" or not isinstance(capture, capture_rules.Capturable)):
+            raise ValueError(f"{name!r}: capture= takes a mipruner.pruners.capture.Capturable, for a pre-LLM method")
         if stage == "llm" and answer is None:
             raise ValueError(f"{name!r}: an in-LLM method needs answer=")
         sig = inspect.signature(fn)
@@ -234,7 +243,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label,
-                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer))
+                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture))
         return fn
 
     return deco
@@ -292,10 +301,22 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     """Pre-LLM method `spec` on tensors, its parameters `kw` already bound (`MethodSpec.bind`) and
     its `inputs` already checked: what `prune` and `mipruner.select` share once they have validated
     what they were given. Checks the tensors, resolves the budget, checks a plug-in's selection."""
+    check_tensors(spec, visual, text)
+    n_v = visual.shape[0]
+    k = resolve_budget(budget, n_v)
+    sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
+    if spec.origin:  # a plug-in's selection is checked before anything reads it
+        check_plugin_selection(spec, sel, n_v, k, visual.device)
+    sel.method = spec.name
+    return sel
+
+
+def check_tensors(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | None) -> None:
+    """ValueError when `visual` / `text` are not what pre-LLM method `spec` takes (shapes, types, values;
+    within `values_checked()` shapes and types only)."""
     name = spec.name
     check_matrix("visual", visual)
-    n_v = visual.shape[0]
-    if n_v == 0:
+    if visual.shape[0] == 0:
         raise ValueError("visual has no tokens (N_V = 0)")
     if spec.needs_text:
         if text is None:
@@ -306,12 +327,6 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
         if text.shape[1] != visual.shape[1]:
             raise ValueError(f"width mismatch: visual has d={visual.shape[1]}, text has d={text.shape[1]}; "
                              "both must live in the LLM's input space")
-    k = resolve_budget(budget, n_v)
-    sel = capture.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
-    if spec.origin:  # a plug-in's selection is checked before anything reads it
-        check_plugin_selection(spec, sel, n_v, k, visual.device)
-    sel.method = name
-    return sel
 
 
 class ContractError(ValueError):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .selection import Selection, check_matrix, top_indices
 
 
@@ -80,7 +81,7 @@ def image_keys(keys: torch.Tensor | None, attention: torch.Tensor, n_v: int, *, 
     return keys[keys.shape[0] - n_v:].to(torch.float32)  # (N_V, d_k), [CLS] row dropped
 
 
-@register_pruner("attention", stage="vision", needs=("attention",), label="Attention",
+@register_pruner("attention", stage="vision", capture=Capturable(), needs=("attention",), label="Attention",
                  score_label="attention share", params=(
     Param.choice("use_cls", None, (None, True, False), "rank by the [CLS] row (True), by the column sum (False), "
                  "or whichever the attention's shape offers (None)"),))

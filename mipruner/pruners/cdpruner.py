@@ -54,6 +54,7 @@ import math
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .divprune import CosineColumns
 from .selection import Selection, cosine_to
 
@@ -116,7 +117,9 @@ def greedy_map(kernel_rows, diag: torch.Tensor, k: int, fallback: torch.Tensor
     return order, scores.clamp_min(0.0)
 
 
-@register_pruner("cdpruner", needs=("text",), label="CDPruner", score_label="DPP gain d² (kernel units)", params=(
+# capture: one graph; not batched (its greedy writes into its own state in place, which torch.vmap cannot batch)
+@register_pruner("cdpruner", needs=("text",), capture=Capturable(batch=False), label="CDPruner",
+                 score_label="DPP gain d² (kernel units)", params=(
     Param.real("theta", 1.0, 0.0, 1.0, "relevance weight of the kernel (1 = the released kernel; < 1: later "
                "ports' exp weighting)", step=0.05),))
 def cdpruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,

@@ -40,6 +40,7 @@ import torch
 
 from . import mi
 from ._registry import register_pruner
+from .capture import Capturable
 from .selection import Selection, gram, unit_rows
 
 _CHUNK = 1024  # rows per chunk for the first pick when the cosine matrix is not held
@@ -96,7 +97,9 @@ def nearest_neighbour_distance(cos: CosineColumns) -> torch.Tensor:
     return out
 
 
-@register_pruner("divprune", label="DivPrune", score_label="distance to the kept set (1 - cosine)")
+# capture: one graph; not batched (its greedy writes into its own state in place, which torch.vmap cannot batch)
+@register_pruner("divprune", capture=Capturable(batch=False), label="DivPrune",
+                 score_label="distance to the kept set (1 - cosine)")
 def divprune(visual: torch.Tensor, text: torch.Tensor | None, budget: int) -> Selection:
     """DivPrune: greedy max-min diversity over cosine distance, without looking at the prompt."""
     cos = CosineColumns(visual)

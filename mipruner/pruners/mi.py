@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .lam_rule import LAM_RULE
 from .mi_greedy import Redundancy, greedy_select  # noqa: F401  (the greedy step, used here and re-exported)
 from .selection import Selection, cosine_to, gram, top_indices, unit_rows
@@ -252,8 +253,8 @@ def _cached(cache: dict | None, visual: torch.Tensor, text: torch.Tensor | None,
     return cache[key]
 
 
-@register_pruner("mi", needs=("text",), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner", is_mi=True,
-                 score_label="greedy MI gain (nats)")
+@register_pruner("mi", needs=("text",), capture=Capturable(), params=(*MI_PARAMS, LAM_RULE), label="MI-Pruner",
+                 is_mi=True, score_label="greedy MI gain (nats)")
 def mi_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
               lam: float = 0.5,  # paper Sec. 4.4: 0.5 for open-ended questions, 1 for closed-form
               tau: float = 0.1,  # paper Tab. 4: best of {0.01, 0.1, 0.5}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .lam_rule import LAM_RULE
 from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select
 from .selection import Selection, top_indices
@@ -61,7 +62,13 @@ def stop_index(gains: torch.Tensor, relevance: torch.Tensor, order: torch.Tensor
     return int(reached[0]) + 1 if reached.numel() else k_max
 
 
-@register_pruner("mi_adaptive", needs=("text",), params=(*MI_PARAMS, LAM_RULE, K_RULE, GAIN_RATIO, MASS_SHARE),
+def _fixed_k(n_v: int, params: dict) -> bool:
+    """Capturable only with k_rule "fixed": the other rules read the chosen K on the host (after the greedy)."""
+    return params["k_rule"] == "fixed"
+
+
+@register_pruner("mi_adaptive", needs=("text",), capture=Capturable(when=_fixed_k),
+                 params=(*MI_PARAMS, LAM_RULE, K_RULE, GAIN_RATIO, MASS_SHARE),
                  label="MI-Pruner (adaptive K)", is_mi=True, score_label="greedy MI gain (nats)", adaptive=True)
 def mi_adaptive_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                        lam: float = 0.5,  # as `mi`: paper Sec. 4.1, 0.5 open-ended, 1 closed-form

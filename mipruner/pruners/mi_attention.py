@@ -21,13 +21,15 @@ import math
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .attention import attention_scores
 from .lam_rule import LAM_RULE
 from .mi import MI_PARAMS, SelfPMI, _cached, cross_pmi, greedy_select
 from .selection import Selection, top_indices
 
 
-@register_pruner("mi_attention", stage="vision", needs=("text", "attention"), label="MI-Pruner + attention",
+@register_pruner("mi_attention", stage="vision", capture=Capturable(), needs=("text", "attention"),
+                 label="MI-Pruner + attention",
                  score_label="greedy MI gain (nats)",
                  is_mi=True, params=(Param.real("split", 0.5, 0.0, 1.0, "share of the budget kept by vision-encoder "
                                                 "attention in round 1 (the rest by MI)", step=0.05), *MI_PARAMS, LAM_RULE))
@@ -63,7 +65,7 @@ def mi_attention_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *
                                                              init=round1, mean_weights=mean_weights)
         scores[round1] = lam * relevance[round1]  # round-1 tokens: their gain before any redundancy
     rounds = torch.zeros(n_v, dtype=torch.long, device=visual.device)  # (N_V,) round a token came in; 0: pruned
-    rounds.index_fill_(0, round1, 1).index_fill_(0, round2, 2)  # fills: no host scalar copied (capturable)
+    rounds = rounds.index_fill(0, round1, 1).index_fill(0, round2, 2)  # no host scalar copied (capturable); vmap-able
     extras["round"] = rounds
     order = torch.cat([round1, round2])  # (K,)
     return Selection.from_order(order, scores, pmi=cross.pmi, pivot=cross.pivot, extras=extras)

@@ -109,7 +109,8 @@ def _greedy_max(relevance: torch.Tensor, self_pmi, k: int, lam: float, init: tor
     base = lam * relevance  # (N_V,) the gain with nothing kept
     table = self_pmi.table("max")  # (N_V, N_V) R[j, i] = PMI_self(i, j), or None above DENSE_LIMIT
     if table is not None:
-        g_all = (base[None, :] - c * table).fill_diagonal_(-math.inf)  # (N_V, N_V) G
+        g_all = base[None, :] - c * table  # (N_V, N_V) G
+        g_all.diagonal().fill_(-math.inf)  # a view's fill: batched by torch.vmap (fill_diagonal_ is not)
 
         def gain_rows(idx: torch.Tensor) -> torch.Tensor:
             return g_all.index_select(0, idx)  # (m, N_V)
@@ -137,5 +138,5 @@ def _greedy_max(relevance: torch.Tensor, self_pmi, k: int, lam: float, init: tor
     rows = table.index_select(0, kept) if table is not None else torch.cat(seen)  # (|kept| (+1), N_V)
     redundancy = rows.amax(dim=0)  # (N_V,) max_{j in kept} PMI_self(i, j)
     scores = torch.where(torch.isneginf(gain[0]), base, gain[0])  # unpicked: gain given the final set
-    scores.index_copy_(0, order, torch.cat(gains))  # picked: gain when picked; `init`: lam * S_cross
+    scores = scores.scatter(0, order, torch.cat(gains))  # picked: gain when picked; `init`: lam * S_cross
     return order, scores, redundancy

@@ -24,17 +24,22 @@ Visual Token Compression Methods", arXiv:2510.07143, where plain downsampling be
     in the token's cell), the weight each token has in its pooled row; merged_into = (N_V,) the kept
     position each other token of a cell was pooled into (-1 for the kept ones and the dropped newlines),
     which the app draws.
-The cells are laid out on the host from the geometry (host metadata, a few thousand integers, once per
-call); the means are one index_add on the device of `visual`.
+The cells are laid out on the host from the geometry (host metadata, a few thousand integers) once per
+(grid, K) and memoized on the device (`device_layout`); a call is then one gather, one index_add and one
+division on the device of `visual`: one capturable computation (`capture.Capturable(static=("grid",))`:
+the grid is keyed by its content, not copied into a CUDA graph's buffers).
 """
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import torch
 
 from ._registry import register_pruner
+from .capture import Capturable, content_key
 from .selection import Selection
 
 
@@ -105,7 +110,45 @@ def pool_layout(grid: torch.Tensor | None, n: int, k: int) -> tuple[np.ndarray, 
     return cell, order[starts + (counts - 1) // 2]  # each cell's middle member in index order
 
 
-@register_pruner("pool", stage="projector", label="Pool (downsampling)", score_label="weight in its pooled token")
+# (grid content, N_V, K, device) -> the layout's device tensors; bounded (least recently used dropped)
+_LAYOUTS: "OrderedDict[tuple, tuple[torch.Tensor, ...]]" = OrderedDict()
+MAX_LAYOUTS = 64
+_LOCK = threading.Lock()
+
+
+def device_layout(grid: torch.Tensor | None, n: int, k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(on (N_on,) the pooled tokens' indices, slot (N_on,) each one's row in `keep` order, counts (K,) float32
+    members per row, keep (K,) ascending, weight (N_V,) float32, merged (N_V,) int64) on `device`; computed
+    on the host once per (grid content, N_V, K, device) and memoized (the grid is host metadata: an
+    encoding's grid lives where its geometry does, on the host, so reading it waits for no device), so a
+    call afterwards (a CUDA-graph replay included) is device work only."""
+    key = (content_key(grid), n, k, str(device))
+    with _LOCK:
+        hit = _LAYOUTS.get(key)
+        if hit is not None:
+            _LAYOUTS.move_to_end(key)
+            return hit
+    cell, keep = pool_layout(grid, n, k)
+    on = cell >= 0
+    counts = np.bincount(cell[on], minlength=k)
+    weight = np.where(on, 1.0 / counts[np.maximum(cell, 0)], 0.0).astype(np.float32)
+    rank = np.empty(k, dtype=np.int64)  # cell -> its row in `keep` order
+    rank[np.argsort(keep, kind="stable")] = np.arange(k)
+    merged = np.full(n, -1, dtype=np.int64)
+    merged[on] = keep[cell[on]]
+    merged[keep] = -1  # a kept position is not merged into itself
+    host = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    out = (host(np.flatnonzero(on)), host(rank[cell[on]]), host(counts[np.argsort(rank)].astype(np.float32)),
+           host(np.sort(keep)), host(weight), host(merged))
+    with _LOCK:
+        _LAYOUTS[key] = out
+        while len(_LAYOUTS) > MAX_LAYOUTS:
+            _LAYOUTS.popitem(last=False)
+    return out
+
+
+@register_pruner("pool", stage="projector", label="Pool (downsampling)", score_label="weight in its pooled token",
+                 capture=Capturable(static=("grid",)))
 def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                 grid: torch.Tensor | None = None) -> Selection:
     """Pool: each image's, tile's and frame's grid average-pooled to K tokens in all (downsampling)."""
@@ -113,22 +156,19 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     if budget >= n:  # keep-all: the unpruned input
         keep = torch.arange(n, device=dev)
         return Selection.from_order(keep, torch.ones(n, device=dev))
-    cell, keep = pool_layout(grid, n, budget)
-    on = cell >= 0
-    counts = np.bincount(cell[on], minlength=budget)
-    weight = np.where(on, 1.0 / counts[np.maximum(cell, 0)], 0.0).astype(np.float32)
-    rank = np.empty(budget, dtype=np.int64)  # cell -> its row in `keep` order
-    rank[np.argsort(keep, kind="stable")] = np.arange(budget)
-    merged = np.full(n, -1, dtype=np.int64)
-    merged[on] = keep[cell[on]]
-    merged[keep] = -1  # a kept position is not merged into itself
-    host = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-    slot = host(rank[cell[on]]).to(dev)  # each pooled token's row in `keep` order
+    return pooled(visual, device_layout(grid, n, budget, dev))
+
+
+def pooled(visual: torch.Tensor, layout: tuple[torch.Tensor, ...]) -> Selection:
+    """The Selection of `visual` pooled by a `device_layout`: device work only (what a CUDA graph records)."""
+    on, slot, counts, keep, weight, merged = layout
+    budget, dev = keep.shape[0], visual.device
     v = visual.to(torch.float32)
-    sums = v.new_zeros(budget, v.shape[1]).index_add_(0, slot, v[host(on).to(dev)])
-    tokens = sums / host(counts[np.argsort(rank)].astype(np.float32)).to(dev)[:, None]
-    return Selection.from_order(host(np.sort(keep)).to(dev), host(weight).to(dev), tokens=tokens.to(visual.dtype),
-                                merged_into=host(merged).to(dev))
+    sums = torch.zeros(budget, v.shape[-1], dtype=v.dtype, device=dev).index_add(0, slot, v.index_select(0, on))
+    tokens = sums / counts[:, None]
+    # the memoized tensors are copied: a caller may write into its selection
+    return Selection.from_order(keep.clone(), weight.clone(), tokens=tokens.to(visual.dtype),
+                                merged_into=merged.clone())
 
 
-__all__ = ["pool_layout", "pool_pruner"]
+__all__ = ["device_layout", "pooled", "pool_layout", "pool_pruner"]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .selection import Selection
 
 _SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed accepts any int64 seed
@@ -71,7 +72,7 @@ def priorities(n: int, seed: int, device) -> torch.Tensor:
     return lowbias32(lowbias32(i ^ k0) ^ k1)
 
 
-@register_pruner("random", label="Random", score_label=None, params=(
+@register_pruner("random", capture=Capturable(), label="Random", score_label=None, params=(
     Param.integer("seed", 0, 0, _SEED_MAX, "random seed (the paper averages seeds 0, 1, 2)"),))
 def random_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                   seed: int = 0,  # the paper averages seeds; 0 makes the default call reproducible

@@ -196,6 +196,21 @@ def values_checked():
         _VALUES_CHECKED.reset(token)
 
 
+# Set by `capture.run_batch` while a method runs under `torch.vmap` (B items as one batched call): there a
+# tensor has no storage of its own, so host shortcuts (NumPy's syrk in `gram`) give way to torch ops.
+_BATCHED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_batched", default=False)
+
+
+@contextlib.contextmanager
+def batched():
+    """Within: the method runs under `torch.vmap` (`capture.run_batch`); `gram` is a plain matmul."""
+    token = _BATCHED.set(True)
+    try:
+        yield
+    finally:
+        _BATCHED.reset(token)
+
+
 def check_finite(name: str, x: torch.Tensor) -> None:
     """ValueError naming `name` when the float tensor x holds NaN or inf (one host sync, two when it does)."""
     # Fast path: a finite sum implies every element is finite (NaN/inf propagate through +), and
@@ -272,7 +287,7 @@ def gram(u: torch.Tensor) -> torch.Tensor:
     triangle (half the flops of gemm) and mirrors it; measured here: 10 ms vs 25 ms for
     576 x 4096. On other devices it is a plain matmul. Result: (N, N) float32, symmetric.
     """
-    if u.device.type == "cpu" and u.dtype == torch.float32:
+    if u.device.type == "cpu" and u.dtype == torch.float32 and (torch.compiler.is_compiling() or not _BATCHED.get()):
         a = u.contiguous().numpy()
         return torch.from_numpy(a @ a.T)
     return u @ u.T

@@ -18,12 +18,13 @@ from __future__ import annotations
 import torch
 
 from ._registry import register_pruner
+from .capture import Capturable
 from .mi import AGGREGATION
 from .selection import Selection, cosine_to
 
 
 
-@register_pruner("similarity", needs=("text",), params=(AGGREGATION,), label="Similarity",
+@register_pruner("similarity", needs=("text",), capture=Capturable(), params=(AGGREGATION,), label="Similarity",
                  score_label="cosine with the prompt")
 def similarity_pruner(visual: torch.Tensor, text: torch.Tensor, budget: int, *,
                       aggregation: str = "max",  # same default as MI-Pruner, so the two compare 1:1

@@ -51,6 +51,7 @@ import math
 import torch
 
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .attention import attention_scores, image_keys
 from .selection import Selection, check_matrix, top_indices, unit_rows
 
@@ -63,12 +64,12 @@ def dominant_count(budget: int, ratio: float) -> int:
 
 def _complement(n: int, chosen: torch.Tensor, device) -> torch.Tensor:
     """The indices of range(n) not in `chosen`, ascending: (n - len(chosen),), without a host sync."""
-    mark = torch.zeros(n, dtype=torch.int8, device=device)
-    mark.index_fill_(0, chosen, 1)  # a fill: no host scalar copied (capturable)
+    # a fill: no host scalar copied (capturable); out of place, so a batched call (`torch.vmap`) can fill it
+    mark = torch.zeros(n, dtype=torch.int8, device=device).index_fill(0, chosen, 1)
     return torch.argsort(mark, stable=True)[: n - chosen.numel()]  # the unmarked come first, in index order
 
 
-@register_pruner("visionzip", stage="vision", needs=("attention", "keys"), label="VisionZip",
+@register_pruner("visionzip", stage="vision", capture=Capturable(), needs=("attention", "keys"), label="VisionZip",
                  score_label="attention share", params=(
     Param.real("dominant_ratio", 54 / 64, 0.0, 1.0, "share of the budget kept as dominant tokens, [CLS] included "
                "(original: 54 of 64)", code="dom", step=0.01),))
@@ -118,12 +119,13 @@ def visionzip_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
             sums = onehot.T @ v[others]  # (C, d) sum of assigned rows
             counts = onehot.sum(0)  # (C,)
             delta = sums / counts.clamp_min(1.0)[:, None]  # (C, d) mean of assigned rows (0 if none)
-            merged_into[others] = targets[assign]
+            merged_into = merged_into.index_put((others,), targets[assign])  # out of place: vmap-able
 
     order = torch.cat([dominant, targets])  # (K - P,) dominant by attention, then targets in stride order
     keep, _ = torch.sort(order)
     tokens = v[keep]  # (K - P, d)
-    tokens[torch.searchsorted(keep, targets)] += delta  # contextual rows := target + mean(assigned)
+    at = torch.searchsorted(keep, targets)  # (C,) distinct rows of `tokens`
+    tokens = tokens.index_put((at,), tokens[at] + delta)  # contextual rows := target + mean(assigned)
     prefix = cls[:n_cls].to(visual.dtype) if n_cls else None
     return Selection.from_order(order, attn, tokens=tokens.to(visual.dtype), prefix=prefix,
                                 extras={"merged_into": merged_into, "dominant": dominant})

@@ -54,6 +54,7 @@ import torch
 
 from . import mi
 from ._registry import Param, register_pruner
+from .capture import Capturable
 from .attention import attention_scores
 from .selection import Selection, check_matrix, unit_rows
 
@@ -106,7 +107,7 @@ def drop_duplicates(features: torch.Tensor, n_keep: int, drop_per_round: int, *,
             in_b.index_fill_(0, b, True)
         red = red_of(a, b, in_b)  # (|A|,) best cosine on the other side
         rank = torch.argsort(red, descending=True)  # (|A|,) most redundant first; the release's call (ties)
-        drop_round.index_fill_(0, a[rank[:r]], rnd)  # a fill: no host scalar copied (capturable)
+        drop_round = drop_round.index_fill(0, a[rank[:r]], rnd)  # no host scalar copied (capturable); vmap-able
         order = torch.cat([a[rank[r:]], b])  # survivors of A by descending redundancy, then B
     return order, drop_round
 
@@ -137,7 +138,13 @@ def _sparse_redundancy(u: torch.Tensor, cos: torch.Tensor | None):
     return red_of
 
 
-@register_pruner("vispruner", stage="vision", needs=("attention",), label="VisPruner",
+def _dense(n_v: int, params: dict) -> bool:
+    """Capturable up to mi.DENSE_LIMIT tokens: above it the diverse stage's sparse path reads counts on the host."""
+    return n_v <= mi.DENSE_LIMIT
+
+
+@register_pruner("vispruner", stage="vision", capture=Capturable(when=_dense), needs=("attention",),
+                 label="VisPruner",
                  score_label="attention share", params=(
     Param.real("ratio", 0.5, 0.0, 1.0, "share of the budget kept as important tokens, floored (original: 0.5)",
                code="vr", step=0.05),
@@ -167,7 +174,6 @@ def vispruner_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: in
     by_attention = torch.argsort(attn, descending=True)  # (N_V,), the release's call (so its tie order)
     important, rest = by_attention[:n_imp], by_attention[n_imp:]  # rest: descending attention, as released
     survivors, rounds = drop_duplicates(features[rest], budget - n_imp, drop_per_round)
-    drop_round = torch.full((n_v,), -1, dtype=torch.long, device=dev)
-    drop_round[rest] = rounds
+    drop_round = torch.full((n_v,), -1, dtype=torch.long, device=dev).index_put((rest,), rounds)  # vmap-able
     order = torch.cat([important, rest[survivors]])  # (K,) important by attention, then diverse
     return Selection.from_order(order, attn, extras={"important": important, "drop_round": drop_round})

@@ -127,3 +127,54 @@ def test_n_is_exact_on_open_tasks_and_whole_scenes_per_pope_split():
     for split in per_split:
         answers = Counter(it.answer for it in pope if it.split == split)
         assert answers["yes"] == answers["no"]
+
+
+def test_runner_selects_a_group_of_items_as_one_batched_call(monkeypatch):
+    """encode_batch=4: each (method, budget, seed) selects the group's four encodings in one batched call where the
+    method allows it (`select_batch`); the rows equal those of items selected one by one (encode_batch=1)."""
+    from mipruner.pruners import batched
+
+    items = []
+    for i in range(4):
+        im, mask = scene(bright=i % 2 == 0)
+        items.append(EvalItem(id=str(i), media=im, question="Is there a white square?", kind="yesno",
+                              answer="yes" if i % 2 == 0 else "no", split="random", masks=[mask]))
+    methods = ["none", "mi", "similarity", "random", "pool", "cdpruner"]
+    one = evaluate(DummyAdapter(patch=8), items, methods, [1, 5], {"lam": 1.0}, "toy", encode_batch=1)
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    grouped = evaluate(DummyAdapter(patch=8), items, methods, [1, 5], {"lam": 1.0}, "toy", encode_batch=4)
+    # one call per (method, budget, seed) of the methods that batch; cdpruner declares no batched call
+    assert sorted(set(calls)) == ["mi", "pool", "random", "similarity"]
+    assert len(calls) == 2 * (1 + 1 + 3 + 1)
+    key = lambda r: (r["method"], str(r["budget"]), r["split"])  # noqa: E731
+    assert len(one) == len(grouped)
+    for a, b in zip(sorted(one, key=key), sorted(grouped, key=key)):
+        assert a.keys() == b.keys()
+        for k in a:
+            same = a[k] == b[k] or (isinstance(a[k], float) and math.isnan(a[k]) and math.isnan(b[k]))
+            assert same, (key(a), k, a[k], b[k])
+
+
+def test_select_batch_gives_every_pre_llm_methods_one_by_one_selections(monkeypatch):
+    import mipruner
+    from mipruner.pruners import batched, get_pruner
+
+    ad = DummyAdapter(patch=8)
+    encs = [ad.encode(scene(bright=i % 2 == 0)[0], "Is there a white square?", need_attention=True) for i in range(3)]
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    for m in mipruner.list_pruners("projector") + mipruner.list_pruners("vision"):
+        calls.clear()
+        got = mipruner.select_batch(ad, encs, m, 5, caches=[{}, {}, {}])
+        ref = [mipruner.select(ad, e, m, 5) for e in encs]
+        assert calls == ([m] if get_pruner(m).capture.batch else []), m
+        for a, b in zip(got, ref):  # decisions exact (the scores: tests/pruners/test_capture.py)
+            assert torch.equal(a.keep, b.keep) and torch.equal(a.order, b.order), m
+            assert a.method == b.method == m and a.extras.keys() == b.extras.keys()
+            assert a.extras.get("lam_note") == b.extras.get("lam_note")
+            assert a.extras.get("compute") == b.extras.get("compute"), m  # the compute a selection implies, as select's
+    with pytest.raises(ValueError, match="caches has 1 entries for 3 encodings"):
+        mipruner.select_batch(ad, encs, "mi", 5, caches=[{}])

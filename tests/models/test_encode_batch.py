@@ -31,10 +31,12 @@ def llava(tmp_path_factory):
 
 
 class TowerCalls:
-    """Counts the forward calls of the adapter's vision tower."""
+    """Counts the passes through the adapter's vision tower: the calls of its patch embedding, which every pass
+    makes once, whether through the tower's forward or only up to the projector's block (`short_tower`)."""
 
     def __init__(self, adapter):
-        self.tower, self.n = adapter.model.model.vision_tower, 0
+        tower = adapter.model.model.vision_tower
+        self.tower, self.n = getattr(tower, "embeddings", tower), 0
 
     def __enter__(self):
         self.handle = self.tower.register_forward_hook(lambda *a: setattr(self, "n", self.n + 1))

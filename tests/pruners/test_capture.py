@@ -183,3 +183,167 @@ def test_cuda_graph_replay_is_the_eager_selection(name, params):
     with capture.disabled():
         eager2 = call()
     _same(call(), eager2)
+
+
+# --- capturability declared at registration; pool captured; B items as one batched call (issue 40, part 5) ---
+
+BATCH, BATCH_N, BATCH_K = 3, 64, 12
+# Scores of a batched call against one by one: both float32, from batched kernels (a batched matmul, and on the
+# CPU a plain matmul where one item uses NumPy's syrk): agreement within this many float32 eps, relative.
+SCORE_EPS = 64
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def test_capturability_is_declared_by_each_method_at_registration():
+    from mipruner.pruners import Capturable, list_pruners, register_pruner, unregister_pruner
+
+    for name in list_pruners():
+        spec = get_pruner(name)
+        assert (spec.capture is not None) == (spec.stage != "llm"), name  # every pre-LLM method declares one
+    assert get_pruner("pool").capture.static == ("grid",)
+    assert capture.capturable("pool", N_V, {}) and capture.capturable(get_pruner("pool"), N_V, {})
+    assert get_pruner("mi_adaptive").capture.when is not None  # its conditions are its own
+    assert capture.capturable("mi_adaptive", N_V, {"k_rule": "fixed"})
+    assert not capture.capturable("mi_adaptive", N_V, {"k_rule": "mass"})
+    assert not hasattr(capture, "CAPTURABLE")  # no second list of names
+
+    @register_pruner("_test_capped", capture=Capturable(max_tokens=10, when=lambda n, p: p["seed"] != 7),
+                     params=(get_pruner("random").param("seed"),))
+    def capped(visual, text, budget, *, seed: int = 0):
+        return mipruner.prune("random", visual=visual, budget=budget, seed=seed)
+
+    try:
+        assert capture.capturable("_test_capped", 10, {}) and not capture.capturable("_test_capped", 11, {})
+        assert not capture.capturable("_test_capped", 10, {"seed": 7})
+    finally:
+        unregister_pruner("_test_capped")
+    with pytest.raises(ValueError, match="Capturable"):
+        register_pruner("_test_bad", capture=True)(lambda visual, text, budget: None)
+
+
+def test_pool_is_one_graph_under_torch_compile_after_its_memoized_layout():
+    from mipruner.pruners import pool
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    V = torch.randn(N_V, 16, generator=g)
+    side = math.isqrt(N_V)
+    grid = torch.stack([torch.zeros(N_V, dtype=torch.long), torch.arange(N_V) // side, torch.arange(N_V) % side], 1)
+    eager = mipruner.prune("pool", visual=V, budget=K, grid=grid)  # lays out the cells (host) once
+    layout = pool.device_layout(grid, N_V, K, V.device)
+    assert pool.device_layout(grid.clone(), N_V, K, V.device) is layout  # memoized per grid content and K
+    assert pool.device_layout(grid, N_V, K - 1, V.device) is not layout
+    counter = CompileCounter()
+    # the call is the memo's lookup (host Python, which a CUDA graph's replay skips) and then `pooled`'s device work
+    traced = torch.compile(lambda V: pool.pooled(V, layout), fullgraph=True, backend=counter)(V)
+    assert counter.frame_count == 1 and counter.op_count > 0
+    assert torch.equal(traced.keep, eager.keep) and torch.equal(traced.order, eager.order)
+    assert torch.equal(traced.merged_into, eager.merged_into)
+    torch.testing.assert_close(traced.tokens, eager.tokens, atol=0, rtol=4 * EPS32)
+    traced.scores.zero_()  # a caller writing into its selection does not write into the memo
+    assert torch.equal(mipruner.prune("pool", visual=V, budget=K, grid=grid).scores, eager.scores)
+
+
+BATCHABLE = [(n, p) for n, p in FIXED_K if get_pruner(n).capture.batch] + [("pool", {}), ("mi_adaptive", {"lam": 1.0})]
+
+
+def _items(name: str, b: int = BATCH, n: int = BATCH_N) -> list[dict]:
+    spec = get_pruner(name)
+    out = []
+    for i in range(b):
+        kw = tensor_inputs(spec, n=n, seed=10 + i)
+        item = {k: v for k, v in kw.items() if k in ("visual", "text") or (k in spec.inputs and k != "cache")}
+        if "grid" in spec.inputs:
+            side = math.isqrt(n)
+            item["grid"] = torch.stack([torch.zeros(n, dtype=torch.long), torch.arange(n) // side,
+                                        torch.arange(n) % side], 1)
+        out.append(item)
+    return out
+
+
+def _same_decisions(batched, one) -> None:
+    """Decisions exact, floats within SCORE_EPS float32 eps (relative; absolute near 0)."""
+    assert torch.equal(batched.keep, one.keep) and torch.equal(batched.order, one.order)
+    assert batched.method == one.method and batched.budget == one.budget
+    tol = dict(rtol=SCORE_EPS * EPS32, atol=SCORE_EPS * EPS32)
+    torch.testing.assert_close(batched.scores, one.scores, **tol)
+    for f in ("pmi", "tokens", "prefix"):
+        x, y = getattr(batched, f), getattr(one, f)
+        assert (x is None) == (y is None), f
+        if x is not None:
+            torch.testing.assert_close(x, y, **tol)
+    for f in ("pivot", "merged_into"):
+        x, y = getattr(batched, f), getattr(one, f)
+        assert (x is None) == (y is None) and (x is None or torch.equal(x, y)), f
+    assert set(batched.extras) == set(one.extras)
+    for key, x in one.extras.items():
+        if isinstance(x, torch.Tensor) and not x.is_floating_point():
+            assert torch.equal(batched.extras[key], x), key  # rounds, dominant, drop_round: decisions
+        elif isinstance(x, torch.Tensor):
+            torch.testing.assert_close(batched.extras[key], x, **tol)
+
+
+@pytest.mark.parametrize("name,params", BATCHABLE, ids=[f"{n}{''.join(f'-{k}{v}' for k, v in p.items())}"
+                                                         for n, p in BATCHABLE])
+def test_a_batch_is_one_call_with_the_one_by_one_decisions(name, params, monkeypatch):
+    from mipruner.pruners import batched
+
+    items = _items(name)
+    one = [mipruner.prune(name, budget=BATCH_K, **it, **params) for it in items]
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    lists = {k: [it[k] for it in items] for k in items[0]}
+    got = mipruner.prune_batch(name, budget=BATCH_K, **lists, **params)
+    assert calls == [name], "not one batched call"
+    assert len(got) == BATCH
+    for g, o in zip(got, one):
+        _same_decisions(g, o)
+
+
+def test_a_batch_runs_what_it_cannot_stack_one_by_one(monkeypatch):
+    from mipruner.pruners import batched
+
+    calls = []
+    real = batched._stacked
+    monkeypatch.setattr(batched, "_stacked", lambda spec: (calls.append(spec.name), real(spec))[1])
+    items = _items("mi") + _items("mi", b=1, n=BATCH_N + 5)  # three of one shape, one of another
+    got = mipruner.prune_batch("mi", budget=BATCH_K, visual=[i["visual"] for i in items],
+                               text=[i["text"] for i in items])
+    assert calls == ["mi"]  # the group of three; the fourth alone
+    for g, it in zip(got, items):
+        _same_decisions(g, mipruner.prune("mi", budget=BATCH_K, **it))
+    calls.clear()
+    items = _items("cdpruner")  # declares no batched call (in-place writes into its own state)
+    got = mipruner.prune_batch("cdpruner", budget=BATCH_K, visual=[i["visual"] for i in items],
+                               text=[i["text"] for i in items])
+    assert calls == []
+    for g, it in zip(got, items):
+        _same(g, mipruner.prune("cdpruner", budget=BATCH_K, **it))  # the same path: the same bits
+    items = _items("mi_adaptive")  # k_rule "gain" reads K on the host: not capturable, so not stacked
+    got = mipruner.prune_batch("mi_adaptive", budget=BATCH_K, k_rule="gain", visual=[i["visual"] for i in items],
+                               text=[i["text"] for i in items])
+    assert calls == []
+    for g, it in zip(got, items):
+        _same(g, mipruner.prune("mi_adaptive", budget=BATCH_K, k_rule="gain", **it))
+    with pytest.raises(ValueError, match="one per item"):
+        mipruner.prune_batch("mi", budget=4, visual=[items[0]["visual"]] * 2, text=[items[0]["text"]])
+    bad = [it["visual"].clone() for it in items]
+    bad[1][0, 0] = math.nan
+    with pytest.raises(ValueError, match="visual contains NaN"):
+        mipruner.prune_batch("similarity", budget=4, visual=bad, text=[it["text"] for it in items])
+
+
+@pytest.mark.skipif(TEST_DEVICE.type != "cuda", reason="CUDA graphs: run with MIPRUNER_TEST_DEVICE=cuda")
+@pytest.mark.parametrize("name,params", BATCHABLE)
+def test_cuda_batched_graph_replay_is_the_one_by_one_selection(name, params):
+    capture.clear()
+    items = [{k: v.to(TEST_DEVICE) for k, v in it.items()} for it in _items(name, n=N_V)]
+    lists = {k: [it[k] for it in items] for k in items[0]}
+    call = lambda: mipruner.prune_batch(name, budget=K, **lists, **params)  # noqa: E731
+    with capture.disabled():
+        one = [mipruner.prune(name, budget=K, **it, **params) for it in items]
+    for _ in range(3):  # eager, recorded, replayed
+        for g, o in zip(call(), one):
+            _same_decisions(g, o)
+    assert any(v is not None for v in capture._GRAPHS.values()), "not captured"

@@ -23,9 +23,11 @@ import torch
 
 from ...media import Video, load_media
 from ...pruners.signals import Signals
+from ..base import LazyGeometry, TokenGeometry
 from .. import _clip_attention as A
 from .. import _llava_common as C
 from .. import _packed as P
+from . import short_tower as T
 from . import geometry as G
 
 
@@ -63,21 +65,18 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         held = getattr(self, "_tower_item", None)  # this item's share of a batched tower call (`encode_batch`)
         if held is not None:
             inputs, outputs, rec = held
-        else:
-            inputs = self.processor(images=images, text=templated, return_tensors="pt")
+        else:  # pixels only: `encode` tokenizes the templated prompt once and expands its <image> placeholders
+            inputs = self.image_processor(images, return_tensors="pt")
             outputs, rec = self._tower(inputs, want)
         pixels = inputs["pixel_values"]  # (F, 3, Hp, Wp)
         feats = outputs.pooler_output
         per_image = [f.shape[0] for f in feats]
         visual = torch.cat(list(feats), dim=0)  # (N_V, d): image after image
-        parts, grids, has_cls = [], [], False
-        for f, (image, n) in enumerate(zip(images, per_image)):
-            p, grid, has_cls = image_parts(self, image, pixels.shape[-2:], n, frame=f)
-            parts += p
-            grids.append(grid)
-        geometry = G.cat_geometry(parts, grids, [im.size for im in images])
-        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=images,
-                   is_video=is_video, ref={k: v for k, v in inputs.items()})
+        hw = tuple(pixels.shape[-2:])
+        has_cls = [cls_first(self, hw, n) for n in per_image][-1]  # checks every image's count now
+        geometry = LazyGeometry(lambda: images_geometry(self, images, hw, per_image))  # built when read
+        out = dict(placeholders=per_image, visual=visual, geometry=geometry, frames=images, is_video=is_video,
+                   ref={"pixel_values": pixels})
         if want.features:  # the projector's input, (F, n, D_v): image after image, as the tokens
             out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
         if want.attention:
@@ -109,7 +108,11 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
             return SimpleNamespace(pooler_output=[f.clone() for f in feats]), None
         tower = self.model.model.vision_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
-            outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+            if extra or not T.applies(self.model, tower):
+                outputs = self.model.get_image_features(pixel_values=pixels, return_dict=True, **extra)
+            else:  # the tower up to the block the projector reads (and any block recorded): `short_tower`
+                upto = max(rec.asked.values(), default=-1) + 1
+                outputs = T.image_features(self.model, tower, pixels, upto=upto)
         return outputs, rec
 
     @torch.no_grad()
@@ -129,7 +132,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 m, p = loaded[i]
                 C.check_prompt(p)
                 image = m[0] if isinstance(m, list) else m
-                inputs.append(self.processor(images=[image], text=self._template(p, "image", 1), return_tensors="pt"))
+                inputs.append(self.image_processor([image], return_tensors="pt"))  # the prompt: tokenized by `encode`
             shapes = {tuple(x["pixel_values"].shape[1:]) for x in inputs}
             if len(shapes) == 1 and all("image_sizes" not in x for x in inputs):
                 outputs, rec = self._tower({"pixel_values": torch.cat([x["pixel_values"] for x in inputs])},
@@ -147,8 +150,11 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
 
 def image_features(model, pixels: torch.Tensor):
-    """The projected visual tokens of a batch of images (`get_image_features`'s pooler output): what the
-    compiled tower computes."""
+    """The projected visual tokens of a batch of images (`get_image_features`'s pooler output, the tower run
+    up to the block the projector reads, `short_tower`): what the compiled tower computes."""
+    tower = model.model.vision_tower
+    if T.applies(model, tower):
+        return T.image_features(model, tower, pixels).pooler_output
     return model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
 
 
@@ -164,6 +170,26 @@ def _item_outputs(outputs, j: int):
     return type(outputs)(**kw)
 
 
+def cls_first(adapter, processed_hw, n_visual: int) -> bool:
+    """Whether an image's `n_visual` tokens start with its [CLS] (the "full" strategy) on its patch grid;
+    RuntimeError when the count fits neither."""
+    patch = int(adapter.config.vision_config.patch_size)
+    rows, cols = int(processed_hw[0]) // patch, int(processed_hw[1]) // patch
+    if n_visual not in (rows * cols, rows * cols + 1):
+        raise RuntimeError(f"{n_visual} visual tokens for a {rows} x {cols} patch grid")
+    return n_visual == rows * cols + 1
+
+
+def images_geometry(adapter, images, processed_hw, per_image) -> TokenGeometry:
+    """The geometry of CLIP-grid images one after another (`per_image` tokens each), frame = the image's index."""
+    parts, grids = [], []
+    for f, (image, n) in enumerate(zip(images, per_image)):
+        p, grid, _ = image_parts(adapter, image, processed_hw, n, frame=f)
+        parts += p
+        grids.append(grid)
+    return G.cat_geometry(parts, grids, [im.size for im in images])
+
+
 def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     """Geometry parts of one CLIP-grid image: (parts for `cat_geometry`, (rows, cols), has CLS token)."""
     patch = int(adapter.config.vision_config.patch_size)
@@ -171,9 +197,7 @@ def image_parts(adapter, image, processed_hw, n_visual: int, frame: int = 0):
     rows, cols = hp // patch, wp // patch
     pmap = G.resize_crop_map(image.width, image.height, adapter.image_processor)
     parts = []
-    has_cls = n_visual == rows * cols + 1  # "full" strategy keeps CLS in front
-    if not has_cls and n_visual != rows * cols:
-        raise RuntimeError(f"{n_visual} visual tokens for a {rows} x {cols} patch grid")
+    has_cls = cls_first(adapter, processed_hw, n_visual)  # "full" strategy keeps CLS in front
     if has_cls:
         parts.append(cls_token(pmap, hp, wp, frame))
     parts.append(G.grid_geometry(pmap, rows, cols, patch, frame=frame))

@@ -38,7 +38,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
 
     def _encode_visual(self, media, templated: str, want) -> dict:
         image = C.single_image(media, "LLaVA-NeXT")
-        inputs = self.processor(images=image, text=templated, return_tensors="pt")
+        inputs = self.image_processor(image, return_tensors="pt")  # pixels: `encode` tokenizes the prompt, once
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)
         sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)
         tower = self.model.model.vision_tower
@@ -49,7 +49,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
         geometry, packed = self._geometry(image, pixels.shape[-2:], sizes)
         if len(geometry) != visual.shape[0]:
             raise RuntimeError(f"geometry has {len(geometry)} tokens, the model gave {visual.shape[0]}")
-        out = dict(input_ids=inputs["input_ids"], visual=visual, geometry=geometry, frames=[image, image],
+        out = dict(placeholders=[visual.shape[0]], visual=visual, geometry=geometry, frames=[image, image],
                    ref={k: v for k, v in inputs.items()})
         if want.features:  # the projector's input per view, (views, n, D_v), packed as the tokens are
             f = rec.features()

@@ -31,8 +31,10 @@ import torch
 from ...media import MediaError, Video
 from .. import _clip_attention as A
 from .. import _llava_common as C
+from . import short_tower as T
 from . import geometry as G
-from .llava_hf import image_geometry
+from ..base import LazyGeometry, TokenGeometry
+from .llava_hf import cls_first, image_geometry
 
 
 class VideoLlavaAdapter(C.LlavaFamilyAdapter):
@@ -56,11 +58,13 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         out = self.image_processor(images=images, return_tensors="pt", return_legacy_image_output=False)
         return out["pixel_values"].to(self.device, self.dtype)  # (B, 3, Hp, Wp)
 
-    def _expand(self, templated: str, token_id: int, n: int) -> torch.Tensor:
+    def _one_placeholder(self, templated: str, token_id: int, n: int) -> list[int]:
+        """[n]: the one `token_id` placeholder of the templated prompt stands for n tokens, which `encode` expands in
+        its own tokenization of the prompt (tokenized once); ValueError unless the prompt holds exactly one."""
         token = self.tokenizer.convert_ids_to_tokens(token_id)
         if templated.count(token) != 1:
             raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
-        return self._tokenize(templated.replace(token, token * n))["input_ids"]  # (1, L)
+        return [int(n)]
 
     def _encode_visual(self, media, templated: str, want) -> dict:
         is_video = isinstance(media, Video) or (isinstance(media, list) and len(media) > 1)
@@ -75,17 +79,21 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             feats = self.model.model.get_video_features(pixel_values_videos=pixels, return_dict=True).pooler_output
         n_f, per_frame = feats.shape[0], feats.shape[1]  # (F, N+1, d)
         visual = feats.reshape(n_f * per_frame, -1)  # (F*(N+1), d), frame-major as the model scatters them
-        parts, grids = [], []
-        for f, frame in enumerate(frames):
-            g, _ = image_geometry(self, frame, pixels.shape[-2:], per_frame, frame=f)
-            parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
-            grids += g.grids
-        geometry = G.cat_geometry(parts, grids, [fr.size for fr in frames])
-        templated_video = self._expand(templated, self.config.video_token_id, visual.shape[0])
-        ref = dict(input_ids=templated_video, attention_mask=torch.ones_like(templated_video),
-                   pixel_values_videos=pixels.cpu())
-        out = dict(input_ids=templated_video, visual=visual, geometry=geometry, frames=list(frames),
-                   is_video=True, ref=ref)
+        hw = tuple(pixels.shape[-2:])
+        cls_first(self, hw, per_frame)  # the count checked now; the geometry built when first read
+
+        def build() -> TokenGeometry:
+            parts, grids = [], []
+            for f, frame in enumerate(frames):
+                g, _ = image_geometry(self, frame, hw, per_frame, frame=f)
+                parts.append(dict(frame=g.frame, row=g.row, col=g.col, box=g.box, kind=g.kind))
+                grids += g.grids
+            return G.cat_geometry(parts, grids, [fr.size for fr in frames])
+
+        geometry = LazyGeometry(build)
+        out = dict(placeholders=self._one_placeholder(templated, self.config.video_token_id, visual.shape[0]),
+                   visual=visual, geometry=geometry, frames=list(frames), is_video=True,
+                   ref=dict(pixel_values_videos=pixels.cpu()))
         if want.features:  # the projector's input, (F, N+1, D_v): each frame's [CLS] and patches, as the tokens
             out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
         if want.attention:
@@ -99,13 +107,16 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
         pixels = self._pixels([image])  # (1, 3, Hp, Wp)
         tower = self.model.model.image_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:
-            outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
-        feats = outputs.pooler_output
-        visual = feats.reshape(-1, feats.shape[-1])  # (N_V, d)
-        geometry, _ = image_geometry(self, image, pixels.shape[-2:], visual.shape[0])
-        ids = self._expand(templated, self.config.image_token_id, visual.shape[0])
-        ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels.cpu())
-        out = dict(input_ids=ids, visual=visual, geometry=geometry, frames=[image], ref=ref)
+            if T.applies(self.model, tower):  # the tower up to the block the projector reads (`short_tower`)
+                outputs = T.image_features(self.model, tower, pixels, upto=max(rec.asked.values(), default=-1) + 1)
+            else:
+                outputs = self.model.model.get_image_features(pixel_values=pixels, return_dict=True)
+        visual = torch.cat(list(outputs.pooler_output))  # (N_V, d)
+        hw, n = tuple(pixels.shape[-2:]), visual.shape[0]
+        cls_first(self, hw, n)  # the count checked now; the geometry built when first read
+        geometry = LazyGeometry(lambda: image_geometry(self, image, hw, n)[0])
+        out = dict(placeholders=self._one_placeholder(templated, self.config.image_token_id, visual.shape[0]),
+                   visual=visual, geometry=geometry, frames=[image], ref=dict(pixel_values=pixels.cpu()))
         if want.features:  # the projector's input (1, n, D_v)
             out["features"] = rec.features().flatten(0, 1)  # (N_V, D_v)
         if want.attention:
