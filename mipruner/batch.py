@@ -18,8 +18,8 @@ Falls back to one-by-one `mipruner.answer`:
     prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
   * adapters without `generate_batch` (e.g. the dummy adapter).
 
-The prefill packs the rows instead of padding them (`mipruner/models/_packed.py`): one view's six
-answers make the LLM process the rows' own lengths, the text before the image once.
+The prefill runs the rows as padded batches grouped by length (`mipruner/models/common/rows.py`): one
+view's six answers make the LLM process the rows' own lengths, with no mask over the whole batch.
 
 Encoding: `encode_items` encodes several items with one vision-tower call per `batch` items where
 the family batches its tower (`adapter.encode_batch`): LLaVA-1.5, one image per item (its fixed-size

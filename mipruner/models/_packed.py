@@ -1,197 +1,21 @@
-"""Packed prefill: the rows of a batch run as ONE sequence, so that no row pays for another's padding.
+"""The decoding engine's one greedy loop, its compiled functions and its static caches.
 
-A batch of pruned prompts (the unpruned reference and five pruned rows of one view: 591 and 5 x 79
-tokens at LLaVA-1.5's shape) left-padded to its longest row makes the LLM process 6 x 591 rows in
-the prefill. Packed, it processes the rows' own lengths summed, less what they share:
-
-  * every row's tokens follow each other in one sequence (batch 1), with a block-diagonal causal
-    mask: a token sees the earlier tokens of its own row only, and its position ids are its row's
-    own (compact or original, Qwen's M-RoPE rows), so each row computes what it computes alone;
-  * the prompt's text before the first visual token is the same in every row of one encoding (the
-    same tokens at the same positions: pruning never touches it), so it runs once per encoding and
-    the rows of that encoding attend to its keys and values (`shared` in `plan`). Causal attention
-    makes that prefix's states independent of what follows, so sharing is exact.
-
-The last token of every row gives the row's first logits (`logits_to_keep` = those indices). Decoding
-then goes on in the packed cache itself on the plain path (`PackedSteps`: each step appends the B rows'
-new tokens as B more positions, each seeing its own row), or, on the static/compiled path, the packed
-cache's keys and values are gathered per row into the left-padded (B, W) static cache that its
-compiled step reads (pad columns masked, as in the padded batch). What a row computes differs from its one-by-one
-run only by float rounding (other matmul shapes), as the padded batch does (tests/models/
-test_batch_*.py). With `bucket`, the packed length is padded to a multiple of it (pad tokens see
-only each other) so that a compiled prefill sees a few shapes.
-
-The masks are 4-D, which transformers' `create_causal_mask` takes as they are (boolean for SDPA,
-additive otherwise). Layers with a sliding window would cut the packed sequence: `packable` says no.
+`greedy` decodes what `generate(do_sample=False)` would for the arguments `greedy_supported` accepts,
+after any prefill (the rows' first logits) and over any step function: the LLaVA family and Qwen
+(`common/decode.py`) alike. `compiled` keeps the compiled prefill and step per model; `static_cache`
+the static caches of the last STATIC_CACHES shapes.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 
-from ._decode_path import round_up
-
-PAD_OWNER = -(1 << 40)  # the owner id of the packed sequence's trailing pad tokens
-
-
-@dataclass
-class Plan:
-    """Where each row's tokens go in the packed sequence.
-
-    pieces: (row, start, stop) slices of the rows' own token sequences, in packed order (a shared
-    prefix is the slice [0, p) of its encoding's first row). total: packed length (bucketed);
-    real: tokens before the pad. rows: per row, its packed token indices in order (L_i of them).
-    width: the decoding cache's width W (the longest row, bucketed)."""
-
-    pieces: list[tuple[int, int, int]]
-    total: int
-    real: int
-    rows: list[list[int]]
-    owner: list[int]
-    group: list[int]
-    width: int
-
-    @property
-    def lengths(self) -> list[int]:
-        return [len(r) for r in self.rows]
-
-
-def plan(lengths: list[int], groups: list, shared: list[int], bucket: int = 0) -> Plan:
-    """The packed layout of rows of `lengths`; rows with the same `groups` key (their encoding) share
-    their first `shared[i]` tokens (the text before the image; the smallest of the group is used and
-    every row keeps at least one token of its own)."""
-    keys: dict = {}
-    for i, g in enumerate(groups):
-        keys.setdefault(g, []).append(i)
-    pieces, owner, group = [], [], []
-    rows: list[list[int]] = [[] for _ in lengths]
-    at = 0
-    for gi, members in enumerate(keys.values()):
-        p = min(min(shared[i] for i in members), min(lengths[i] for i in members) - 1) if len(members) > 1 else 0
-        p = max(0, p)
-        if p:
-            pieces.append((members[0], 0, p))
-            owner += [-1 - gi] * p
-            group += [gi] * p
-            for i in members:
-                rows[i] += range(at, at + p)
-            at += p
-        for i in members:
-            n = lengths[i] - p
-            pieces.append((i, p, lengths[i]))
-            owner += [i] * n
-            group += [gi] * n
-            rows[i] += range(at, at + n)
-            at += n
-    total = round_up(at, bucket)
-    owner += [PAD_OWNER] * (total - at)
-    group += [-1] * (total - at)
-    return Plan(pieces=pieces, total=total, real=at, rows=rows, owner=owner, group=group,
-                width=round_up(max(lengths), bucket))
-
-
-def pack(plan_: Plan, rows: list[torch.Tensor], fill) -> torch.Tensor:
-    """(total, ...) tensor: the rows' slices in packed order (rows: (L_i, ...) each; dim 0 = tokens),
-    then `fill` up to the bucketed length."""
-    parts = [rows[i][a:b] for i, a, b in plan_.pieces]
-    pad = plan_.total - plan_.real
-    if pad:
-        first = rows[0]
-        parts.append(torch.full((pad, *first.shape[1:]), fill, dtype=first.dtype, device=first.device))
-    return torch.cat(parts, dim=0)
-
-
-def packed_mask(plan_: Plan, device, dtype: torch.dtype, boolean: bool) -> torch.Tensor:
-    """(1, 1, S, S): token a sees token b <= a of its own row, or of its encoding's shared prefix (pad
-    tokens see the earlier pad tokens). Boolean (True = attend) for SDPA, else additive in `dtype`."""
-    owner = torch.tensor(plan_.owner, dtype=torch.long, device=device)
-    group = torch.tensor(plan_.group, dtype=torch.long, device=device)
-    idx = torch.arange(plan_.total, device=device)
-    causal = idx[None, :] <= idx[:, None]
-    prefix = (owner < 0) & (owner != PAD_OWNER)
-    seen = (owner[:, None] == owner[None, :]) | (prefix[None, :] & (group[:, None] == group[None, :]))
-    allowed = (causal & seen)[None, None]
-    if boolean:
-        return allowed
-    zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)
-
-
-def gather_index(plan_: Plan, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B * W,) packed index of each cache slot of the left-padded (B, W) cache (a pad slot repeats its
-    row's first token, masked anyway), the (B, W) long mask of real slots, and (B,) each row's last
-    token in the packed sequence."""
-    w = plan_.width
-    idx, mask, last = [], [], []
-    for r in plan_.rows:
-        idx += [r[0]] * (w - len(r)) + r
-        mask += [0] * (w - len(r)) + [1] * len(r)
-        last.append(r[-1])
-    b = len(plan_.rows)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-    return as_long(idx), as_long(mask).view(b, w), as_long(last)
-
-
-def row_sees(plan_: Plan, mask: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """(B, S) what each row's generated tokens see of the packed prefill: its last token's row of the
-    4-D prefill `mask` (its own tokens and its encoding's shared prefix; pad tokens never)."""
-    return mask[0, 0].index_select(0, last)
-
-
-class PackedSteps:
-    """The decoding steps of B rows on the packed prefill's own cache (no per-row copy of it): step n
-    appends the rows' n-th tokens as B more positions of the one sequence; row i's token sees its
-    row's prefill columns (`row_sees`) and its own earlier tokens (column S + B * m + i, m <= n).
-    The cache then holds the rows' own tokens plus B per step, instead of B rows padded to the
-    longest (6 x 591 positions at LLaVA-1.5's shape for one view), and nothing is gathered after
-    the prefill. `next_mask()` is the (1, 1, B, S + B (n + 1)) mask of the next step n, boolean
-    (SDPA) or additive in `dtype`; steps run in order."""
-
-    def __init__(self, sees: torch.Tensor, boolean: bool, dtype: torch.dtype):
-        self.allowed = sees if sees.dtype == torch.bool else sees == 0  # (B, S)
-        self.eye = torch.eye(int(sees.shape[0]), dtype=torch.bool, device=sees.device)
-        self.boolean, self.dtype = boolean, dtype
-
-    def next_mask(self) -> torch.Tensor:
-        self.allowed = torch.cat([self.allowed, self.eye], dim=1)
-        allowed = self.allowed[None, None]
-        if self.boolean:
-            return allowed
-        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(self.dtype).min)
-
-
-def packable(model, gen_config=None) -> bool:
-    """False when the decoder has sliding-window layers (a packed sequence is longer than any row)."""
-    text = model.config.get_text_config()
-    types = getattr(text, "layer_types", None) or []
-    return not any("sliding" in str(t) for t in types) and not getattr(text, "use_sliding_window", False)
-
-
-def batched_cache(prefill_cache, index: torch.Tensor, n_rows: int, width: int, cache):
-    """Write each layer's packed keys / values (1, H, S, D), gathered per row at `index` (B * W,), into
-    `cache` (an empty DynamicCache or StaticCache) as its first W slots; returns `cache`."""
-    for i, layer in enumerate(prefill_cache.layers):
-        k, v = layer.keys[0], layer.values[0]  # (H, S, D)
-        k = k.index_select(1, index).view(k.shape[0], n_rows, width, k.shape[-1]).transpose(0, 1)
-        v = v.index_select(1, index).view(v.shape[0], n_rows, width, v.shape[-1]).transpose(0, 1)
-        cache.update(k.contiguous(), v.contiguous(), i)
-    return cache
-
-
-def sdpa(model) -> bool:
-    """Whether the text model attends through SDPA (boolean masks) rather than an additive mask."""
-    return getattr(model.config.get_text_config(), "_attn_implementation", "sdpa") == "sdpa"
-
-
-__all__ = ["COMPILE", "PackedSteps", "Plan", "batched_cache", "compiled", "gather_index", "greedy", "greedy_supported", "pack",
-           "packable", "packed_mask", "plan", "row_sees", "sdpa", "static_cache", "STATIC_CACHES"]
+__all__ = ["COMPILE", "STATIC_CACHES", "compiled", "greedy", "greedy_supported", "static_cache"]
 
 
 # ----------------------------------------------------------------------------------------------
-# greedy decoding after a packed prefill (the LLaVA family; Qwen keeps its own loop)
+# greedy decoding after a prefill (every family)
 
 # generation-config fields that add logits processors in `generate`; a model whose config sets one
 # answers through `generate` itself (`greedy_supported`)
@@ -220,7 +44,7 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
            slots: int | None = None) -> tuple[list[list[int]], float]:
     """Greedy tokens (B rows, up to `max_new_tokens`) after a prefill whose last-row logits are
     `first_logits` (B, V); `step(tokens (B,), mask (B, W + t))` runs one decoding step and returns
-    its logits (B, V) (`mask` None: the step keeps its own mask, `PackedSteps`, and gets None). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
+    its logits (B, V). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
     `procs` (callables (generated (B, t), scores (B, V)) -> scores) applied after, finished rows fed
     `pad_id`, one host sync a step (the stop check). `slots`: a static cache of that many slots, the
     mask then has its width from the start (zeros for slots not written yet: one shape every step,
