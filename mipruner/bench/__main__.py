@@ -13,6 +13,7 @@ COMMANDS = {
     "prefill": ("mipruner.bench.prefill", "vision encode, prefill at keep 100/50/25/10%, pruning overhead"),
     "efficiency": ("mipruner.bench.efficiency", "end-to-end latency + peak memory per method x budget (incl. fastv, dart)"),
     "gpu": ("mipruner.bench.gpu", "paper protocol at LLaVA-1.5/NeXT-7B shapes: batch-1 latency vs plain generate, items/s at batch 1/8/32"),
+    "rows": ("mipruner.bench.rows", "a batch of unpruned rows: the decoding engine vs generate on the same batch, interleaved"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "gpu-check": ("mipruner.bench.gpu_check", "GPU acceptance: every family x media x method x 2 budgets + keep-all anchor, "

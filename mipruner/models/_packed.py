@@ -7,11 +7,9 @@ the static caches of the last STATIC_CACHES shapes.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 
-__all__ = ["COMPILE", "STATIC_CACHES", "compiled", "greedy", "greedy_supported", "static_cache"]
+__all__ = ["COMPILE", "RECOMPILE_LIMIT", "STATIC_CACHES", "compiled", "greedy", "greedy_supported", "static_cache"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,6 +89,7 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
 # ----------------------------------------------------------------------------------------------
 # the compiled path (`DecodePath(compile=True)`)
 
+RECOMPILE_LIMIT = 64  # shapes one compiled function may take (the fixed buckets: rows x widths)
 COMPILE = {"dynamic": False}  # torch.compile arguments of the compiled prefill and step (tests set a backend)
 
 
@@ -101,14 +100,17 @@ def compiled(adapter, name: str, fn):
     names a backend."""
     if adapter.device.type != "cuda" and "backend" not in COMPILE:
         return fn  # as `generate` does: no compiling off CUDA unless a backend is named (tests)
-    key = f"_compiled_{name}"
-    held = getattr(adapter, key, None)
+    state = adapter.decode_state
+    held = state.compiled.get(name)
     if held is None or held[0] is not adapter.model:
         kw = dict(COMPILE)
         if adapter.device.type == "cuda" and "backend" not in kw:
             kw.setdefault("mode", "reduce-overhead")
+        # one graph per shape of the fixed set (`common/decode.py`): dynamo's default limit (8) would
+        # silently send the ninth shape to eager
+        torch._dynamo.config.recompile_limit = max(int(torch._dynamo.config.recompile_limit), RECOMPILE_LIMIT)
         held = (adapter.model, torch.compile(fn, **kw))
-        setattr(adapter, key, held)
+        state.compiled[name] = held
     return held[1]
 
 
@@ -122,9 +124,7 @@ def static_cache(adapter, batch: int, length: int):
     dropped): the app alternates between a view's rows and a slider move's rows, each reusing its own."""
     from transformers import StaticCache
 
-    held = getattr(adapter, "_packed_static_caches", None)
-    if held is None:
-        held = adapter._packed_static_caches = OrderedDict()
+    held = adapter.decode_state.caches
     key = (int(batch), int(length))
     cache = held.pop(key, None)
     if cache is not None:

@@ -220,6 +220,14 @@ class Adapter(abc.ABC):
 
     family: str = ""
 
+    @functools.cached_property
+    def decode_state(self):
+        """This adapter's decoding state (`common.state.DecodeState`: compiled functions, static caches,
+        the compiled path's shapes), made on first use."""
+        from .common.state import DecodeState
+
+        return DecodeState()
+
     @classmethod
     @abc.abstractmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None,

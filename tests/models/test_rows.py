@@ -72,8 +72,7 @@ def compiled_path(adapter, monkeypatch):
         yield counter
     finally:
         adapter.decode_path = PLAIN
-        for name in [k for k in vars(adapter) if k.startswith("_compiled_")]:
-            delattr(adapter, name)
+        adapter.decode_state.compiled.clear()
         torch._dynamo.reset()
 
 
@@ -239,9 +238,9 @@ def test_static_caches_are_kept_per_shape(embedded):
         others = [P.static_cache(a, 1, 64 * (i + 2)) for i in range(P.STATIC_CACHES - 1)]
         assert P.static_cache(a, 4, 64) is move  # still held: the most recent shapes
         assert P.static_cache(a, 5, 64) is not view  # the least recently used was dropped
-        assert len(a._packed_static_caches) == P.STATIC_CACHES and others
+        assert len(a.decode_state.caches) == P.STATIC_CACHES and others
     finally:
-        a.__dict__.pop("_packed_static_caches", None)
+        a.decode_state.caches.clear()
 
 
 def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch):

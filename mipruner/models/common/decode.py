@@ -41,6 +41,11 @@ def decode(adapter, spec: R.Rows, max_new_tokens: int, path, eos: list[int], pro
     slots = None
     if path.static_cache:
         slots = static_slots(width, max_new_tokens, path.bucket)
+    if path.compile:
+        state = adapter.decode_state
+        for g, w in zip(R.groups(spec.lengths, path.bucket), widths):
+            state.saw("prefill", (R.batch_bucket(len(g)), w))
+        state.saw("step", (len(order), slots if slots is not None else width))
         cache = R.join(caches, widths, counts, width, P.static_cache(adapter, len(order), slots), select)
     elif len(caches) == 1 and identity:
         cache = caches[0]  # one group in the rows' order: its cache as it is, as `generate` has it
