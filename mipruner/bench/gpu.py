@@ -265,6 +265,15 @@ def _methods(text: str) -> list[tuple[str, dict]]:
     return [parse_method(m) for m in names if m != "none"]
 
 
+def compile_counts(adapter) -> dict:
+    """The compiled path's counts: graphs dynamo compiled in this process (`torch._dynamo.utils.counters`
+    "stats"/"unique_graphs") and, per compiled function, how many (rows, width) buckets it ran
+    (`adapter.decode_state`)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]), "buckets": adapter.decode_state.counts()}
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m mipruner.bench gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -326,6 +335,9 @@ def main(argv=None) -> list[dict]:
         print(f"memory: {PeakMemory(device).kind}\n\nbatch 1\n{format_latency(latency)}")
         if throughput:
             print(f"\nitems per second\n{format_throughput(throughput)}")
+        compiles = compile_counts(ad)
+        print(f"\ncompiled path: {compiles['graphs']} graphs compiled; shapes run {compiles['buckets']}")
+        out.append(dict(compiles, shape=shape, kind="compiles"))
         out += [dict(r, shape=shape, kind="latency") for r in latency]
         out += [dict(r, shape=shape, kind="throughput") for r in throughput]
         del ad
