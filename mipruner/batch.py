@@ -16,7 +16,7 @@ Falls back to one-by-one `mipruner.answer`:
   * in-LLM selections (stage "llm": FastV, DART) answer through their own layer loop, which prunes
     at layer K and reuses the per-encoding prefix in `cache`; batching them would need one padded
     prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
-  * adapters without `generate_batch` (e.g. the dummy adapter).
+  * adapters that declare no batched decoder (`Adapter.batch_decoding` False, e.g. the dummy adapter).
 
 The prefill runs the rows as padded batches grouped by length (`mipruner/models/common/rows.py`): one
 view's six answers make the LLM process the rows' own lengths, with no mask over the whole batch.
@@ -40,6 +40,11 @@ from .pruners.selection import Selection
 from .pruners.signals import Signals, encode_kwargs
 
 MAX_BATCH = 32  # rows per forward: more are split into several batches
+
+
+def _batches(adapter) -> bool:
+    """Whether the adapter declares a batched decoder (`Adapter.batch_decoding`)."""
+    return bool(getattr(adapter, "batch_decoding", False))
 
 
 def _in_llm(selection: Selection | None) -> bool:
@@ -72,7 +77,7 @@ def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | Non
     """
     selections = list(selections)
     answers: list[Answer | None] = [None] * len(selections)
-    batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
         got = _batched(adapter, [(encoded, selections[i]) for i in batchable], max_new_tokens, max_batch, gen)
         for i, a in zip(batchable, got):
@@ -106,7 +111,7 @@ def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, m
     items, as batches of `max_batch` rows. In-LLM selections answer one by one (no shared cache)."""
     rows = list(rows)
     answers: list[Answer | None] = [None] * len(rows)
-    batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
         for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], max_new_tokens, max_batch, gen)):
             answers[i] = a
@@ -137,7 +142,7 @@ def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, com
     path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
     from .models._decode_path import DecodePath
 
-    if not hasattr(adapter, "generate_batch"):
+    if not _batches(adapter):
         raise ValueError(f"the {getattr(adapter, 'family', '') or type(adapter).__name__!r} adapter has no "
                          "batched decoder: it only decodes on the plain path")
     adapter.decode_path = DecodePath(bucket=int(bucket), static_cache=bool(static_cache), compile=bool(compile))

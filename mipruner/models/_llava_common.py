@@ -102,6 +102,7 @@ class LlavaFamilyAdapter(Adapter):
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
     decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
+    batch_decoding = True  # `generate_batch`: the decoding engine
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
                  positions: str = "compact"):

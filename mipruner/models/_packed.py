@@ -39,14 +39,15 @@ def greedy_supported(model, gen: dict) -> bool:
 
 def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos: list[int],
            procs: list, min_new_tokens: int = 0, pad_id: int = 0,
-           slots: int | None = None) -> tuple[list[list[int]], float]:
+           slots: int | None = None, on_first=None) -> tuple[list[list[int]], float]:
     """Greedy tokens (B rows, up to `max_new_tokens`) after a prefill whose last-row logits are
     `first_logits` (B, V); `step(tokens (B,), mask (B, W + t))` runs one decoding step and returns
     its logits (B, V). As `generate` does: EOS masked while fewer than `min_new_tokens` are out, the
     `procs` (callables (generated (B, t), scores (B, V)) -> scores) applied after, finished rows fed
     `pad_id`, one host sync a step (the stop check). `slots`: a static cache of that many slots, the
     mask then has its width from the start (zeros for slots not written yet: one shape every step,
-    as `generate` gives its compiled step). Returns (token rows, time of the first token)."""
+    as `generate` gives its compiled step). `on_first()`: called once the first token is picked.
+    Returns (token rows, time of the first token)."""
     import time
 
     n_rows = first_logits.shape[0]
@@ -67,6 +68,8 @@ def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = time.perf_counter()
+    if on_first is not None:
+        on_first()
     tokens = [token]
     done = torch.isin(token, eos_t)
     width = 0 if mask is None else int(mask.shape[1])

@@ -219,6 +219,7 @@ class Adapter(abc.ABC):
     """
 
     family: str = ""
+    batch_decoding: bool = False  # whether `generate_batch` answers several (encoding, keep) rows as one batch
 
     @functools.cached_property
     def decode_state(self):

@@ -42,6 +42,7 @@ class Qwen2VLAdapter(Adapter):
     qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
     decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
+    batch_decoding = True  # `generate_batch`: the decoding engine
     device = property(lambda self: self.model.device)  # where the model runs (`_packed.compiled` reads it)
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
