@@ -6,7 +6,7 @@
 The kept sets differ in length: each row is the prompt its unbatched answer sees (the same
 `inputs_embeds` / `input_ids`, the same explicit positions: LLaVA "compact" / "original", Qwen's
 M-RoPE positions gathered per row and its decoding start per row, Qwen3-VL's deepstack rows per
-row), left-padded to the longest with masked pad columns (`mipruner/models/_batch_llava.py`,
+row), left-padded to the longest with masked pad columns (`mipruner/models/common/embeds_rows.py`,
 `qwen/batch.py`). Greedy tokens equal the one-by-one answers except where two logits of a step
 are within float rounding of each other (a batched, masked forward is not bit-identical to an
 unbatched one); tests/models/test_batch_*.py assert equality at every step whose one-by-one top-2
@@ -138,9 +138,9 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
 
 
 def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
-    """Set the adapter's decoding path (`mipruner/models/_decode_path.py`): all zero/False is the plain
+    """Set the adapter's decoding path (`mipruner/models/common/path.py`): all zero/False is the plain
     path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
-    from .models._decode_path import DecodePath
+    from .models.common.path import DecodePath
 
     if not _batches(adapter):
         raise ValueError(f"the {getattr(adapter, 'family', '') or type(adapter).__name__!r} adapter has no "

@@ -57,7 +57,7 @@ def warm_up(adapter, lock: threading.Lock, media, prompt: str, methods, budget, 
     each under `lock`, then switch `adapter` to it. `on_batch(i, n, what)` before each batch. Returns the
     number of batches; what fails raises with the adapter's path unchanged."""
     from .batch import use_decode_path
-    from .models._decode_path import DecodePath
+    from .models.common.path import DecodePath
 
     target = DecodePath(**path)
     with lock:

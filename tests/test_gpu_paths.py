@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mipruner
 from mipruner import inllm
 from mipruner.batch import answer_batch, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 
 from .conftest import TEST_DEVICE
 from .models import tester_models
@@ -82,12 +82,12 @@ def test_the_compiled_qwen_step_compiles_once(paths, monkeypatch):
     compiled too: one graph per (rows, width) bucket of its groups, counted apart.)"""
     from torch._dynamo.testing import CompileCounter
 
-    from mipruner.models import _packed as P
+    from mipruner.models.common import greedy as P
     from mipruner.models.common import rows as R
 
     ad, enc = _load(paths, "qwen2_vl")
     counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `_packed.compiled` passes to torch.compile
+    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `common/greedy.compiled` passes to torch.compile
     torch._dynamo.reset()
     use_decode_path(ad, bucket=16, static_cache=True, compile=True)
     full = int(enc.state["input_ids"].numel())
@@ -151,7 +151,7 @@ def test_left_padded_batches_under_the_math_kernel_in_bf16(paths, fam):
     ad, enc = _load(paths, fam, torch.bfloat16)
     rows = [None, torch.arange(3), torch.arange(enc.n_visual - 5, enc.n_visual)]  # pads of 2 lengths
     if fam == "llava":
-        from mipruner.models._batch_llava import batch_inputs
+        from mipruner.models.common.embeds_rows import batch_inputs
 
         b = batch_inputs(ad, [(enc, r) for r in rows], None, 16)
         inputs = dict(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],

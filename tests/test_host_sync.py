@@ -27,7 +27,7 @@ import torch
 import mipruner
 from mipruner.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 from mipruner.pruners import Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 from mipruner.pruners import mi as mi_mod
 from mipruner.testing import tensor_inputs

@@ -6,7 +6,7 @@ and the Llama's depth and width set by the options, the real 7B shape by default
 `--batch` items gets its own image and one of four prompts; all rows are unpruned. Per repeat, in
 alternating order: `generate` (inputs_embeds left-padded to the longest row, the 2-D mask, explicit
 positions, greedy, dynamic cache: what a user batching the model runs) and ours
-(`mipruner.models._batch_llava.engine_rows`, the plain path). Reported: both medians, their ratio (ours /
+(`mipruner.models.common.embeds_rows.engine_rows`, the plain path). Reported: both medians, their ratio (ours /
 generate: <= 1 is faster), the answers' agreement, and memory: on CUDA each one's peak allocated memory;
 off CUDA the largest tensor any op returns (the quadratic term a packed (S, S) mask used to add).
 """
@@ -43,8 +43,8 @@ def _largest(fn) -> tuple[object, int]:
 def main(argv=None) -> int:
     from PIL import Image
 
-    from mipruner.models._batch_llava import batch_inputs, engine_rows
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.models.common.embeds_rows import batch_inputs, engine_rows
+    from mipruner.models.common.path import PLAIN
     from mipruner.models.llava.random_weights import build_random_llava
 
     ap = argparse.ArgumentParser(prog="python -m mipruner.bench rows", description=__doc__.splitlines()[0])

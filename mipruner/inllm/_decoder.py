@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from ..models._packed import greedy as engine_greedy
+from ..models.common.greedy import greedy as engine_greedy
 
 from ._probe import last_token_attention
 from ._prompt import Prompt

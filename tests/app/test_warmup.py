@@ -1,5 +1,5 @@
 """The compiled path's warm-up at start-up (components/warmup.py) on the embedded model: it compiles the
-shapes of the first views (backend: dynamo's CompileCounter, set in `_packed.COMPILE`, which runs the
+shapes of the first views (backend: dynamo's CompileCounter, set in `common/greedy.COMPILE`, which runs the
 captured graphs eagerly), says so while it warms and then that it is ready, switches the model to the
 compiled path only at the end, and a visitor's first views then compile nothing new and answer as the
 plain path does (tie rule); a failure leaves the plain path with one sentence; the flag's choice."""
@@ -15,8 +15,8 @@ from components.logic import AppLogic
 from components.settings import DEFAULT_METHODS, Settings
 import mipruner
 from components.warmup import COMPILED, WarmUp, compile_choice
-from mipruner.models import _packed as P
-from mipruner.models._decode_path import PLAIN, DecodePath
+from mipruner.models.common import greedy as P
+from mipruner.models.common.path import PLAIN, DecodePath
 from tests.models.batch_check import compare, one_by_one
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")

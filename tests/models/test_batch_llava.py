@@ -10,7 +10,7 @@ import torch
 import mipruner
 from mipruner.media import Video
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 from mipruner.pruners import Selection
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
@@ -167,7 +167,7 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
 
 
 def test_decode_path_checks():
-    from mipruner.models._decode_path import DecodePath, round_up, trim_at_eos
+    from mipruner.models.common.path import DecodePath, round_up, trim_at_eos
     from mipruner.models.dummy import DummyAdapter
 
     assert round_up(65, 64) == 128 and round_up(64, 64) == 64 and round_up(7, 0) == 7

@@ -12,7 +12,7 @@ import torch
 import mipruner
 import mipruner.models
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.models import _packed as P
-from mipruner.models._batch_llava import rows_spec
+from mipruner.models.common import greedy as P
+from mipruner.models.common.embeds_rows import rows_spec
 from mipruner.models.common import rows as R
 from mipruner.testing import embedded_encoding
 
@@ -57,12 +57,12 @@ class FirstLayerRows:
 @contextlib.contextmanager
 def compiled_path(adapter, monkeypatch):
     """The adapter on `DecodePath(bucket=64, static_cache=True, compile=True)` with dynamo's CompileCounter as
-    `_packed.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
+    `common/greedy.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
     yields the counter; afterwards the plain path, no compiled function kept, dynamo's caches reset."""
     from torch._dynamo.testing import CompileCounter
 
     from mipruner.batch import use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.models.common.path import PLAIN
 
     counter = CompileCounter()
     monkeypatch.setitem(P.COMPILE, "backend", counter)
@@ -145,7 +145,7 @@ def test_the_prefill_compiles_once_per_bucket(embedded):
 
 def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch):
     """`DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go through
-    `torch.compile` (backend: CompileCounter, set in `_packed.COMPILE`); two kept counts of one bucket
+    `torch.compile` (backend: CompileCounter, set in `common/greedy.COMPILE`); two kept counts of one bucket
     capture one prefill graph and one step graph (the step: one shape at every step), and the answers
     are the plain path's (tie rule)."""
     from .batch_check import compare
@@ -207,7 +207,7 @@ def test_qwen_prefill_compiles_once_per_bucket(qwen, kind):
 @pytest.mark.parametrize("kind", QWEN)
 def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
     """Qwen on `DecodePath(bucket, static_cache, compile)`: the prefill and the decoding step go through
-    `_packed.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
+    `common/greedy.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
     prefill graph per (rows, width) bucket and one step graph, and the answers are the plain path's
     (tie rule)."""
     from mipruner.batch import answer_batch
@@ -245,7 +245,7 @@ def test_static_caches_are_kept_per_shape(embedded):
 
 def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch):
     """On the compiled path an encoding that records nothing (no attention, no signal: e.g. MI's) runs
-    the vision tower through `_packed.compiled` (backend: CompileCounter): two images capture once, the
+    the vision tower through `common/greedy.compiled` (backend: CompileCounter): two images capture once, the
     tokens equal the eager tower's; an encoding that records attention runs the eager tower with its
     hooks (nothing captured)."""
     from PIL import Image

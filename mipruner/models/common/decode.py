@@ -1,6 +1,6 @@
 """One batch of rows decoded greedily: the grouped padded prefill (`rows.py`), the rows' caches joined
-(or written into a static cache), then the one greedy loop (`_packed.greedy`), on the plain path or
-compiled (`_packed.compiled`). Families call `decode` with their `rows.Rows`; nothing here knows a family.
+(or written into a static cache), then the one greedy loop (`common/greedy.greedy`), on the plain path or
+compiled (`common/greedy.compiled`). Families call `decode` with their `rows.Rows`; nothing here knows a family.
 
 On the compiled path every forward sees shapes from a fixed set: the prefill (rows padded to a power of
 two by repeating a row, width bucketed), the step (rows padded the same way, a static cache of
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _packed as P
+from . import greedy as P
 from . import rows as R
 
 

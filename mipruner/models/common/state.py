@@ -1,5 +1,5 @@
 """An adapter's decoding state, declared in one object (`Adapter.decode_state`): the compiled prefill,
-step and tower (`_packed.compiled`), the static caches (`_packed.static_cache`) and the shapes the
+step and tower (`common/greedy.compiled`), the static caches (`common/greedy.static_cache`) and the shapes the
 compiled path has run, per function (a bounded set: the warm-up's fixed buckets)."""
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .._decode_path import PLAIN, DecodePath, eos_ids, trim_at_eos
+from ..common.path import PLAIN, DecodePath, eos_ids, trim_at_eos
 from ..base import Answer, Encoded, keep_indices
 from ..common import rows as R
 from ..common.decode import decode

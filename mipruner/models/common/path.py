@@ -3,7 +3,7 @@ cache, optionally `torch.compile`), and what the batched decoders share.
 
 `DecodePath()` is the plain path: `adapter.generate` is exactly what it was (one prompt, dynamic
 KV cache, nothing padded). Any other `DecodePath` sends every answer, batched or not, through
-the family's batched decoder (`_batch_llava`, `qwen/batch.py`) with:
+the family's batched decoder (`common/embeds_rows.py`, `qwen/batch.py`) with:
 
   bucket        prompt lengths left-padded up to a multiple of `bucket` (masked pad columns), and
                 the static cache sized to a multiple of it, so that kept-token counts fall into a
@@ -14,7 +14,7 @@ the family's batched decoder (`_batch_llava`, `qwen/batch.py`) with:
   static_cache  a preallocated `StaticCache` (LLaVA family: `generate(cache_implementation=
                 "static", max_cache_len=...)`; Qwen: our greedy loop over a `StaticCache`);
   compile       the packed prefill (its length padded to the bucket) and the decoding step through
-                `torch.compile` (`_packed.compiled`: CUDA graphs on CUDA), LLaVA family and Qwen
+                `torch.compile` (`common/greedy.compiled`: CUDA graphs on CUDA), LLaVA family and Qwen
                 alike (where the LLaVA family falls back to `generate`, transformers compiles its
                 static-cache step on CUDA). Off by default: compiling takes tens of seconds per
                 new shape.

@@ -9,7 +9,7 @@ every row's `position_ids` passed explicitly (pads at 0, never attended); `gener
 continues each row's positions by last + 1 per new token, as it does unbatched. Rows may come
 from different encodings (a batch of items) or from one (several selections of one image).
 
-Where our greedy loop decodes what `generate` would for the arguments (`_packed.greedy_supported`),
+Where our greedy loop decodes what `generate` would for the arguments (`common/greedy.greedy_supported`),
 the rows run through the decoding engine (`common/decode.py`): prefilled as padded batches grouped
 by length (`common/rows.py`: no row pays for a much longer row's padding, no (S, S) mask), decoded
 as one batch; compiled on `DecodePath(compile=True)` (shapes from a fixed set of buckets). Other
@@ -26,11 +26,11 @@ import time
 
 import torch
 
-from . import _packed as P
-from ._decode_path import PLAIN, DecodePath, PrefillTimer, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
-from .common import rows as R
-from .common.decode import decode, static_slots
-from .base import Answer, Encoded
+from . import greedy as P
+from .path import PLAIN, DecodePath, PrefillTimer, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
+from . import rows as R
+from .decode import decode, static_slots
+from ..base import Answer, Encoded
 
 
 def batch_inputs(adapter, rows: list[tuple[Encoded, object]], positions: str | None = None,
