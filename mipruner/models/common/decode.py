@@ -39,13 +39,13 @@ def decode(adapter, spec: R.Rows, max_new_tokens: int, path, eos: list[int], pro
         first, mask = first.index_select(0, select), mask.index_select(0, select)
     width = int(mask.shape[1])
     slots = None
-    if path.static_cache:
-        slots = static_slots(width, max_new_tokens, path.bucket)
-    if path.compile:
+    if path.compile:  # the shapes the compiled functions run (`warm_up` compiles the fixed set of them)
         state = adapter.decode_state
         for g, w in zip(R.groups(spec.lengths, path.bucket), widths):
             state.saw("prefill", (R.batch_bucket(len(g)), w))
-        state.saw("step", (len(order), slots if slots is not None else width))
+        state.saw("step", (len(order), static_slots(width, max_new_tokens, path.bucket) if path.static_cache else width))
+    if path.static_cache:
+        slots = static_slots(width, max_new_tokens, path.bucket)
         cache = R.join(caches, widths, counts, width, P.static_cache(adapter, len(order), slots), select)
     elif len(caches) == 1 and identity:
         cache = caches[0]  # one group in the rows' order: its cache as it is, as `generate` has it

@@ -29,12 +29,9 @@ from typing import Callable
 
 import torch
 
+from .path import left_pad, round_up
+
 RATIO = 0.8  # on the plain path a row joins a group while its length is >= RATIO x the group's longest
-
-
-def round_up(n: int, multiple: int) -> int:
-    """`n` rounded up to a multiple of `multiple` (unchanged when multiple <= 0)."""
-    return n if multiple <= 0 else -(-int(n) // multiple) * multiple
 
 
 def batch_bucket(n: int) -> int:
@@ -72,23 +69,11 @@ class Rows:
     step_positions: Callable[[torch.Tensor], torch.Tensor]
 
 
-def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows (L_i, ...) -> (B, width, ...) right-aligned, the rest `fill`, and the (B, width) long
-    mask of real columns. Tensors are made on the rows' device with their dtype."""
-    first = rows[0]
-    out = torch.full((len(rows), width, *first.shape[1:]), fill, dtype=first.dtype, device=first.device)
-    mask = torch.zeros(len(rows), width, dtype=torch.long, device=first.device)
-    for i, r in enumerate(rows):
-        n = int(r.shape[0])
-        out[i, width - n:] = r
-        mask[i, width - n:] = 1
-    return out, mask
-
-
 def join(caches: list, widths: list[int], counts: list[int], width: int, cache, select: torch.Tensor | None = None):
     """Write the groups' caches (first `counts[g]` rows of each, (n, H, widths[g], D) per layer) into
     `cache` (an empty DynamicCache or StaticCache) as one left-padded (B, H, width, D) block per layer,
-    rows in group order (then `select`: a row index, e.g. repeating a row to fill a compiled shape)."""
+    rows in group order (then `select`: a row index, e.g. repeating a row to fill a compiled shape). The
+    groups' caches are emptied layer by layer as they are copied (they are the caller's to drop)."""
     import torch.nn.functional as F
 
     for i in range(len(caches[0].layers)):
@@ -97,6 +82,7 @@ def join(caches: list, widths: list[int], counts: list[int], width: int, cache, 
             layer = c.layers[i]
             ks.append(F.pad(layer.keys[:n], (0, 0, width - w, 0)))
             vs.append(F.pad(layer.values[:n], (0, 0, width - w, 0)))
+            layer.keys = layer.values = None  # the group's layer is copied: free it (peak ~ the joined cache)
         k, v = torch.cat(ks), torch.cat(vs)
         if select is not None:
             k, v = k.index_select(0, select), v.index_select(0, select)
