@@ -2,24 +2,20 @@
 static_cache=True, compile=True)` (`mipruner.batch.use_decode_path`) once the shapes of the app's
 first views have compiled.
 
-A compiled prefill or decoding step is specialised to its shapes (the packed length's bucket and the
-batch size; the step also to its static cache's size), and compiling one takes tens of seconds on a GPU.
-So at start-up, before a visitor asks, `WarmUp.run` has the engine (`Engine.warm_up`) encode the
-gallery's first example with its prompt and answer, on the compiled path, the batches the first
-views ask for:
-
-  1. the default view: the unpruned answer and the default methods' at the default budget, one batch;
-  2. a slider move: the default methods alone (the unpruned answer is cached by then);
-  3. one unpruned answer;
-
-each at the app's answer length (`--max-new-tokens`): one prefill shape and one step shape each.
+A compiled prefill or decoding step is specialised to its shapes (rows padded to a power of two, the
+width to the bucket; the step also to its static cache's size), and compiling one takes tens of seconds
+on a GPU. So at start-up, before a visitor asks, `WarmUp.run` has the engine (`Engine.warm_up`, i.e.
+`mipruner.warm_up`) encode the gallery's first example with its prompt and answer, on the compiled
+path, the batches the first views ask for (the default view, a slider move, one unpruned answer) and
+then one batch per shape of the fixed set: every row count up to the view's and every width bucket up
+to the example's unpruned prompt plus one bucket, at the app's answer length (`--max-new-tokens`).
 The warm-up is the model's, not a session's: its encoding is its own and is dropped afterwards.
 Until it is done the adapter stays on the plain path, so requests arriving meanwhile answer there
 (they wait only while one batch of the warm-up holds the model: `Engine.model_lock`); then the
 decode path is switched under the model lock. Each step is published (`message`, read by the page's
 status line and the encode status), and a failure leaves the plain path with one sentence: the app
-never stops for it. Other shapes (another budget's bucket, another prompt length) compile on their
-first request; models loaded after start-up answer on the plain path.
+never stops for it. A prompt longer than the warmed widths compiles on its first request; models loaded
+after start-up answer on the plain path.
 """
 from __future__ import annotations
 
@@ -77,7 +73,7 @@ class WarmUp:
                         "answers run on the plain path meanwhile.")
             if self.state == "ready":
                 return (f"The compiled path is warm ({self.total} answer shapes compiled in {self.seconds:.0f} s); "
-                        "answers at other lengths compile on their first request.")
+                        "longer prompts compile on their first request.")
             return f"The compiled path's warm-up failed ({self.why}), so answers run on the plain path."
 
     def note(self) -> str:

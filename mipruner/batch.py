@@ -6,7 +6,7 @@
 The kept sets differ in length: each row is the prompt its unbatched answer sees (the same
 `inputs_embeds` / `input_ids`, the same explicit positions: LLaVA "compact" / "original", Qwen's
 M-RoPE positions gathered per row and its decoding start per row, Qwen3-VL's deepstack rows per
-row), left-padded to the longest with masked pad columns (`mipruner/models/_batch_llava.py`,
+row), left-padded to the longest with masked pad columns (`mipruner/models/common/embeds_rows.py`,
 `qwen/batch.py`). Greedy tokens equal the one-by-one answers except where two logits of a step
 are within float rounding of each other (a batched, masked forward is not bit-identical to an
 unbatched one); tests/models/test_batch_*.py assert equality at every step whose one-by-one top-2
@@ -16,10 +16,10 @@ Falls back to one-by-one `mipruner.answer`:
   * in-LLM selections (stage "llm": FastV, DART) answer through their own layer loop, which prunes
     at layer K and reuses the per-encoding prefix in `cache`; batching them would need one padded
     prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
-  * adapters without `generate_batch` (e.g. the dummy adapter).
+  * adapters that declare no batched decoder (`Adapter.batch_decoding` False, e.g. the dummy adapter).
 
-The prefill packs the rows instead of padding them (`mipruner/models/_packed.py`): one view's six
-answers make the LLM process the rows' own lengths, the text before the image once.
+The prefill runs the rows as padded batches grouped by length (`mipruner/models/common/rows.py`): one
+view's six answers make the LLM process the rows' own lengths, with no mask over the whole batch.
 
 Encoding: `encode_items` encodes several items with one vision-tower call per `batch` items where
 the family batches its tower (`adapter.encode_batch`): LLaVA-1.5, one image per item (its fixed-size
@@ -41,6 +41,11 @@ from .pruners.selection import Selection
 from .pruners.signals import Signals, encode_kwargs
 
 MAX_BATCH = 32  # rows per forward: more are split into several batches
+
+
+def _batches(adapter) -> bool:
+    """Whether the adapter declares a batched decoder (`Adapter.batch_decoding`)."""
+    return bool(getattr(adapter, "batch_decoding", False))
 
 
 def _in_llm(selection: Selection | None) -> bool:
@@ -74,7 +79,7 @@ def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | Non
     """
     selections = list(selections)
     answers: list[Answer | None] = [None] * len(selections)
-    batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
         got = _batched(adapter, [(encoded, selections[i]) for i in batchable], max_new_tokens, max_batch, gen)
         for i, a in zip(batchable, got):
@@ -108,7 +113,7 @@ def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, m
     items, as batches of `max_batch` rows. In-LLM selections answer one by one (no shared cache)."""
     rows = list(rows)
     answers: list[Answer | None] = [None] * len(rows)
-    batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if hasattr(adapter, "generate_batch") else []
+    batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
         for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], max_new_tokens, max_batch, gen)):
             answers[i] = a
@@ -135,11 +140,11 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
 
 
 def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
-    """Set the adapter's decoding path (`mipruner/models/_decode_path.py`): all zero/False is the plain
+    """Set the adapter's decoding path (`mipruner/models/common/path.py`): all zero/False is the plain
     path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
-    from .models._decode_path import DecodePath
+    from .models.common.path import DecodePath
 
-    if not hasattr(adapter, "generate_batch"):
+    if not _batches(adapter):
         raise ValueError(f"the {getattr(adapter, 'family', '') or type(adapter).__name__!r} adapter has no "
                          "batched decoder: it only decodes on the plain path")
     adapter.decode_path = DecodePath(bucket=int(bucket), static_cache=bool(static_cache), compile=bool(compile))

@@ -38,11 +38,13 @@ def test_tiny_run_both_shapes(tmp_path):
             assert r["items_s"] == pytest.approx(r["batch"] / r["total_ms"] * 1e3) and r["llm_items_s"] >= r["items_s"]
 
 
-def test_static_cache_path_and_flags():
+def test_static_cache_path_and_flags(capsys):
     rows = main(BASE + ["--shapes", "llava-1.5-7b", "--methods", "similarity", "--batches", "2",
                         "--batch-methods", "similarity", "--static-cache", "--bucket", "16"])
     assert [r["method"] for r in rows if r["kind"] == "latency"] == ["generate", "none", "similarity", "similarity"]
     assert all(r["new_tokens"] == 2 for r in rows)
+    # the compile and bucket counts: nothing compiled on the static path without --compile
+    assert "compiled path: 0 graphs compiled; (rows, width) buckets run per compiled function: none" in capsys.readouterr().out
     assert "gpu" in COMMANDS
     assert parse_method("mi:lam=1") == ("mi", {"lam": 1}) and parse_method("mi:lam=0.5")[1] == {"lam": 0.5}
     with pytest.raises(ValueError, match="Unknown pruner"):

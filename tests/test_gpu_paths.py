@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mipruner
 from mipruner import inllm
 from mipruner.batch import answer_batch, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 
 from .conftest import TEST_DEVICE
 from .models import tester_models
@@ -78,20 +78,22 @@ def test_the_static_cache_step_sees_one_shape(paths, fam):
 
 def test_the_compiled_qwen_step_compiles_once(paths, monkeypatch):
     """With a growing mask, a step compiled with dynamic=False recompiled at every step (5 graphs for
-    5 steps before the fix); now one graph serves every step and both budgets. (The packed prefill is
-    compiled too, since issue 33: one graph per packed length's bucket, counted apart.)"""
+    5 steps before the fix); now one graph serves every step and both budgets. (The prefill is
+    compiled too: one graph per (rows, width) bucket of its groups, counted apart.)"""
     from torch._dynamo.testing import CompileCounter
 
-    from mipruner.models import _packed as P
-    from mipruner.models.qwen.batch import packed_inputs
+    from mipruner.models.common import greedy as P
+    from mipruner.models.common import rows as R
 
     ad, enc = _load(paths, "qwen2_vl")
     counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `_packed.compiled` passes to torch.compile
+    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `common/greedy.compiled` passes to torch.compile
     torch._dynamo.reset()
     use_decode_path(ad, bucket=16, static_cache=True, compile=True)
-    buckets = {packed_inputs(ad, rows, [ad._llm_inputs(e, s) for e, s in rows], 16)["plan"].total
-               for rows in ([(enc, None), (enc, torch.arange(k))] for k in (5, 9))}
+    full = int(enc.state["input_ids"].numel())
+    buckets = set()
+    for lengths in ([full, full - enc.n_visual + k] for k in (5, 9)):
+        buckets |= {(R.batch_bucket(len(g)), R.round_up(max(lengths[i] for i in g), 16)) for g in R.groups(lengths, 16)}
     try:
         plain = [a.token_ids for a in answer_batch(ad, enc, [None, torch.arange(5)], max_new_tokens=NEW,
                                                    **ad.fixed_length_kwargs(NEW))]
@@ -149,15 +151,15 @@ def test_left_padded_batches_under_the_math_kernel_in_bf16(paths, fam):
     ad, enc = _load(paths, fam, torch.bfloat16)
     rows = [None, torch.arange(3), torch.arange(enc.n_visual - 5, enc.n_visual)]  # pads of 2 lengths
     if fam == "llava":
-        from mipruner.models._batch_llava import batch_inputs
+        from mipruner.models.common.embeds_rows import batch_inputs
 
         b = batch_inputs(ad, [(enc, r) for r in rows], None, 16)
         inputs = dict(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],
                       position_ids=b["position_ids"])
     else:
-        from mipruner.models.qwen.batch import batch_inputs
+        from mipruner.models.qwen.batch import padded_inputs
 
-        b = batch_inputs(ad, [(enc, r) for r in rows], 16)
+        b = padded_inputs(ad, [ad._llm_inputs(enc, r) for r in rows], 16 * -(-int(enc.state["input_ids"].numel()) // 16))
         inputs = {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "mm_encoder_outputs")}
     assert int((b["attention_mask"] == 0).sum()) > 0  # some queries attend to nothing but pads
     first = ad.generate(enc, max_new_tokens=1).token_ids

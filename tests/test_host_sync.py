@@ -13,8 +13,10 @@ active, whoever makes them (our code, torch, transformers).
                count is the same at every size, and small;
   answers      one short answer (fixed number of new tokens) of the plain path, the in-LLM methods,
                the app's batch and the GPU path (bucket + static cache): the same count at every
-               N_V and K; one more decoding step adds at most PER_STEP (the EOS check every greedy
-               loop makes, `generate`'s included);
+               N_V and K, up to PER_GROUP per row of a batch (rows prefill in groups of about one
+               length, padded or not: how many depends on the rows' lengths, never on N_V per se);
+               one more decoding step adds at most PER_STEP (the EOS check every greedy loop makes,
+               `generate`'s included);
   control      a method that reads one score per kept token is caught.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 import mipruner
 from mipruner.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 from mipruner.pruners import Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 from mipruner.pruners import mi as mi_mod
 from mipruner.testing import tensor_inputs
@@ -40,6 +42,7 @@ from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this modu
 SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 SELECT_MAX = 16  # syncs of one selection, whatever N_V and K (input checks, extras for the app)
 PER_STEP = 4  # syncs one more decoded token may add
+PER_GROUP = 1  # syncs a prefill group of a batch may add (transformers' check of its padded mask)
 NEW = 3
 
 
@@ -210,7 +213,8 @@ def test_an_answer_syncs_a_constant_number_of_times_per_step(syncs, models, fam,
         use_decode_path(ad, bucket=16, static_cache=True)
     try:
         counts = _at_sizes(models, fam, lambda a, enc, k: syncs.count(lambda: run(a, enc, k)))
-        assert len(set(counts.values())) == 1, counts
+        rows = 3 if what in ("batch", "gpu_path") else 0  # `_batch`'s rows: at most one prefill group each
+        assert max(counts.values()) - min(counts.values()) <= PER_GROUP * rows, counts
         enc = models[1][fam, SIZES[fam][0]]
         longer = syncs.count(lambda: run(ad, enc, 4, n=NEW + 3))
         assert longer - counts[enc.n_visual, 4] <= 3 * PER_STEP, (longer, counts)

@@ -24,7 +24,7 @@ import mipruner
 from mipruner import inllm
 from mipruner.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 from mipruner.pruners import get_pruner, list_pruners
 from mipruner.pruners import mi as mi_mod
 from mipruner.testing import low_precision_failures, select_failures

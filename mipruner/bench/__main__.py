@@ -15,6 +15,7 @@ COMMANDS = {
     "gpu": ("mipruner.bench.gpu", "paper protocol at LLaVA-1.5/NeXT-7B shapes: batch-1 latency vs plain generate, items/s at batch 1/8/32"),
     "latency": ("mipruner.bench.latency", "what a user waits for: TTFT and per-token decode at 2/32/128 new tokens vs "
                 "transformers generate (eager, static+compiled), our unpruned path and the device's floor; goals"),
+    "rows": ("mipruner.bench.rows", "a batch of unpruned rows: the decoding engine vs generate on the same batch, interleaved"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "gpu-check": ("mipruner.bench.gpu_check", "GPU acceptance: every family x media x method x 2 budgets + keep-all anchor, "

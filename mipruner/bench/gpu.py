@@ -20,7 +20,7 @@ end, and LLM items/s = B / (time - encode - select).
 Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the packed
 prefill (at the bucketed length), the decoding step and, for an encoding that records nothing, the
-LLaVA-1.5 tower compiled (`_packed.compiled`: CUDA graphs on CUDA, nothing compiled off CUDA; each
+LLaVA-1.5 tower compiled (`common/greedy.compiled`: CUDA graphs on CUDA, nothing compiled off CUDA; each
 new shape compiles once, in the warm-ups).
 `--view` runs only the app's view cells instead, as gpu-check's protocol times them
 (`view_runs`, which gpu-check's protocol also runs): one answer (the unpruned one) against the six answers of one view
@@ -265,6 +265,16 @@ def _methods(text: str) -> list[tuple[str, dict]]:
     return [parse_method(m) for m in names if m != "none"]
 
 
+def compile_counts(adapter) -> dict:
+    """The compiled path's counts: graphs dynamo compiled in this process (`torch._dynamo.utils.counters`
+    "stats"/"unique_graphs"; the caller takes differences) and, per compiled function, how many
+    (rows, width) buckets it ran (`adapter.decode_state`; none for adapter None)."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "buckets": adapter.decode_state.counts() if adapter is not None else {}}
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m mipruner.bench gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,7 +310,7 @@ def main(argv=None) -> list[dict]:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     from mipruner.models.llava.random_weights import build_random_llava
 
-    out = []
+    out, compiles = [], {}
     if a.view:
         from .zoo import get_family
 
@@ -315,6 +325,7 @@ def main(argv=None) -> list[dict]:
         shapes = []
     for shape in shapes:
         t0 = time.perf_counter()
+        graphs_before = compile_counts(None)["graphs"]
         ad, desc = build_random_llava(llm_layers=a.llm_layers, dtype=dtype, family=SHAPES[shape], device=device,
                                       **(TINY if a.tiny else {}))
         if a.static_cache or a.compile:
@@ -326,11 +337,16 @@ def main(argv=None) -> list[dict]:
         print(f"memory: {PeakMemory(device).kind}\n\nbatch 1\n{format_latency(latency)}")
         if throughput:
             print(f"\nitems per second\n{format_throughput(throughput)}")
+        counts = compile_counts(ad)
+        compiles[shape] = dict(counts, graphs=counts["graphs"] - graphs_before)
+        print(f"\ncompiled path: {compiles[shape]['graphs']} graphs compiled; (rows, width) buckets run per "
+              f"compiled function: {compiles[shape]['buckets'] or 'none (not compiled)'}")
         out += [dict(r, shape=shape, kind="latency") for r in latency]
         out += [dict(r, shape=shape, kind="throughput") for r in throughput]
         del ad
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": str(device), "dtype": a.dtype, "static_cache": a.static_cache or a.compile,
-                       "compile": a.compile, "bucket": a.bucket, "new_tokens": a.new_tokens, "rows": out}, f, indent=1)
+                       "compile": a.compile, "bucket": a.bucket, "new_tokens": a.new_tokens, "rows": out,
+                       "compiles": compiles}, f, indent=1)
     return out

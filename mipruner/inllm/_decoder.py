@@ -37,6 +37,8 @@ from typing import Callable
 
 import torch
 
+from ..models.common.greedy import greedy as engine_greedy
+
 from ._probe import last_token_attention
 from ._prompt import Prompt
 
@@ -346,28 +348,21 @@ def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, kee
     shifts = [prompt.length - int(by_layer[g.start].rows.numel())
               if g.start in by_layer and by_layer[g.start].renumber else 0 for g in groups]
 
-    def pick(step: int, logits: torch.Tensor) -> int:
-        if step < min_new_tokens and eos:
-            logits = logits.clone()
-            logits[eos] = -float("inf")
-        return int(logits.argmax())
-
-    token = pick(0, logits)
-    if on_first is not None:
-        on_first()
-    out = [token]
     device = prompt.embeds.device
-    for step in range(1, max_new_tokens):
-        if token in prompt.eos:  # `pick` never returns EOS before min_new_tokens
-            break
-        x = embed(torch.tensor([[token]], device=device))  # (1, 1, d)
+    done = [0]
+
+    def step(tokens: torch.Tensor, _mask) -> torch.Tensor:  # one token through the layer groups: (1, V)
+        done[0] += 1
+        x = embed(tokens[:, None])  # (1, 1, d)
         inputs: dict[int, tuple] = {}
         for group, shift in zip(groups, shifts):
             if shift not in inputs:
-                rope, layer_pos = prompt.step_positions(prompt.next_position + step - 1 - shift)
+                rope, layer_pos = prompt.step_positions(prompt.next_position + done[0] - 1 - shift)
                 inputs[shift] = (prompt.lm.rotary_emb(x, rope), layer_pos)
             pe, layer_pos = inputs[shift]
             x = run_layers(prompt, x, group, pe, layer_pos, cache)
-        token = pick(step, logits_of(prompt, x, last_only=True)[0, -1])
-        out.append(token)
-    return out
+        return logits_of(prompt, x, last_only=True)[0, -1][None]
+
+    # the decoding engine's one greedy loop (EOS masked below min_new_tokens, stop at EOS)
+    ids, _ = engine_greedy(step, logits[None], None, max_new_tokens, eos, [], min_new_tokens, on_first=on_first)
+    return ids[0]

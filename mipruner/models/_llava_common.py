@@ -34,7 +34,7 @@ import torch
 
 from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
-from ._decode_path import PLAIN, DecodePath, PrefillTimer, cuda_sync
+from .common.path import PLAIN, DecodePath, PrefillTimer, cuda_sync
 from ..pruners.signals import Signals
 from ._signals import encoded_fields
 from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
@@ -102,7 +102,8 @@ class LlavaFamilyAdapter(Adapter):
 
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
-    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`_decode_path`)
+    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`common/path.py`)
+    batch_decoding = True  # `generate_batch`: the decoding engine
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
                  positions: str = "compact"):
@@ -326,8 +327,8 @@ class LlavaFamilyAdapter(Adapter):
                       prefill_s=first - t0, decode_s=t1 - first)
 
     def generate_batch(self, rows, max_new_tokens: int = 64, positions: str | None = None, **gen) -> list[Answer]:
-        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`_batch_llava`)."""
-        from ._batch_llava import generate_rows
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`)."""
+        from .common.embeds_rows import generate_rows
 
         return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
 

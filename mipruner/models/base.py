@@ -256,6 +256,15 @@ class Adapter(abc.ABC):
     """
 
     family: str = ""
+    batch_decoding: bool = False  # whether `generate_batch` answers several (encoding, keep) rows as one batch
+
+    @functools.cached_property
+    def decode_state(self):
+        """This adapter's decoding state (`common.state.DecodeState`: compiled functions, static caches,
+        the compiled path's shapes), made on first use."""
+        from .common.state import DecodeState
+
+        return DecodeState()
 
     @classmethod
     @abc.abstractmethod

@@ -90,7 +90,7 @@ def assert_selections_batch_equals_one_by_one(a, e, positions: str, min_share: f
     the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
     import mipruner
     from mipruner.batch import answer_batch, use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.models.common.path import PLAIN
 
     n = e.n_visual
     g = torch.Generator().manual_seed(3)

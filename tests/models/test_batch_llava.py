@@ -10,7 +10,7 @@ import torch
 import mipruner
 from mipruner.media import Video
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 from mipruner.pruners import Selection
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
@@ -127,8 +127,8 @@ class Shapes:
 def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
     """Bucketed lengths + static cache (the GPU path, compile off): the keep-all answer is the
     unpruned one and its first logits the unpruned prefill's last row; kept counts in one bucket
-    share one padded length, and every kept count one static-cache size; the plain path is
-    restored after."""
+    share one padded length and one static-cache size, smaller than keep-all's (the cache is sized
+    to the pruned bucket, not the unpruned prompt); the plain path is restored after."""
     a, e = adapters[fam], encoded[fam, kind]
     plain_ref = one_by_one(a, e, [None], NEW)[0]
     full = a.prefill_logits(e)[-1]
@@ -139,12 +139,14 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
         compare(fast[0].token_ids, plain_ref[0].token_ids, plain_ref[1].margins)
         torch.testing.assert_close(fast[1].first, full, atol=1e-5, rtol=0)
         L = e.state["input_ids"].numel()
-        assert shapes.calls[0] == (-(-L // BUCKET) * BUCKET, "StaticCache") and L % BUCKET  # padded, static
+        assert shapes.calls[0][0] == -(-L // BUCKET) * BUCKET and L % BUCKET  # padded
+        assert {c[1] for c in shapes.calls[1:]} == {"StaticCache"}  # the steps decode in a static cache
+        full_size = shapes.cache_sizes[1]
         with Shapes(a) as shapes:
             got = answer_batch(a, e, [torch.arange(2), torch.arange(4), None], max_new_tokens=2)
-        assert shapes.calls[0][0] % BUCKET == 0 and shapes.calls[0][1] == "StaticCache"
+        assert shapes.calls[0][0] % BUCKET == 0 and shapes.calls[-1][1] == "StaticCache"
         compare(got[2].token_ids, plain_ref[0].token_ids[:2], plain_ref[1].margins)
-        sizes = {shapes.cache_sizes[0]}
+        sizes = set()
         # the smallest and the largest kept count of the first bucket: one prefill shape, shorter than
         # keep-all's, and one static-cache size for every kept count
         base = L - e.n_visual
@@ -154,16 +156,18 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
             with Shapes(a) as shapes:
                 a.generate(e, keep=torch.arange(k), max_new_tokens=NEW)
             lengths.append(shapes.calls[0][0])
-            sizes.add(shapes.cache_sizes[0])
+            sizes.add(shapes.cache_sizes[1])
         assert 1 < top - base < e.n_visual and lengths == [top, top] and top < -(-L // BUCKET) * BUCKET
-        assert len(sizes) == 1 and sizes.pop() % BUCKET == 0
+        assert len(sizes) == 1
+        size = sizes.pop()
+        assert size % BUCKET == 0 and size < full_size
     finally:
         a.decode_path = PLAIN
     assert a.decode_path.plain
 
 
 def test_decode_path_checks():
-    from mipruner.models._decode_path import DecodePath, round_up, trim_at_eos
+    from mipruner.models.common.path import DecodePath, round_up, trim_at_eos
     from mipruner.models.dummy import DummyAdapter
 
     assert round_up(65, 64) == 128 and round_up(64, 64) == 64 and round_up(7, 0) == 7

@@ -12,7 +12,7 @@ import torch
 import mipruner
 import mipruner.models
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models._decode_path import PLAIN
+from mipruner.models.common.path import PLAIN
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen
@@ -112,32 +112,38 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, kind, media):
     plain_ref = one_by_one(a, e, [None], NEW)[0]
     full = a.prefill_logits(e)[-1]
     lm = a.text_decoder()
-    calls, sizes = [], set()
+    calls, sizes = [], []
 
     def hook(module, args, kwargs):
         cache = kwargs.get("past_key_values")
         calls.append((int(kwargs["inputs_embeds"].shape[1]), type(cache).__name__))
-        sizes.add(cache.get_max_length())
+        sizes.append(cache.get_max_length() if cache is not None else None)
 
     use_decode_path(a, bucket=BUCKET, static_cache=True)
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         fast = one_by_one(a, e, [None], NEW)[0]
         L = e.state["input_ids"].shape[1]
-        assert calls[0] == (-(-L // BUCKET) * BUCKET, "StaticCache") and L % BUCKET
+        assert calls[0][0] == -(-L // BUCKET) * BUCKET and L % BUCKET  # the prefill, padded
+        assert {c[1] for c in calls[1:]} == {"StaticCache"}  # the steps decode in a static cache
+        full_size = sizes[1]
         compare(fast[0].token_ids, plain_ref[0].token_ids, plain_ref[1].margins)
         torch.testing.assert_close(fast[1].first, full, atol=1e-5, rtol=0)
         # the smallest and the largest kept count of the first bucket: one prefill shape, shorter than
-        # keep-all's, and one static-cache size for every kept count
+        # keep-all's, and one static-cache size for both, smaller than keep-all's (sized to the pruned bucket)
         base = L - e.n_visual
         top = -(-(base + 1) // BUCKET) * BUCKET
-        widths = []
+        widths, pruned = [], set()
         for k in (1, top - base):
             calls.clear()
+            sizes.clear()
             a.generate(e, keep=torch.arange(k), max_new_tokens=NEW, eos_token_id=[])
             widths.append(calls[0][0])
+            pruned.update(sizes[1:])
         assert 1 < top - base < e.n_visual and widths == [top, top] and top < -(-L // BUCKET) * BUCKET
-        assert len(sizes) == 1 and sizes.pop() % BUCKET == 0
+        assert len(pruned) == 1
+        size = pruned.pop()
+        assert size % BUCKET == 0 and size < full_size
     finally:
         handle.remove()
         a.decode_path = PLAIN

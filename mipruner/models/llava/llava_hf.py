@@ -26,7 +26,7 @@ from ...pruners.signals import Signals
 from ..base import LazyGeometry, TokenGeometry
 from .. import _clip_attention as A
 from .. import _llava_common as C
-from .. import _packed as P
+from ..common import greedy as P
 from . import short_tower as T
 from . import geometry as G
 
@@ -102,7 +102,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         if self.decode_path.compile and not (want.attention or want.extra or extra):
-            # nothing recorded: the tower runs compiled, as the packed prefill does (`_packed.compiled`:
+            # nothing recorded: the tower runs compiled, as the packed prefill does (`common/greedy.compiled`:
             # CUDA graphs on CUDA, one per batch size); the outputs are cloned out of the graph's memory
             feats = P.compiled(self, "tower", image_features)(self.model, pixels)
             return SimpleNamespace(pooler_output=[f.clone() for f in feats]), None

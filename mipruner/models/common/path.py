@@ -3,21 +3,19 @@ cache, optionally `torch.compile`), and what the batched decoders share.
 
 `DecodePath()` is the plain path: `adapter.generate` is exactly what it was (one prompt, dynamic
 KV cache, nothing padded). Any other `DecodePath` sends every answer, batched or not, through
-the family's batched decoder (`_batch_llava`, `qwen/batch.py`) with:
+the family's batched decoder (`common/embeds_rows.py`, `qwen/batch.py`) with:
 
-  bucket        prompt lengths left-padded up to a multiple of `bucket` (masked pad columns), and
+  bucket        the rows' groups left-padded up to a multiple of `bucket` (masked pad columns), and
                 the static cache sized to a multiple of it, so that kept-token counts fall into a
-                few shapes instead of one shape each (a compiled or captured graph is specialised
-                to its shapes: without buckets every budget would recompile); the static cache
-                holds the UNPRUNED prompt (bucketed) + new tokens, so every budget of one
-                encoding decodes with one cache size, i.e. one compiled decoding step;
-  static_cache  a preallocated `StaticCache` (LLaVA family: `generate(cache_implementation=
-                "static", max_cache_len=...)`; Qwen: our greedy loop over a `StaticCache`);
-  compile       the packed prefill (its length padded to the bucket) and the decoding step through
-                `torch.compile` (`_packed.compiled`: CUDA graphs on CUDA), LLaVA family and Qwen
-                alike (where the LLaVA family falls back to `generate`, transformers compiles its
-                static-cache step on CUDA). Off by default: compiling takes tens of seconds per
-                new shape.
+                fixed set of shapes instead of one shape each (a compiled or captured graph is
+                specialised to its shapes: without buckets every budget would recompile); the
+                static cache holds the batch's PRUNED width (bucketed) + new tokens;
+  static_cache  a preallocated `StaticCache` the engine's greedy loop decodes in (`common/decode.py`;
+                where the LLaVA family falls back to `generate`: `cache_implementation="static"`);
+  compile       the prefill (rows padded to a power of two, width to the bucket) and the decoding
+                step through `torch.compile` (`common/greedy.compiled`: CUDA graphs on CUDA), every
+                family alike; `mipruner.warm_up` compiles the fixed set at start. Off by default:
+                compiling takes tens of seconds per new shape.
 
 Padding never changes what a row computes beyond float rounding: its pad columns are masked out of
 attention and its positions are passed explicitly, so the keep-all row gives the unpruned answer
@@ -59,14 +57,6 @@ def round_up(n: int, multiple: int) -> int:
     return n if multiple <= 0 else -(-int(n) // multiple) * multiple
 
 
-def cache_length(rows, width: int, max_new_tokens: int, bucket: int) -> int:
-    """Static-cache slots for a batch: its padded width + new tokens, at least the rows' UNPRUNED
-    prompt lengths (bucketed) + new tokens, so that every budget of one encoding shares one cache
-    size (one compiled decoding step), rounded up to the bucket."""
-    full = max(round_up(int(enc.state["input_ids"].numel()), bucket) for enc, _ in rows)
-    return round_up(max(width, full) + int(max_new_tokens), max(bucket, 1))
-
-
 def eos_ids(model, eos) -> list[int]:
     """The EOS ids to stop at: `eos` (int, list or None = the model's generation config)."""
     if eos is None:
@@ -95,7 +85,7 @@ def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, 
     return out, mask
 
 
-__all__ = ["DecodePath", "PLAIN", "cache_length", "eos_ids", "left_pad", "round_up", "trim_at_eos"]
+__all__ = ["DecodePath", "PLAIN", "eos_ids", "left_pad", "round_up", "trim_at_eos"]
 
 
 class PrefillTimer:

@@ -1,9 +1,8 @@
-"""Packed prefill (`mipruner/models/_packed.py`): one view's answers (the unpruned reference and five
-pruned rows) make the LLM's first decoder layer process about the rows' own prompt lengths summed,
-not every row padded to the longest; the answers are the one-by-one answers (tie rule in
-batch_check.py); the block mask lets a token see only its own row and its encoding's shared text
-prefix; and the packed prefill compiled with `torch.compile(fullgraph=True)` compiles once for two
-packed lengths of one bucket, with the eager logits."""
+"""The decoding engine (`mipruner/models/common/`): a batch's rows prefill as padded batches grouped by
+length, so one view's answers (the unpruned reference and five pruned rows) make the LLM's first
+decoder layer process the rows' own prompt lengths, not every row padded to the longest; the answers
+are the one-by-one answers (tie rule in batch_check.py); the prefill compiled with
+`torch.compile(fullgraph=True)` compiles once for two kept counts of one bucket, with the eager logits."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +11,9 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.models import _packed as P
-from mipruner.models._batch_llava import packed_inputs, packed_prefill
+from mipruner.models.common import greedy as P
+from mipruner.models.common.embeds_rows import rows_spec
+from mipruner.models.common import rows as R
 from mipruner.testing import embedded_encoding
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
@@ -58,12 +58,12 @@ class FirstLayerRows:
 @contextlib.contextmanager
 def compiled_path(adapter, monkeypatch):
     """The adapter on `DecodePath(bucket=64, static_cache=True, compile=True)` with dynamo's CompileCounter as
-    `_packed.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
+    `common/greedy.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
     yields the counter; afterwards the plain path, no compiled function kept, dynamo's caches reset."""
     from torch._dynamo.testing import CompileCounter
 
     from mipruner.batch import use_decode_path
-    from mipruner.models._decode_path import PLAIN
+    from mipruner.models.common.path import PLAIN
 
     counter = CompileCounter()
     monkeypatch.setitem(P.COMPILE, "backend", counter)
@@ -73,15 +73,24 @@ def compiled_path(adapter, monkeypatch):
         yield counter
     finally:
         adapter.decode_path = PLAIN
-        for name in [k for k in vars(adapter) if k.startswith("_compiled_")]:
-            delattr(adapter, name)
+        adapter.decode_state.compiled.clear()
         torch._dynamo.reset()
 
 
+def test_groups_cut_rows_by_length():
+    """Longest first, a row joins the group while it is >= RATIO x the group's longest (plain path) or in
+    its bucket (bucketed); a group's rows keep the batch's order; batch buckets are powers of two."""
+    assert R.groups([591, 79, 79, 600, 500, 470]) == [[0, 3, 4], [5], [1, 2]]
+    assert R.groups([591, 79, 79, 600], bucket=64) == [[0, 3], [1, 2]]
+    assert R.groups([10]) == [[0]] and R.groups([5, 5, 5]) == [[0, 1, 2]]
+    assert [R.batch_bucket(n) for n in (1, 2, 3, 5, 8, 9, 32)] == [1, 2, 4, 8, 8, 16, 32]
+
+
 def test_one_view_pays_for_its_own_tokens(embedded):
-    """Reference + five methods at 16 of 196 tokens on the embedded model: the prefill processes at most
-    1.25x the rows' own lengths summed (6 x 207 = 1,242 rows when padded, 3.6x), and every answer is
-    its one-by-one answer."""
+    """Reference + five methods at 16 of 196 tokens on the embedded model: the prefill runs as two padded
+    batches (the reference alone, the five pruned rows of one length together), so the first decoder
+    layer processes exactly the rows' own lengths (6 x 207 = 1,242 rows when padded to the longest, 3.6x);
+    the decoding steps run the six rows at once; every answer is its one-by-one answer (tie rule)."""
     a, e = embedded
     cache: dict = {}
     sels = [None] + [mipruner.select(a, e, m, 16, cache=cache, strict=False) for m in FIVE]
@@ -89,78 +98,55 @@ def test_one_view_pays_for_its_own_tokens(embedded):
         got = mipruner.answer_batch(a, e, sels, max_new_tokens=4, cache=cache)
     own = sum(g.input_tokens for g in got)
     assert [g.input_tokens for g in got][1:] == [got[1].input_tokens] * 5 < [got[0].input_tokens] * 5
-    assert rows.prefill_rows <= 1.25 * own, (rows.calls[0], own)
-    shared = int(e.state["visual_positions"][0])  # the text before the image runs once
-    assert rows.prefill_rows == own - 5 * shared and shared > 0
-    assert all(b * n == 6 for b, n in rows.calls[1:])  # the decoding steps: the six rows' tokens in one call
-    # decoded on the packed cache itself: it holds the prefill's rows and six per step, not six padded rows
-    assert [h[0] * h[2] for h in rows.held[1:]] == [rows.prefill_rows + 6 * i for i in range(len(rows.calls) - 1)]
+    assert rows.calls[:2] == [(1, got[0].input_tokens), (5, got[1].input_tokens)]
+    assert sum(b * n for b, n in rows.calls[:2]) == own
+    assert all(c == (6, 1) for c in rows.calls[2:])  # the decoding steps: the six rows' tokens in one call
     ref = one_by_one(a, e, sels, 4)
     done, total = compare_all(got, ref)
     assert done >= 0.75 * total, (done, total)
 
 
-def test_the_block_mask_keeps_rows_apart():
-    """Two rows of one encoding sharing 2 tokens, and a row of another encoding: each token sees the
-    earlier tokens of its own row and of its encoding's shared prefix, nothing else; the cache index
-    puts each row's tokens, in order, at the right of its (B, W) row."""
-    plan = P.plan([4, 3, 5], ["a", "a", "b"], [2, 2, 2], bucket=8)
-    assert plan.total == 16 and plan.real == 2 + 2 + 1 + 5 and plan.width == 8
-    assert plan.rows == [[0, 1, 2, 3], [0, 1, 4], [5, 6, 7, 8, 9]]
-    m = P.packed_mask(plan, "cpu", torch.float32, boolean=True)[0, 0]
-    for i, r in enumerate(plan.rows):
-        for q_at, q in enumerate(r):
-            seen = set(torch.nonzero(m[q]).flatten().tolist())
-            assert seen == set(r[:q_at + 1]), (i, q, seen)
-    assert all(set(torch.nonzero(m[q]).flatten().tolist()) <= set(range(10, q + 1)) for q in range(10, 16))
-    additive = P.packed_mask(plan, "cpu", torch.float32, boolean=False)[0, 0]
-    assert torch.equal(additive == 0, m)
-    index, real, last = P.gather_index(plan, "cpu")
-    assert index.view(3, 8)[1, -3:].tolist() == [0, 1, 4] and real[1].tolist() == [0] * 5 + [1] * 3
-    assert last.tolist() == [3, 4, 9]
-
-
-def test_qwen_packs_its_rows(tmp_path):
-    """Qwen2-VL: the packed prefill processes the rows' lengths less the shared prefix, and the answers
-    are the one-by-one answers (M-RoPE positions and visual rows in packed order)."""
+def test_qwen_groups_its_rows(tmp_path):
+    """Qwen2-VL: rows of about one length prefill together, the others apart, and the answers are the
+    one-by-one answers (M-RoPE positions and visual rows per group)."""
     a = mipruner.load(tiny_qwen.build("qwen2_vl", str(tmp_path)))
     e = a.encode(scene(), "What is red in the image?")
     n = e.n_visual
     sels = [None, torch.arange(0, n, 3), torch.arange(1, n, 2), torch.arange(n // 2)]
     with FirstLayerRows(a) as rows:
         got = mipruner.answer_batch(a, e, sels, max_new_tokens=4)
-    shared = int(e.state["visual_positions"][0])
-    assert rows.prefill_rows == sum(g.input_tokens for g in got) - 3 * shared and shared > 0
-    # decoded in the packed cache: the prefill's rows and four more per step, nothing gathered
-    assert [h[0] * h[2] for h in rows.held[1:]] == [rows.prefill_rows + 4 * i for i in range(len(rows.calls) - 1)]
+    lengths = [g.input_tokens for g in got]
+    want = [[i for i in g] for g in R.groups(lengths)]
+    assert [c[0] for c in rows.calls[:len(want)]] == [len(g) for g in want]
+    assert [c[1] for c in rows.calls[:len(want)]] == [max(lengths[i] for i in g) for g in want]
+    assert all(c == (4, 1) for c in rows.calls[len(want):])
     done, total = compare_all(got, one_by_one(a, e, sels, 4))
     assert done >= 0.75 * total, (done, total)
 
 
-def test_the_packed_prefill_compiles_once_per_bucket(embedded):
-    """`torch.compile(fullgraph=True)` of the packed prefill (backend: dynamo's CompileCounter, which
+def test_the_prefill_compiles_once_per_bucket(embedded):
+    """`torch.compile(fullgraph=True)` of the padded prefill (backend: dynamo's CompileCounter, which
     runs the captured graph eagerly: the capture is what is checked here, not a CPU code generator)
-    at two packed lengths of one bucket: one graph, logits equal to the eager prefill's."""
+    at two kept counts of one bucket: one graph, logits equal to the eager prefill's."""
     from torch._dynamo.testing import CompileCounter
 
     a, e = embedded
     counter = CompileCounter()
-    compiled = torch.compile(packed_prefill, fullgraph=True, backend=counter, dynamic=False)
-    totals = []
+    torch._dynamo.reset()
+    compiled = torch.compile(R.embeds_prefill, fullgraph=True, backend=counter, dynamic=False)
     for k in (10, 14):
-        rows = [(e, None), (e, torch.arange(k)), (e, torch.arange(1, k + 1))]
-        b = packed_inputs(a, rows, bucket=64)
-        totals.append((b["plan"].real, b["plan"].total))
-        got, _ = compiled(a.model, b)
-        want, _ = packed_prefill(a.model, b)
+        spec = rows_spec(a, [(e, torch.arange(k)), (e, torch.arange(1, k + 1))])
+        x = spec.inputs([0, 1], 64)
+        got, _ = compiled(a.model, x)
+        want, _ = R.embeds_prefill(a.model, x)
         assert_paths_close(got, want, name="traced against eager logits")
-    assert totals[0][0] != totals[1][0] and totals[0][1] == totals[1][1]  # two lengths, one bucket
     assert counter.frame_count == 1
+    torch._dynamo.reset()
 
 
 def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch):
     """`DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go through
-    `torch.compile` (backend: CompileCounter, set in `_packed.COMPILE`); two kept counts of one bucket
+    `torch.compile` (backend: CompileCounter, set in `common/greedy.COMPILE`); two kept counts of one bucket
     capture one prefill graph and one step graph (the step: one shape at every step), and the answers
     are the plain path's (tie rule)."""
     from .batch_check import compare
@@ -171,7 +157,7 @@ def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch
     with compiled_path(a, monkeypatch) as counter:
         got = [a.generate(e, k, max_new_tokens=4, min_new_tokens=4) for k in keeps]
         assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
-    assert [packed_inputs(a, [(e, k)], bucket=64)["plan"].total for k in keeps] == [64, 64]  # one bucket
+    assert {R.round_up(len(e.text) + len(k), 64) for k in keeps} == {64}  # one bucket
     for g, (r, rec) in zip(got, ref):
         assert len(g.token_ids) == 4 and compare(g.token_ids, r.token_ids, rec.margins) >= 1
 
@@ -181,7 +167,7 @@ QWEN = [f for f, fam in mipruner.models.FAMILIES.items() if fam.folder == "qwen"
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    root = tmp_path_factory.mktemp("packed_qwen")
+    root = tmp_path_factory.mktemp("rows_qwen")
     out = {}
     for kind in QWEN:
         a = mipruner.load(tiny_qwen.build(kind, str(root)))
@@ -190,58 +176,54 @@ def qwen(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", QWEN)
-def test_qwen_packed_prefill_compiles_once_per_bucket(qwen, kind):
-    """Qwen's compiled packed prefill (`qwen/prefill.py`: visual rows and Qwen3-VL's deepstack placed
-    before the forward), `torch.compile(fullgraph=True)` with M-RoPE positions (3, 1, S), at two packed
-    lengths of one bucket: one graph, logits equal to the eager prefill's and to the plain path's packed
-    prefill (the model's own forward on `mm_encoder_outputs`)."""
+def test_qwen_prefill_compiles_once_per_bucket(qwen, kind):
+    """Qwen's compiled prefill (`qwen/prefill.py`: visual rows and Qwen3-VL's deepstack placed before the
+    forward), `torch.compile(fullgraph=True)` with M-RoPE positions (3, n, W), at two kept counts of one
+    bucket: one graph, logits equal to the eager prefill's and, within float rounding, to the plain
+    path's prefill (the model's own forward on `mm_encoder_outputs`)."""
     from torch._dynamo.testing import CompileCounter
 
-    from mipruner.models.qwen.batch import packed_inputs as qwen_packed
-    from mipruner.models.qwen.prefill import packed_embeds, packed_prefill as qwen_prefill
+    from mipruner.models.qwen.batch import mm_prefill, rows_spec as qwen_rows
+    from mipruner.models.qwen.prefill import placed_prefill
 
     a, e = qwen[kind]
     counter = CompileCounter()
     torch._dynamo.reset()
-    compiled = torch.compile(qwen_prefill, fullgraph=True, backend=counter, dynamic=False)
-    totals = []
+    compiled = torch.compile(placed_prefill, fullgraph=True, backend=counter, dynamic=False)
     for k in (3, 5):
-        rows = [(e, None), (e, torch.arange(k)), (e, torch.arange(1, k + 1))]
-        pk = qwen_packed(a, rows, [a._llm_inputs(enc, keep) for enc, keep in rows], bucket=64)
-        totals.append((pk["plan"].real, pk["plan"].total))
-        packed = packed_embeds(a, pk)
-        assert packed["position_ids"].shape == (3, 1, pk["plan"].total)
-        assert (packed["deepstack"] is not None) == (kind == "qwen3_vl")
-        got, _ = compiled(a.model, packed)
-        want, _ = qwen_prefill(a.model, packed)
+        rows = [(e, torch.arange(k)), (e, torch.arange(1, k + 1))]
+        placed = qwen_rows(a, rows, compiled=True).inputs([0, 1], 64)
+        assert placed["position_ids"].shape == (3, 2, 64)
+        assert (placed["deepstack"] is not None) == (kind == "qwen3_vl")
+        got, _ = compiled(a.model, placed)
+        want, _ = placed_prefill(a.model, placed)
         assert_paths_close(got, want, name="traced against eager logits")
-        plain = a.model(input_ids=pk["input_ids"], position_ids=pk["position_ids"], attention_mask=pk["attention_mask"],
-                        mm_encoder_outputs=pk["mm_encoder_outputs"], use_cache=True, logits_to_keep=pk["last"])
-        torch.testing.assert_close(want, plain.logits, atol=1e-5, rtol=0)
-    assert totals[0][0] != totals[1][0] and totals[0][1] == totals[1][1]  # two lengths, one bucket
+        plain, _ = mm_prefill(a.model, qwen_rows(a, rows).inputs([0, 1], 64))
+        torch.testing.assert_close(want, plain, atol=64 * torch.finfo(torch.float32).eps * float(plain.abs().max()),
+                                   rtol=0)
     assert counter.frame_count == 1
     torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("kind", QWEN)
 def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
-    """Qwen on `DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go
-    through `_packed.compiled` (backend: CompileCounter); two kept counts of one bucket in a batch with
-    the unpruned row capture one prefill graph and one step graph, and the answers are the plain path's
+    """Qwen on `DecodePath(bucket, static_cache, compile)`: the prefill and the decoding step go through
+    `common/greedy.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
+    prefill graph per (rows, width) bucket and one step graph, and the answers are the plain path's
     (tie rule)."""
     from mipruner.batch import answer_batch
-    from mipruner.models.qwen.batch import packed_inputs as qwen_packed
 
     a, e = qwen[kind]
     n = e.n_visual
     views = [[None, torch.arange(0, n, 3), torch.arange(n // 2)], [None, torch.arange(1, n, 3), torch.arange(n // 2 - 1)]]
-    plans = [qwen_packed(a, [(e, s) for s in sels], [a._llm_inputs(e, s) for s in sels], bucket=64)["plan"]
-             for sels in views]
-    assert plans[0].real != plans[1].real and plans[0].total == plans[1].total  # two lengths, one bucket
     refs = [one_by_one(a, e, sels, 4) for sels in views]
+    shapes = set()
+    for ref in refs:
+        lengths = [r.input_tokens for r, _ in ref]
+        shapes |= {(R.batch_bucket(len(g)), R.round_up(max(lengths[i] for i in g), 64)) for g in R.groups(lengths, 64)}
     with compiled_path(a, monkeypatch) as counter:
         got = [answer_batch(a, e, sels, max_new_tokens=4) for sels in views]
-        assert counter.frame_count == 2, counter.frame_count  # the prefill, the step
+        assert counter.frame_count == len(shapes) + 1, (counter.frame_count, shapes)  # the prefills, the step
     for g, ref in zip(got, refs):
         done, total = compare_all(g, ref)
         assert done >= 0.75 * total, (done, total)
@@ -257,14 +239,14 @@ def test_static_caches_are_kept_per_shape(embedded):
         others = [P.static_cache(a, 1, 64 * (i + 2)) for i in range(P.STATIC_CACHES - 1)]
         assert P.static_cache(a, 4, 64) is move  # still held: the most recent shapes
         assert P.static_cache(a, 5, 64) is not view  # the least recently used was dropped
-        assert len(a._packed_static_caches) == P.STATIC_CACHES and others
+        assert len(a.decode_state.caches) == P.STATIC_CACHES and others
     finally:
-        a.__dict__.pop("_packed_static_caches", None)
+        a.decode_state.caches.clear()
 
 
 def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch):
     """On the compiled path an encoding that records nothing (no attention, no signal: e.g. MI's) runs
-    the vision tower through `_packed.compiled` (backend: CompileCounter): two images capture once, the
+    the vision tower through `common/greedy.compiled` (backend: CompileCounter): two images capture once, the
     tokens equal the eager tower's; an encoding that records attention runs the eager tower with its
     hooks (nothing captured)."""
     from PIL import Image
