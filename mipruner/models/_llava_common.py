@@ -151,7 +151,7 @@ class LlavaFamilyAdapter(Adapter):
         """PIL image(s) or Video from what the user gave (MediaError when unreadable)."""
         return load_media(media, num_frames=self.default_frames)
 
-    def _encode_visual(self, media, templated: str, want: Signals) -> dict:
+    def _encode_visual(self, media, templated: str, want: Signals, held=None) -> dict:
         """-> dict(input_ids (1, L), visual (N_V, d), geometry, frames, is_video, ref (plain-model
         inputs), attention/keys/has_cls/extra state, and what `want` asks more: blocks/depth/block
         (`_signals.Record.finish`), features (N_V, d_vision))."""
@@ -167,9 +167,14 @@ class LlavaFamilyAdapter(Adapter):
     def _tokenize(self, text: str, **kw):
         return self.tokenizer(text, return_tensors="pt", **kw)
 
-    @torch.no_grad()
     def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
                signals: Signals | None = None) -> Encoded:
+        return self._encode(media, prompt, text_mode=text_mode, need_attention=need_attention, signals=signals)
+
+    @torch.no_grad()
+    def _encode(self, media, prompt: str, *, text_mode: str, need_attention: bool, signals: Signals | None,
+                held=None) -> Encoded:
+        """`encode`; `held`: this item's share of a batched tower call (`encode_batch`), or None."""
         check_prompt(prompt)
         want = Signals.of(need_attention, signals)
         check_choice("text_mode", text_mode, TEXT_MODES)
@@ -181,7 +186,7 @@ class LlavaFamilyAdapter(Adapter):
         # cheap length check before running the vision tower (text tokens alone)
         plain = self.tokenizer(templated, return_offsets_mapping=True)
         self._check_length(len(plain["input_ids"]))
-        out = self._encode_visual(media, templated, want)
+        out = self._encode_visual(media, templated, want, held)
         source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
         if "expanded" in out:
             plain = self.tokenizer(source, return_offsets_mapping=True)

@@ -148,7 +148,7 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
         it = iter(replacements)
         return self.processor.multimodal_pattern.sub(lambda _m: next(it), templated)
 
-    def _encode_visual(self, media, templated: str, want) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         p = self.processor
         if isinstance(media, Video):
             frames = list(media.frames)

@@ -57,13 +57,12 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
         """One <image> per image; a video's frames are `n_media` images (LLaVA has no video token)."""
         return super()._template(prompt, "image", n_media)
 
-    def _encode_visual(self, media, templated: str, want) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         if isinstance(media, Video):
             images, is_video = list(media.frames), True
         else:
             images, is_video = (list(media) if isinstance(media, list) else [media]), False
-        held = getattr(self, "_tower_item", None)  # this item's share of a batched tower call (`encode_batch`)
-        if held is not None:
+        if held is not None:  # this item's share of a batched tower call (`encode_batch`)
             inputs, outputs, rec = held
         else:  # pixels only: `encode` tokenizes the templated prompt once and expands its <image> placeholders
             inputs = self.image_processor(images, return_tensors="pt")
@@ -140,13 +139,8 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
                 for j, (i, x) in enumerate(zip(single, inputs)):
                     held[i] = (x, _item_outputs(outputs, j), None if rec is None else rec.item(j))
         out = []
-        for i, (m, p) in enumerate(loaded):
-            self._tower_item = held.get(i)
-            try:
-                out.append(self.encode(m, p, text_mode=text_mode, need_attention=need_attention, signals=signals))
-            finally:
-                self._tower_item = None
-        return out
+        return [self._encode(m, p, text_mode=text_mode, need_attention=need_attention, signals=signals, held=held.get(i))
+                for i, (m, p) in enumerate(loaded)]
 
 
 def image_features(model, pixels: torch.Tensor):

@@ -36,7 +36,7 @@ class LlavaNextAdapter(C.LlavaFamilyAdapter):
     family = "llava_next"
     model_class_name = "LlavaNextForConditionalGeneration"
 
-    def _encode_visual(self, media, templated: str, want) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         image = C.single_image(media, "LLaVA-NeXT")
         inputs = self.image_processor(image, return_tensors="pt")  # pixels: `encode` tokenizes the prompt, once
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)

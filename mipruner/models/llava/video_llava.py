@@ -66,7 +66,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
             raise ValueError(f"the prompt must hold exactly one {token} placeholder, found {templated.count(token)}")
         return [int(n)]
 
-    def _encode_visual(self, media, templated: str, want) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         is_video = isinstance(media, Video) or (isinstance(media, list) and len(media) > 1)
         if not is_video:
             return self._encode_image(C.single_image(media, "Video-LLaVA"), templated, want)

@@ -115,7 +115,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
         return A.record(self.model.model.vision_tower, want, self.config.vision_feature_layer,
                         self.model.model.multi_modal_projector)
 
-    def _encode_visual(self, media, templated: str, want) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         if isinstance(media, Video):
             return self._encode_video(media, templated, want)
         images = media if isinstance(media, list) else [media]

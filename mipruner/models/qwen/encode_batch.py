@@ -5,7 +5,7 @@ image attends only to itself: `cu_seqlens`), and `get_image_features` returns ea
 tokens apart (`pooler_output`, one tensor an image; Qwen3-VL's deepstack features likewise, a layer
 at a time). So a batch of items, each one image
 at its own native resolution, needs no common pixel shape: their processor outputs are concatenated,
-the tower runs once, and each item's `encode` takes its share (`Qwen2VLAdapter._tower_item`). The
+the tower runs once, and each item's `encode` takes its share (`Qwen2VLAdapter._encode(..., held=...)`). The
 encodings equal the one-by-one encodings up to float rounding of the bigger matrix products
 (tests/models/test_encode_batch.py). Videos and lists of frames are encoded one by one, and so is
 every item when the encoding records anything of the tower (attention, keys, other blocks,
@@ -62,15 +62,8 @@ def encode_batch(adapter, items, *, text_mode: str = "question", need_attention:
             counts = (grids.prod(-1) // adapter.merge ** 2).tolist()  # each image's tokens (host: the grids)
             for j, (i, out) in enumerate(singles):
                 held[i] = (out, _share(feats, j, counts))
-    encoded = []
-    for i, (media, prompt) in enumerate(items):
-        adapter._tower_item = held.get(i)
-        try:
-            encoded.append(adapter.encode(media, prompt, text_mode=text_mode, need_attention=need_attention,
-                                          signals=signals))
-        finally:
-            adapter._tower_item = None
-    return encoded
+    return [adapter._encode(media, prompt, text_mode=text_mode, need_attention=need_attention, signals=signals,
+                            held=held.get(i)) for i, (media, prompt) in enumerate(items)]
 
 
 __all__ = ["encode_batch"]

@@ -112,9 +112,14 @@ class Qwen2VLAdapter(Adapter):
     def _max_positions(self) -> int:
         return int(self.config.text_config.max_position_embeddings)
 
-    @torch.no_grad()
     def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
                signals: Signals | None = None) -> Encoded:
+        return self._encode(media, prompt, text_mode=text_mode, need_attention=need_attention, signals=signals)
+
+    @torch.no_grad()
+    def _encode(self, media, prompt: str, *, text_mode: str, need_attention: bool, signals: Signals | None,
+                held=None) -> Encoded:
+        """`encode`; `held`: this item's share of a batched tower call (`encode_batch`), or None."""
         check_prompt(prompt)
         want = Signals.of(need_attention, signals)
         t0 = time.perf_counter()
@@ -122,14 +127,13 @@ class Qwen2VLAdapter(Adapter):
         kind = "video" if is_video else "image"
         messages = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": prompt}]}]
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        rope_kwargs, held = {}, None
+        rope_kwargs = {}
         if is_video:
             pixels, grid, (rh, rw) = self._video_pixels(frames)
             text = self._expand_video_text(text, grid, indices, fps)
             vision = {"pixel_values_videos": pixels, "video_grid_thw": grid}
             rope_kwargs = self._video_rope_kwargs(indices, fps, total)
         else:  # a batched tower call's share (`encode_batch`) holds this item's processor output and features
-            held = getattr(self, "_tower_item", None)
             out = held[0] if held else self.image_processor(images=frames, return_tensors="pt")
             grid = out["image_grid_thw"]
             rh, rw = int(grid[0, 1]) * self.patch, int(grid[0, 2]) * self.patch
