@@ -151,7 +151,7 @@ def warm_up(args: argparse.Namespace, hub):
     model = getattr(engine.adapter, "model", None)
     device = getattr(model, "device", None)
     on, refused = compile_choice(args.compile, getattr(device, "type", "cpu"), on_zero_gpu())
-    if on and not hasattr(engine.adapter, "generate_batch"):
+    if on and not engine.adapter.batch_decoding:
         on, refused = False, "This model has no batched decoder, so answers run on the plain path."
     if refused:
         print(refused, flush=True)

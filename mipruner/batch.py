@@ -130,7 +130,7 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
     more of the encoder to record (`mipruner.signals_for(methods)`)."""
     items = list(items)
     kw = encode_kwargs(Signals.of(need_attention, signals))
-    if not hasattr(adapter, "encode_batch"):
+    if not adapter.batch_encoding:
         return [adapter.encode(m, p, text_mode=text_mode, **kw) for m, p in items]
     step = max(1, int(batch))
     out: list[Encoded] = []

@@ -257,6 +257,7 @@ class Adapter(abc.ABC):
 
     family: str = ""
     batch_decoding: bool = False  # whether `generate_batch` answers several (encoding, keep) rows as one batch
+    batch_encoding: bool = False  # whether `encode_batch` runs several items' vision towers as one call
 
     @functools.cached_property
     def decode_state(self):

@@ -36,6 +36,7 @@ TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the 
 
 class LlavaAdapter(C.LlavaFamilyAdapter):
     family = "llava"
+    batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call
     model_class_name = "LlavaForConditionalGeneration"
     default_frames = 8  # a video is read as this many evenly sampled frames, each one an image
 

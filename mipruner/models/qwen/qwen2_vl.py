@@ -43,6 +43,7 @@ class Qwen2VLAdapter(Adapter):
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
     decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`common/path.py`)
     batch_decoding = True  # `generate_batch`: the decoding engine
+    batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call (encode_batch.py)
     device = property(lambda self: self.model.device)  # where the model runs (`common/greedy.compiled` reads it)
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
