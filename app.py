@@ -111,7 +111,9 @@ def build(args: argparse.Namespace):
 
     from components.hub import ModelHub
     from components.logic import AppLogic
+    from components.policy import is_hosted
     from components.spaces_gpu import gpu
+    from components.sweep_queue import SweepLimits
     from components.ui import build_demo
     from mipruner.session import FileBudget
     from mipruner.plugins import freeze, load_for_cli
@@ -132,6 +134,7 @@ def build(args: argparse.Namespace):
     warm = warm_up(args, hub)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes, warm=warm)
+    logic.sweep_limits = SweepLimits.for_server(is_hosted(args.host, args.share))  # hosted: small, timed sweeps
     demo = build_demo(logic, auto_answers=hub.default == hub.fallback)
     if warm is not None:
         warm.start()

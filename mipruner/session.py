@@ -8,6 +8,7 @@ the same for files the app writes (rendered panels, exports) on disk.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -325,6 +326,24 @@ class FileBudget:
         self._next = 0.0
         self._lock = threading.Lock()
         self.removed = 0  # files removed since start
+        self.held = 0  # bytes of folders outside the roots counted under the cap while they exist (`hold`)
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int):
+        """Count `nbytes` (e.g. a folder a sweep unpacks while it runs) under the cap for the block: older
+        files are pruned to make room; ValueError when they cannot fit beside what others hold."""
+        nbytes = int(nbytes)
+        with self._lock:
+            if nbytes > self.max_bytes - self.held:
+                raise ValueError(f"{nbytes >> 20} MiB do not fit in the {self.max_bytes >> 20} MiB this server keeps "
+                                 f"for files ({self.held >> 20} MiB are in use by running sweeps)")
+            self.held += nbytes
+        try:
+            self.prune()
+            yield
+        finally:
+            with self._lock:
+                self.held -= nbytes
 
     def usage(self) -> list[tuple[float, int, str]]:
         """(mtime, size, path) of every file under the roots."""
@@ -344,7 +363,7 @@ class FileBudget:
         """Remove the oldest files until the total is under the cap; returns how many went."""
         with self._lock:
             files = sorted(self.usage())
-            total, now, gone = sum(f[1] for f in files), self.clock(), 0
+            total, now, gone = sum(f[1] for f in files) + self.held, self.clock(), 0
             for mtime, size, path in files:
                 if total <= self.max_bytes or now - mtime < self.min_age_s:
                     break

@@ -15,6 +15,7 @@ docs/sweeps.md). Ctrl-C stops after the current selection and still writes what 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -22,9 +23,9 @@ import time
 import mipruner
 
 from .cli_options import add_param_options, param_values
-from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable, user_set
+from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable
 from .sweep_plot import PLOTTED, X_AXES
-from .sweep_sets import GENERATED
+from .sweep_sets import GENERATED, unpacked_set
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +73,18 @@ def main(argv=None) -> int:
             print(r.table())
         print(f"wrote {prefix}.png")
         return 0
+    with contextlib.ExitStack() as unpacked:  # a zip's media: unpacked for the run, removed afterwards
+        return _run(a, metrics, unpacked)
+
+
+def _run(a, metrics, unpacked: contextlib.ExitStack) -> int:
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     try:
         sweep = Sweep(methods=methods, param=a.param.replace("-", "_"), values=a.values, budget=a.budget,
                       params=param_values(a), text_mode=a.text_mode, max_new_tokens=a.max_new_tokens, seeds=a.seeds)
         if a.zip:
-            items, set_name = user_set(a.zip, a.questions, n=a.n), os.path.basename(a.zip)
+            items = unpacked.enter_context(unpacked_set(a.zip, a.questions, n=a.n))
+            set_name = os.path.basename(a.zip)
         else:
             items, set_name = generated_set(a.set, n=a.n, seed=a.seed), f"{a.set} (seed {a.seed})"
     except (ValueError, OSError) as e:
