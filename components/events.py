@@ -12,7 +12,8 @@ import gradio as gr
 from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
-from .logic import MAX_PANELS, AppLogic, UIState, UserError
+from .logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
+from .messages import plain
 from .panel_files import prepared
 from .settings import Settings
 
@@ -52,7 +53,10 @@ def named(*names: str, extra: tuple = ()):
 def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
     """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers."""
     hub = logic.hub
-    inputs = ctl.inputs()
+    # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
+    # the last encoding's unit and size; `budget_of` checks the value against the unit sent with it)
+    api_budget = gr.Number(None, visible=False, label="budget", elem_id="api-budget")
+    inputs = [api_budget if c is ctl.budget else c for c in ctl.inputs()]
     names = C.control_names()
     n_ctl = len(names)
     hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
@@ -175,8 +179,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     def on_apply(st, settings):
         try:
             s = Settings.parse(settings or "")
-        except ValueError as e:
-            _error(e)
+            check_methods(s.methods)  # what /view takes
+        except (ValueError, UserError) as e:
+            _error(plain(e))
         n_v = st.n_visual if isinstance(st, UIState) else 0
         vals = C.control_values(s, n_v)
         unit, budget = vals[1], vals[2]
@@ -238,8 +243,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     act.generate.click(boxed(on_generate, after=("max_new_tokens",), extra=progress_param), [state, ctl.box, act.max_new],
                        gen_outs, **answering, **private)
     api["generate"].click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
-    for c in inputs:  # the page's own copy of the controls, rewritten in the page (no server call)
-        c.change(None, inputs, ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)
+    for c in ctl.inputs():  # the page's own copy of the controls, rewritten in the page (no server call)
+        c.change(None, ctl.inputs(), ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)
     ctl.box.change(on_live, live_ins, live_outs, **live)
     # the answers' event starts once the panels' images have loaded (the wait runs in the page)
     res.ask.change(None, None, None, js=AFTER_IMAGES_JS, queue=False, **private).then(on_auto, auto_ins, auto_outs,
@@ -261,7 +266,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     api["inspect"].click(on_inspect, [state, *inputs, res.px, res.py], inspect_outs, api_name="inspect")
     res.export.click(boxed(on_export), [state, ctl.box], res.files, **private)
     api["export"].click(on_export, [state, *inputs], res.files, api_name="export")
-    act.apply.click(on_apply, [state, act.settings], inputs, api_name="settings", show_progress_on=[act.settings])
+    act.apply.click(on_apply, [state, act.settings], ctl.inputs(), api_name="settings", show_progress_on=[act.settings])
 
 
 __all__ = ["named", "token_chips", "wire"]

@@ -21,7 +21,7 @@ from mipruner.engine import DEFAULT_CACHE_BYTES, Engine, load_adapter
 from mipruner.models.families import suggested_models
 from mipruner.session import CacheBudget
 
-from .messages import plain
+from .messages import plain, short
 from .policy import ModelPolicy
 
 EMBEDDED = "shapes-llava"
@@ -52,7 +52,7 @@ def load_error_reason(err: BaseException) -> str:
 
 def describe_load_error(name: str, err: BaseException) -> str:
     """A plain-language reason for a failed load."""
-    return f"Could not load {name!r} ({load_error_reason(err)})."
+    return f"Could not load {short(name)} ({load_error_reason(err)})."
 
 
 class ModelHub:
@@ -115,7 +115,7 @@ class ModelHub:
                 return self._engines[name]
             refused = self.policy.refusal(name)
             if refused:
-                raise ModelLoadError(f"Could not load {name!r} ({refused}).", refused)
+                raise ModelLoadError(f"Could not load {short(name)} ({refused}).", refused)
             try:
                 adapter = self._adapter(name)
             except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up

@@ -81,17 +81,19 @@ def budget_of(value, unit: str, n_visual: int):
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"the budget must be a number, got {str(value)[:40]!r}") from None
+        raise UserError(f"budget must be a number, got {str(value)[:40]!r}") from None
     if not math.isfinite(value):
-        raise UserError(f"the budget must be a finite number, got {value}")
+        raise UserError(f"budget must be a finite number, got {value}")
     if unit == "%":
         share = float(value) / 100.0
         if not 0.0 < share <= 1.0:
-            raise UserError(f"a budget in % must be in (0, 100], got {value}")
+            raise UserError(f"budget in % must be in (0, 100], got {value:g}")
         return share
+    if unit != "tokens":
+        raise UserError(f"unit must be % or tokens, got {str(unit)[:20]!r}")
     k = int(round(float(value)))
     if k < 1:
-        raise UserError(f"the budget must keep at least 1 token, got {value}")
+        raise UserError(f"budget in tokens must be at least 1, got {value:g}")
     return min(k, n_visual) if n_visual else k
 
 
@@ -346,9 +348,9 @@ def check_methods(methods) -> tuple[str, ...]:
     """The chosen methods: at least one, at most MAX_PANELS (their names are checked by `Settings`)."""
     methods = tuple(methods or ())
     if not methods:
-        raise UserError("choose at least one method")
+        raise UserError("methods: choose at least one method")
     if len(methods) > MAX_PANELS:
-        raise UserError(f"choose at most {MAX_PANELS} methods at once")
+        raise UserError(f"methods: choose at most {MAX_PANELS} at once, got {len(methods)}")
     return methods
 
 

@@ -16,10 +16,24 @@ _PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"]+){2,}/?")  # an absolute path o
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
+_QUOTED = re.compile("'[^'\\n]{100,}'|\"[^\"\\n]{100,}\"")  # a quoted run of 100+ characters: part of an input
+MAX_MESSAGE = 600
+
+
+def short(value, n: int = 60) -> str:
+    """`value` quoted, its first `n` characters only: what a message may show of an input."""
+    text = str(value)
+    return repr(text) if len(text) <= n else repr(text[:n]) + f"... ({len(text):,} characters)"
+
+
 def plain(text) -> str:
-    """A message fit for the page: file names instead of the server's paths, no error numbers."""
+    """A message fit for the page: file names instead of the server's paths, no error numbers, and no
+    more than 60 characters of any quoted input (nor more than MAX_MESSAGE in all)."""
     text = _ERRNO.sub("", str(text))
     text = _PATH.sub(lambda m: os.path.basename(m.group(0).rstrip("/")), text)
+    text = _QUOTED.sub(lambda m: m.group(0)[:61] + m.group(0)[0] + "...", text)
+    if len(text) > MAX_MESSAGE:
+        text = text[:MAX_MESSAGE - 3].rstrip() + "..."
     return text.strip() or "something went wrong"
 
 
@@ -61,4 +75,4 @@ def input_problem(name: str, kind: str, payload, err: BaseException) -> str:
     return plain(f"{name}: cannot use the value {shown}")
 
 
-__all__ = ["clean_prompt", "input_problem", "plain", "unknown_words_warning"]
+__all__ = ["clean_prompt", "input_problem", "plain", "short", "unknown_words_warning"]
