@@ -59,6 +59,28 @@ def unknown_words_warning(model: str, words: PromptWords) -> str:
     return msg
 
 
+def crop_note(enc) -> str:
+    """A sentence when the model reads only part of the picture (a processor's centre crop): the part it
+    reads, from the visual tokens' boxes; "" when the tokens cover (almost) all of it."""
+    import torch
+
+    geo = enc.geometry
+    if enc.is_video or not len(geo.sizes):
+        return ""
+    w, h = geo.sizes[0]
+    box = geo.box[geo.frame == 0]
+    box = box[torch.isfinite(box).all(dim=1)]
+    if not len(box):
+        return ""
+    x0, y0 = box[:, 0].min().clamp(min=0), box[:, 1].min().clamp(min=0)
+    x1, y1 = box[:, 2].max().clamp(max=w), box[:, 3].max().clamp(max=h)
+    cw, ch = round(float(x1 - x0)), round(float(y1 - y0))
+    if cw * ch >= 0.98 * w * h:
+        return ""
+    return (f"The model reads only the centre {cw} x {ch} px of this {w} x {h} picture (its processor crops the "
+            "middle); the kept-patch images dim the parts it never sees.")
+
+
 def input_problem(name: str, kind: str, payload, err: BaseException) -> str:
     """Why the value the page (or an API call) sent for the input `name` cannot be used.
 
@@ -75,4 +97,4 @@ def input_problem(name: str, kind: str, payload, err: BaseException) -> str:
     return plain(f"{name}: cannot use the value {shown}")
 
 
-__all__ = ["clean_prompt", "input_problem", "plain", "short", "unknown_words_warning"]
+__all__ = ["clean_prompt", "crop_note", "input_problem", "plain", "short", "unknown_words_warning"]
