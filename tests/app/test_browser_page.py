@@ -96,6 +96,8 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         # a clicked patch: its PMI appears under the panel clicked
         mask = page.locator("#panel-1-mask img")
         mask.evaluate("(e) => e.scrollIntoView({block: 'start'})")  # above the phone's controls sheet
+        page.wait_for_function("(() => { const i = document.querySelector('#panel-1-mask img');"
+                               " return i && i.complete && i.naturalWidth > 0 && i.getBoundingClientRect().width > 0; })()")
         size = mask.bounding_box()
         mask.click(position={"x": size["width"] / 2, "y": size["height"] / 2})  # inside the centre crop
         page.wait_for_selector("#panel-1-patch", state="visible")
