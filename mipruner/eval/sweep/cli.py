@@ -22,10 +22,10 @@ import time
 
 import mipruner
 
-from .cli_options import add_param_options, param_values
-from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable
-from .sweep_plot import PLOTTED, X_AXES
-from .sweep_sets import GENERATED, unpacked_set
+from ..cli_options import add_param_options, param_values
+from .run import Sweep, SweepResult, generated_set, run_sweep, sweepable
+from .plot import PLOTTED, X_AXES
+from .sets import GENERATED, unpacked_set
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,10 +32,10 @@ from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 from mipruner.pruners.signals import encode_kwargs
 
-from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
-from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
-from .sweep_spec import SPECIAL, Sweep, parse_value, parse_values, sweepable
-from .sweep_sets import GENERATED, describe, generated_set, media_bytes, unpacked_set, user_set
+from ..metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
+from .result import COLUMNS, METRICS, SweepResult, summarise
+from .spec import SPECIAL, Sweep, parse_value, parse_values, sweepable
+from .sets import GENERATED, describe, generated_set, media_bytes, unpacked_set, user_set
 
 class SweepRun:
     """A sweep in progress: `iterate(items)` (or `add(item)`) evaluates items; `result()` at any time.

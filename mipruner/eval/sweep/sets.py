@@ -31,7 +31,7 @@ import zipfile
 
 from mipruner.media import is_video_path
 
-from .tasks import EvalItem
+from ..tasks import EvalItem
 
 GENERATED = ("pope", "pope-random", "pope-popular", "pope-adversarial", "open", "clips")
 POPE_SPLITS = ("random", "popular", "adversarial")
@@ -44,7 +44,7 @@ QUESTIONS_NAME = "questions.jsonl"
 
 def generated_set(name: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
     """`n` items of generated set `name` (see the module docstring); "pope": n spread over the splits."""
-    from .shapes import shapes_items
+    from ..shapes import shapes_items
 
     if name not in GENERATED:
         raise ValueError(f"unknown question set {name!r}; choose one of {', '.join(GENERATED)} or give a zip")
