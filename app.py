@@ -109,7 +109,7 @@ def build(args: argparse.Namespace):
 
     from gradio.utils import get_upload_folder
 
-    from components.hub import ModelHub
+    from components.hub import ModelHub, hub_reachable
     from components.logic import AppLogic
     from components.policy import is_hosted
     from components.spaces_gpu import gpu
@@ -125,7 +125,7 @@ def build(args: argparse.Namespace):
                    cache_bytes=args.cache_mb << 20)
     problems = load_for_cli(args.plugins)  # also printed to stderr
     freeze("the app loads plug-ins only at start-up, from its own flags and environment")
-    print(hub.load_default(getattr(args, "model_role", "")), flush=True)
+    print(hub.load_default(getattr(args, "model_role", ""), reachable=hub_reachable), flush=True)
     fell_back = hub.default == hub.fallback != args.model  # the start-up model could not be loaded
     notes = " ".join(([hub.startup_message] if fell_back else []) + list(problems))
     hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
