@@ -109,9 +109,11 @@ def build(args: argparse.Namespace):
 
     from gradio.utils import get_upload_folder
 
-    from components.hub import ModelHub
+    from components.hub import ModelHub, hub_reachable
     from components.logic import AppLogic
+    from components.policy import is_hosted
     from components.spaces_gpu import gpu
+    from components.sweep_queue import SweepLimits
     from components.ui import build_demo
     from mipruner.session import FileBudget
     from mipruner.plugins import freeze, load_for_cli
@@ -123,7 +125,7 @@ def build(args: argparse.Namespace):
                    cache_bytes=args.cache_mb << 20)
     problems = load_for_cli(args.plugins)  # also printed to stderr
     freeze("the app loads plug-ins only at start-up, from its own flags and environment")
-    print(hub.load_default(getattr(args, "model_role", "")), flush=True)
+    print(hub.load_default(getattr(args, "model_role", ""), reachable=hub_reachable), flush=True)
     fell_back = hub.default == hub.fallback != args.model  # the start-up model could not be loaded
     notes = " ".join(([hub.startup_message] if fell_back else []) + list(problems))
     hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
@@ -132,6 +134,7 @@ def build(args: argparse.Namespace):
     warm = warm_up(args, hub)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes, warm=warm)
+    logic.sweep_limits = SweepLimits.for_server(is_hosted(args.host, args.share))  # hosted: small, timed sweeps
     demo = build_demo(logic, auto_answers=hub.default == hub.fallback)
     if warm is not None:
         warm.start()

@@ -53,10 +53,10 @@ def _label(p) -> str:
     return f"{p.name} ({', '.join(users)})"
 
 
-def param_widget(p):
+def param_widget(p, **extra):
     """One widget for a registered `Param`: a slider for a bounded number, a number box for an
-    unbounded one, a radio for choices (shown as text)."""
-    kw = dict(label=_label(p), info=p.doc, elem_id=f"param-{p.name}")
+    unbounded one, a radio for choices (shown as text). extra: more keyword arguments (interactive=...)."""
+    kw = {"label": _label(p), "info": p.doc, "elem_id": f"param-{p.name}", **extra}
     if p.kind == "choice":
         return gr.Radio([str(c) for c in p.choices], value=str(p.default), **kw)
     if p.low is not None and p.high is not None and (p.kind == "float" or p.high - p.low <= 1000):
@@ -76,7 +76,8 @@ def build_controls() -> Controls:
         budget = gr.Slider(1, 100, value=DEFAULT_SHARE, step=1, label="Budget (% of visual tokens)", scale=3,
                            elem_id="budget")
     params = parameters()
-    widgets = {n: param_widget(params[n]) for n in FEATURED if n in params}
+    widgets = {n: param_widget(params[n], **lam_props(params[n], d.params.get("lam_rule"))) for n in FEATURED
+               if n in params}
     text_mode = gr.Radio(list(TEXT_MODES), value=d.text_mode, label="Prompt tokens that count as text "
                          "(question / question without stopwords / whole chat prompt); changing it re-encodes",
                          elem_id="text-mode")
@@ -90,6 +91,17 @@ def build_controls() -> Controls:
     ctl.box = gr.Textbox(json.dumps([c.value for c in ctl.inputs()]), visible="hidden", elem_id="controls-json",
                          interactive=False)
     return ctl
+
+
+def lam_props(p, rule) -> dict:
+    """The lam slider's state under a lam rule: disabled (its value unused) under "auto", whose pick each
+    MI panel's title names."""
+    if p.name != "lam":
+        return {}
+    auto = str(rule) == "auto"
+    return {"interactive": not auto,
+            "info": p.doc + (" - disabled: lam_rule auto picks lam per prompt (the panel title says which); set "
+                             "lam_rule to fixed to use this value" if auto else "")}
 
 
 # Gradio's page keeps a loading status for every input of every event it has run and updates all of
@@ -189,4 +201,4 @@ def budget_slider(unit: str, n_visual: int, value=None):
 
 
 __all__ = ["APP_FIELDS", "BOX_JS", "Actions", "Controls", "unbox", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
-           "param_widget", "settings_from"]
+           "lam_props", "param_widget", "settings_from"]

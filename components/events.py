@@ -9,10 +9,13 @@ import inspect
 
 import gradio as gr
 
+from mipruner.engine import parameters
+
 from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
-from .logic import MAX_PANELS, AppLogic, UIState, UserError
+from .logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
+from .messages import plain
 from .panel_files import prepared
 from .settings import Settings
 
@@ -52,7 +55,10 @@ def named(*names: str, extra: tuple = ()):
 def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
     """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers."""
     hub = logic.hub
-    inputs = ctl.inputs()
+    # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
+    # the last encoding's unit and size; `budget_of` checks the value against the unit sent with it)
+    api_budget = gr.Number(None, visible=False, label="budget", elem_id="api-budget")
+    inputs = [api_budget if c is ctl.budget else c for c in ctl.inputs()]
     names = C.control_names()
     n_ctl = len(names)
     hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
@@ -90,10 +96,12 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return (st, msg, token_chips(st.tokens, heat), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
                 gr.update(value=heat), *layer_updates(st, vals))
 
-    def view_fields(st, vals):
+    def view_fields(st, vals, frame=0):
         try:
             s = settings_of(st, vals)
             views, summary = logic.view(st, s)
+            if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
+                P.show_frame(views, logic.frame_box(st, int(frame) - 1))
             cached = logic.cached_answers(st, s)  # answers already made for these settings; never runs the LLM
         except UserError as e:
             _error(e)
@@ -107,11 +115,12 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return (*P.panel_updates(fields), *rest)
 
     @plain_errors("drawing the panels")
-    def on_live(st, shown, ask, raw, raw_open, auto, box):
+    def on_live(st, shown, ask, raw, raw_open, auto, box, frame=0):
         """The page's view: only what changed since its last one. Answers and the raw-data JSON are
         events of their own, started by a change of `ask` (when answering automatically) and `raw`
-        (while its accordion is open): a move that needs neither costs the page one event only."""
-        fields, (reference, settings, summary, _) = view_fields(st, C.unbox(box))  # plain_errors: a UserError's message
+        (while its accordion is open): a move that needs neither costs the page one event only.
+        frame: a video's frame the panels show (0: all)."""
+        fields, (reference, settings, summary, _) = view_fields(st, C.unbox(box), frame)  # plain_errors: a UserError's message
         updates, props = P.live_updates(fields, (shown or {}).get("props"))
         bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
         return prepared(live_outs, [*updates, reference, settings, {"props": props, "summary": summary},
@@ -155,9 +164,19 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         scaled = [(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]]
         return scaled, info
 
-    def on_click(evt: gr.SelectData):
+    def on_click(st, frame, evt: gr.SelectData):
+        """The clicked pixel, in the whole strip's coordinates (a single frame shown: offset by its place)."""
         x, y = evt.index
+        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
+            try:
+                x += logic.frame_box(st, int(frame) - 1)[0]
+            except UserError as e:
+                _error(e)
         return x, y
+
+    def frame_range(st):
+        n = st.n_frames if isinstance(st, UIState) else 0
+        return gr.update(visible=n > 1, maximum=max(n, 1), value=0)
 
     def on_token(st, evt: gr.SelectData):
         idx = evt.index if isinstance(evt.index, int) else evt.index[0]
@@ -175,8 +194,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     def on_apply(st, settings):
         try:
             s = Settings.parse(settings or "")
-        except ValueError as e:
-            _error(e)
+            check_methods(s.methods)  # what /view takes
+        except (ValueError, UserError) as e:
+            _error(plain(e))
         n_v = st.n_visual if isinstance(st, UIState) else 0
         vals = C.control_values(s, n_v)
         unit, budget = vals[1], vals[2]
@@ -202,7 +222,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
 
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
     # the page's view event writes only the panels (each output costs the page's script time)
-    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, ctl.box]
+    live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, ctl.box, res.frame]
     live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
     auto_ins, auto_outs = [state, res.shown, ctl.box, act.max_new], [*gen_outs, res.view_json]
@@ -232,14 +252,16 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     enc = inp.run.click(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
-    for ev in (enc, sub):
-        ev.then(on_live, live_ins, live_outs, **live)
+    for ev in (enc, sub):  # a video gets the frame selector (an image hides it), then the panels
+        ev.then(frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
+            on_live, live_ins, live_outs, **live)
+    res.frame.change(on_live, live_ins, live_outs, **live)
     api["view"].click(on_view, [state, *inputs], view_outs, api_name="view")
     act.generate.click(boxed(on_generate, after=("max_new_tokens",), extra=progress_param), [state, ctl.box, act.max_new],
                        gen_outs, **answering, **private)
     api["generate"].click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
-    for c in inputs:  # the page's own copy of the controls, rewritten in the page (no server call)
-        c.change(None, inputs, ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)
+    for c in ctl.inputs():  # the page's own copy of the controls, rewritten in the page (no server call)
+        c.change(None, ctl.inputs(), ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)
     ctl.box.change(on_live, live_ins, live_outs, **live)
     # the answers' event starts once the panels' images have loaded (the wait runs in the page)
     res.ask.change(None, None, None, js=AFTER_IMAGES_JS, queue=False, **private).then(on_auto, auto_ins, auto_outs,
@@ -252,16 +274,23 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # the user's unit switch resets the budget's range; Apply sets unit and budget together (no reset)
     ctl.unit.input(on_unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
     res.tokens.select(on_token, [state], ctl.heat, show_progress_on=[act.settings], **private)
+    if "lam" in ctl.params and "lam_rule" in ctl.params:  # the lam slider is disabled while lam_rule is auto
+        params = parameters()
+        ctl.params["lam_rule"].change(lambda rule: gr.update(**C.lam_props(params["lam"], rule)),
+                                      ctl.params["lam_rule"], ctl.params["lam"], queue=False, show_progress="hidden",
+                                      **private)
     page_inspect = boxed(on_inspect, after=("x", "y"))
     inspect_outs = [res.patch_tokens, res.patch_info]
-    for p in res.panels:
-        p.mask.select(on_click, None, [res.px, res.py], **private).then(
-            page_inspect, [state, ctl.box, res.px, res.py], inspect_outs, **private)
+    for p in res.panels:  # a clicked patch's PMI shows under the panel clicked (and in the Inspect section)
+        p.mask.select(on_click, [state, res.frame], [res.px, res.py], **private).then(
+            page_inspect, [state, ctl.box, res.px, res.py], inspect_outs, **private).then(
+            P.patch_beside, [res.patch_tokens, res.px, res.py], p.patch, queue=False, show_progress="hidden",
+            **private)
     res.inspect.click(page_inspect, [state, ctl.box, res.px, res.py], inspect_outs, **private)
     api["inspect"].click(on_inspect, [state, *inputs, res.px, res.py], inspect_outs, api_name="inspect")
     res.export.click(boxed(on_export), [state, ctl.box], res.files, **private)
     api["export"].click(on_export, [state, *inputs], res.files, api_name="export")
-    act.apply.click(on_apply, [state, act.settings], inputs, api_name="settings", show_progress_on=[act.settings])
+    act.apply.click(on_apply, [state, act.settings], ctl.inputs(), api_name="settings", show_progress_on=[act.settings])
 
 
 __all__ = ["named", "token_chips", "wire"]

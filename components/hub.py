@@ -13,7 +13,10 @@ from the hub's metadata before any download, and the local folders models may co
 from __future__ import annotations
 
 import gc
+import os
+import socket
 import threading
+import urllib.parse
 from collections import OrderedDict
 from typing import Callable
 
@@ -21,14 +24,33 @@ from mipruner.engine import DEFAULT_CACHE_BYTES, Engine, load_adapter
 from mipruner.models.families import suggested_models
 from mipruner.session import CacheBudget
 
-from .messages import plain
-from .policy import ModelPolicy
+from .messages import plain, short
+from .policy import ModelPolicy, cached_locally, looks_local
 
 EMBEDDED = "shapes-llava"
 
 # Real checkpoints offered in the dropdown: each family's suggested ones, from the family table (any other
 # hub id or local path can be typed in).
 SUGGESTED = (EMBEDDED, *suggested_models())
+
+
+OFFLINE = "its files are not on this machine and the model hub cannot be reached"
+
+
+def hub_reachable(timeout: float = 3.0, endpoint: str | None = None) -> bool:
+    """Whether the model hub (HF_ENDPOINT, else huggingface.co) takes a connection within `timeout` seconds:
+    asked once at start-up, so an offline server falls back at once instead of after the hub client's retries.
+    True behind a proxy (the proxy decides); False when HF_HUB_OFFLINE is set."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urllib.parse.urlsplit(endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class ModelLoadError(RuntimeError):
@@ -52,7 +74,7 @@ def load_error_reason(err: BaseException) -> str:
 
 def describe_load_error(name: str, err: BaseException) -> str:
     """A plain-language reason for a failed load."""
-    return f"Could not load {name!r} ({load_error_reason(err)})."
+    return f"Could not load {short(name)} ({load_error_reason(err)})."
 
 
 class ModelHub:
@@ -78,11 +100,15 @@ class ModelHub:
         self.policy.trusted = tuple(dict.fromkeys((*self.policy.trusted, default, fallback)))
         self.cache = CacheBudget(cache_bytes)
 
-    def load_default(self, role: str = "") -> str:
+    def load_default(self, role: str = "", reachable=None) -> str:
         """Load the start-up model (or the fallback when it fails); returns a status message. When it
         fails, one sentence names the model tried, its `role` when given (e.g. "this Space's default on
-        a CPU") and why, and says that the fallback serves instead."""
+        a CPU") and why, and says that the fallback serves instead. reachable() -> False (e.g.
+        `hub_reachable`): a hub model not in the local cache fails at once, without the hub's retries."""
         try:
+            if (reachable is not None and self.default != self.fallback
+                    and not looks_local(self.default) and not cached_locally(self.default) and not reachable()):
+                raise ModelLoadError(f"Could not load {short(self.default)} ({OFFLINE}).", OFFLINE)
             self._load(self.default)
             self.startup_message = f"Model {self.default!r} loaded."
         except ModelLoadError as e:
@@ -115,7 +141,7 @@ class ModelHub:
                 return self._engines[name]
             refused = self.policy.refusal(name)
             if refused:
-                raise ModelLoadError(f"Could not load {name!r} ({refused}).", refused)
+                raise ModelLoadError(f"Could not load {short(name)} ({refused}).", refused)
             try:
                 adapter = self._adapter(name)
             except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up
@@ -140,4 +166,5 @@ class ModelHub:
             return self._load(self.fallback), f"{e} Showing the embedded model {self.fallback!r} instead."
 
 
-__all__ = ["EMBEDDED", "ModelHub", "ModelLoadError", "SUGGESTED", "describe_load_error", "load_error_reason"]
+__all__ = ["EMBEDDED", "ModelHub", "ModelLoadError", "OFFLINE", "SUGGESTED", "describe_load_error", "hub_reachable",
+           "load_error_reason"]

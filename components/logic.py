@@ -22,7 +22,7 @@ from mipruner.media import is_video_path
 from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from .hub import ModelHub
-from .messages import clean_prompt, plain, unknown_words_warning
+from .messages import clean_prompt, crop_note, plain, unknown_words_warning
 from .settings import Settings
 from .spaces_gpu import DURATIONS, generate_seconds
 
@@ -45,6 +45,8 @@ class UIState:
     tokens: list[str] = field(default_factory=list)
     n_visual: int = 0
     n_layers: int = 0  # decoder layers of the model (FastV / DART's K is at most this)
+    n_frames: int = 0  # frames of the encoding on screen (a video's: the page's frame selector)
+    noted: bool = False  # the start-up notes (the fallback sentence) were shown to this session once
 
 
 def label(name: str) -> str:
@@ -82,17 +84,19 @@ def budget_of(value, unit: str, n_visual: int):
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise UserError(f"the budget must be a number, got {str(value)[:40]!r}") from None
+        raise UserError(f"budget must be a number, got {str(value)[:40]!r}") from None
     if not math.isfinite(value):
-        raise UserError(f"the budget must be a finite number, got {value}")
+        raise UserError(f"budget must be a finite number, got {value}")
     if unit == "%":
         share = float(value) / 100.0
         if not 0.0 < share <= 1.0:
-            raise UserError(f"a budget in % must be in (0, 100], got {value}")
+            raise UserError(f"budget in % must be in (0, 100], got {value:g}")
         return share
+    if unit != "tokens":
+        raise UserError(f"unit must be % or tokens, got {str(unit)[:20]!r}")
     k = int(round(float(value)))
     if k < 1:
-        raise UserError(f"the budget must keep at least 1 token, got {value}")
+        raise UserError(f"budget in tokens must be at least 1, got {value:g}")
     return min(k, n_visual) if n_visual else k
 
 
@@ -207,6 +211,7 @@ class AppLogic:
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
         state.n_layers = engine.adapter.n_layers
         frames = len(enc.geometry.sizes)
+        state.n_frames = frames if enc.is_video else 0
         what = f"{frames} frame{'s' * (frames != 1)}" if enc.is_video else "1 image"
         status = (f"**{engine.model_name}**: {what} -> {enc.n_visual} visual tokens, "
                   f"{len(enc.scoring_tokens)} prompt tokens scored; encoded in "
@@ -215,7 +220,18 @@ class AppLogic:
             status += f" {removed} control character{'s' * (removed != 1)} removed from the prompt."
         warning = unknown_words_warning(engine.model_name, engine.prompt_words(prompt.strip()))
         warm = self.warm.note() if self.warm is not None and engine is self.warm.engine else ""  # warming, or failed
-        return state, " ".join(p for p in (note, status, warning, self.notes, warm) if p)
+        notes = "" if state.noted else self.notes  # once per session: the page's status line keeps saying it
+        state.noted = True
+        return state, " ".join(p for p in (note, status, crop_note(enc), warning, notes, warm) if p)
+
+    def frame_box(self, state: UIState, frame: int) -> tuple[int, int, int, int]:
+        """(x0, y0, x1, y1) of a video's frame in the panels' strip."""
+        engine, enc = self._current(state)
+        lay = engine.layout(state.session, state.key)
+        if not 0 <= frame < len(lay.frame_x):
+            raise UserError(f"frame must be in [1, {len(lay.frame_x)}], got {frame + 1}")
+        (w, h), x = lay.frame_wh[frame], lay.frame_x[frame]
+        return x, 0, x + w, h
 
     # -- view ------------------------------------------------------------------------------
 
@@ -347,9 +363,9 @@ def check_methods(methods) -> tuple[str, ...]:
     """The chosen methods: at least one, at most MAX_PANELS (their names are checked by `Settings`)."""
     methods = tuple(methods or ())
     if not methods:
-        raise UserError("choose at least one method")
+        raise UserError("methods: choose at least one method")
     if len(methods) > MAX_PANELS:
-        raise UserError(f"choose at most {MAX_PANELS} methods at once")
+        raise UserError(f"methods: choose at most {MAX_PANELS} at once, got {len(methods)}")
     return methods
 
 

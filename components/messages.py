@@ -16,10 +16,24 @@ _PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"]+){2,}/?")  # an absolute path o
 _ERRNO = re.compile(r"\[Errno -?\d+\]\s*")
 
 
+_QUOTED = re.compile("'[^'\\n]{100,}'|\"[^\"\\n]{100,}\"")  # a quoted run of 100+ characters: part of an input
+MAX_MESSAGE = 600
+
+
+def short(value, n: int = 60) -> str:
+    """`value` quoted, its first `n` characters only: what a message may show of an input."""
+    text = str(value)
+    return repr(text) if len(text) <= n else repr(text[:n]) + f"... ({len(text):,} characters)"
+
+
 def plain(text) -> str:
-    """A message fit for the page: file names instead of the server's paths, no error numbers."""
+    """A message fit for the page: file names instead of the server's paths, no error numbers, and no
+    more than 60 characters of any quoted input (nor more than MAX_MESSAGE in all)."""
     text = _ERRNO.sub("", str(text))
     text = _PATH.sub(lambda m: os.path.basename(m.group(0).rstrip("/")), text)
+    text = _QUOTED.sub(lambda m: m.group(0)[:61] + m.group(0)[0] + "...", text)
+    if len(text) > MAX_MESSAGE:
+        text = text[:MAX_MESSAGE - 3].rstrip() + "..."
     return text.strip() or "something went wrong"
 
 
@@ -45,6 +59,28 @@ def unknown_words_warning(model: str, words: PromptWords) -> str:
     return msg
 
 
+def crop_note(enc) -> str:
+    """A sentence when the model reads only part of the picture (a processor's centre crop): the part it
+    reads, from the visual tokens' boxes; "" when the tokens cover (almost) all of it."""
+    import torch
+
+    geo = enc.geometry
+    if enc.is_video or not len(geo.sizes):
+        return ""
+    w, h = geo.sizes[0]
+    box = geo.box[geo.frame == 0]
+    box = box[torch.isfinite(box).all(dim=1)]
+    if not len(box):
+        return ""
+    x0, y0 = box[:, 0].min().clamp(min=0), box[:, 1].min().clamp(min=0)
+    x1, y1 = box[:, 2].max().clamp(max=w), box[:, 3].max().clamp(max=h)
+    cw, ch = round(float(x1 - x0)), round(float(y1 - y0))
+    if cw * ch >= 0.98 * w * h:
+        return ""
+    return (f"The model reads only the centre {cw} x {ch} px of this {w} x {h} picture (its processor crops the "
+            "middle); the kept-patch images dim the parts it never sees.")
+
+
 def input_problem(name: str, kind: str, payload, err: BaseException) -> str:
     """Why the value the page (or an API call) sent for the input `name` cannot be used.
 
@@ -61,4 +97,4 @@ def input_problem(name: str, kind: str, payload, err: BaseException) -> str:
     return plain(f"{name}: cannot use the value {shown}")
 
 
-__all__ = ["clean_prompt", "input_problem", "plain", "unknown_words_warning"]
+__all__ = ["clean_prompt", "crop_note", "input_problem", "plain", "short", "unknown_words_warning"]

@@ -63,6 +63,12 @@ class PanelImages:
         got = self._get(key, img)
         return got if got is not None else self._put(key, img, viz.with_colorbar(img, label))
 
+    def cropped(self, img: Image.Image, box: tuple) -> Image.Image:
+        """`img.crop(box)`, the same object for the same image and box (so its file is written once)."""
+        key = ("crop", id(img), tuple(box))
+        got = self._get(key, img)
+        return got if got is not None else self._put(key, img, img.crop(box))
+
     def file(self, img: Image.Image, block) -> dict:
         """What `block.postprocess(img)` sends the page (a file in Gradio's cache), written once."""
         key = ("file", id(img), getattr(block, "format", None))

@@ -33,6 +33,7 @@ class Panel:
     pivot: gr.Image
     legend: gr.HTML
     answer: gr.Markdown
+    patch: gr.HighlightedText | None = None  # the last clicked patch's PMI (not a view output: clicks fill it)
 
     def components(self) -> list:
         return [self.title, self.mask, self.heat, self.pivot, self.legend, self.answer]
@@ -56,8 +57,28 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                                        buttons=["download", "fullscreen"]),
                         legend=gr.HTML(visible=False, elem_id=f"panel-{i}-legend"),
                         answer=gr.Markdown(visible=False, elem_id=f"panel-{i}-answer"),
+                        patch=gr.HighlightedText(visible=False, elem_id=f"panel-{i}-patch", show_legend=False,
+                                                 interactive=False, label="clicked patch"),
                     ))
     return panels
+
+
+def show_frame(views, box: tuple[int, int, int, int]) -> None:
+    """Cut every view's images to one frame of the strip (`box`: x0, y0, x1, y1 in strip pixels)."""
+    for v in views:
+        for name in ("mask", "heatmap", "pivot"):
+            img = getattr(v, name, None)
+            if img is not None:
+                setattr(v, name, IMAGES.cropped(img, box))
+
+
+def patch_beside(tokens, x, y):
+    """The clicked panel's patch box: the patch's PMI with each prompt token (scaled 0-1), shown."""
+    if not tokens:
+        return gr.update(visible=False)
+    tokens = [(t["token"], t.get("class_or_confidence")) if isinstance(t, dict) else tuple(t) for t in tokens]
+    where = f" at ({x:.0f}, {y:.0f})" if isinstance(x, (int, float)) and isinstance(y, (int, float)) else ""
+    return gr.update(visible=True, value=tokens, label=f"clicked patch{where}: its PMI with each prompt token")
 
 
 def legend_html(legend: list[tuple[str, str]] | None) -> str:
@@ -186,4 +207,4 @@ def reference_md(ans: dict | None) -> str:
 
 
 __all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",
-           "live_updates", "panel_fields", "panel_updates", "reference_md"]
+           "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]

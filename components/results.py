@@ -32,6 +32,7 @@ class Results:
     raw: gr.Number
     raw_open: gr.State
     raw_box: gr.Accordion
+    frame: gr.Slider | None = None  # a video's frame the panels show (0: all side by side)
 
     def view_outputs(self) -> list:
         """What a view update writes: every panel field, reference, settings box is added by the caller."""
@@ -47,6 +48,8 @@ def build_results() -> Results:
                                 elem_id="tokens", combine_adjacent=False, show_legend=False,
                                 color_map={"shown": "orange"}, interactive=False)
     reference = gr.Markdown(P.reference_md(None), elem_id="reference")
+    frame = gr.Slider(0, 1, value=0, step=1, visible=False, elem_id="frame",
+                      label="Frame the panels show (0: every frame side by side; pick one to read its patches)")
     panels = P.build_panels()
     with gr.Accordion("Inspect a patch (click one in any kept-patch image)", open=False):
         with gr.Row():
@@ -62,7 +65,7 @@ def build_results() -> Results:
         answers_json = gr.JSON(label="answers", elem_id="answers-json")
     return Results(status, tokens, reference, panels, px, py, inspect, patch_tokens, patch_info, export, files,
                    view_json, answers_json, gr.State(None), gr.Number(0, visible="hidden", elem_id="ask"),
-                   gr.Number(0, visible="hidden", elem_id="raw"), gr.State(False), raw_box)
+                   gr.Number(0, visible="hidden", elem_id="raw"), gr.State(False), raw_box, frame)
 
 
 __all__ = ["Results", "build_results"]

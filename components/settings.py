@@ -14,6 +14,7 @@ from typing import Any
 
 from mipruner.engine import TEXT_MODES, check_budget, method_spec
 from mipruner.engine import parameters as all_params
+from .messages import short
 
 FIELDS = {"methods": "m", "budget": "b", "text_mode": "tm", "heat": "ht"}
 DEFAULT_METHODS = ("mi", "random", "similarity", "attention")
@@ -111,17 +112,17 @@ class Settings:
             code, sep, val = part.partition("=")
             code, val = code.strip(), val.strip()
             if not sep:
-                raise ValueError(f"settings field {code!r}: expected {code}=<value>")
+                raise ValueError(f"settings field {short(code)}: expected <field>=<value>")
             if code not in by_code:
-                raise ValueError(f"settings field {code!r} is unknown; known fields: {', '.join(by_code)}")
+                raise ValueError(f"settings field {short(code)} is unknown; known fields: {', '.join(by_code)}")
             target = by_code[code]
             name = target if isinstance(target, str) else target.name
             if name in kw:
-                raise ValueError(f"settings field {code!r} is given twice")
+                raise ValueError(f"settings field {short(code)} is given twice")
             try:
                 kw[name] = _read(target, val)
             except ValueError:
-                raise ValueError(f"settings field {code!r} ({name}): cannot read {val!r}") from None
+                raise ValueError(f"settings field {code!r} ({name}): cannot read {short(val)}") from None
         return cls(**kw)
 
 

@@ -10,7 +10,6 @@ from the registry through the engine.
 from __future__ import annotations
 
 import inspect
-import tempfile
 from dataclasses import dataclass
 
 import gradio as gr
@@ -22,6 +21,7 @@ from . import sweep_logic as SL
 from .events import named
 from .logic import UserError
 from .spaces_gpu import on_zero_gpu
+from .sweep_queue import Pace, SweepLimits, SweepQueue
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",
@@ -107,6 +107,10 @@ def _widgets() -> SweepArea:
                      run, cancel, status, plot, files, table, strip_run, strip, strip_info)
 
 
+ZERO_GPU = ("sweeps are not available on a ZeroGPU Space (they run the model for minutes, outside one GPU call): "
+            "run the app locally or on a dedicated GPU, or use python -m mipruner.eval sweep")
+
+
 def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
@@ -128,6 +132,9 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         s = C.settings_from(list(vals[0] or ["mi"]), *vals[1:])
         return SL.make_sweep(methods, param, values, budget, s.params, s.text_mode, logic.max_new_tokens)
 
+    limits = getattr(logic, "sweep_limits", None) or SweepLimits.for_server(False)
+    pace, queue = Pace(), SweepQueue(slots=1, max_waiting=limits.max_waiting)
+
     @named("sweep_state", *FIELDS, "x", "metrics", "model", "model_path", *names, extra=extra)
     def on_run(st, *rest):
         fields, (x, metrics, model, path), vals = rest[:9], rest[9:13], rest[13:13 + n_ctl]
@@ -135,21 +142,27 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         st = st if isinstance(st, SL.SweepState) else SL.SweepState()
         try:
             if on_zero_gpu():
-                raise UserError("sweeps are not available on a ZeroGPU Space (they run the model for minutes, "
-                                "outside one GPU call): run the app locally or on a dedicated GPU, or use "
-                                "python -m mipruner.eval sweep")
+                raise UserError(ZERO_GPU)
             sw = make(fields, vals)
-            items, set_name = SL.question_set(fields[4], fields[5], fields[6], fields[7], fields[8])
-            engine, note = logic.hub.get((path or "").strip() or model)
-            for ev in SL.run(st, engine, sw, items, set_name, request.session_hash if request else ""):
-                if ev[0] == "progress":
-                    done, total = ev[1], ev[2]
-                    progress((done, total), desc=f"sweeping: {done} / {total} items")
-                    yield st, f"{note} Sweeping: {done} / {total} items ...".strip(), gr.update(), gr.update(), gr.update()
-                    continue
-                result, cached = ev[1], ev[2]
-                yield (st, (note + " " + SL.status(result, cached)).strip(), SL.figure(result, x, metrics),
-                       SL.downloads(result, tempfile.mkdtemp(prefix="mipruner-sweep-")), SL.points_table(result))
+            with SL.question_set(*fields[4:9], limits=limits, files=logic.files) as (items, set_name):
+                engine, note = logic.hub.get((path or "").strip() or model)
+                size = SL.estimate_line(pace, engine.model_name, sw, len(items))
+                for ev in SL.run(st, engine, sw, items, set_name, request.session_hash if request else "",
+                                 limits=limits, pace=pace, queue=queue):
+                    if ev[0] == "waiting":
+                        ahead = ev[1]
+                        msg = f"Waiting for the sweep queue: {ahead} sweep{'s' * (ahead != 1)} before yours ({size})."
+                        yield st, f"{note} {msg}".strip(), gr.update(), gr.update(), gr.update()
+                    elif ev[0] == "progress":
+                        done, total = ev[1], ev[2]
+                        progress((done, total), desc=f"sweeping: {done} / {total} items")
+                        yield (st, f"{note} Sweeping: {done} / {total} items ({size}) ...".strip(), gr.update(),
+                               gr.update(), gr.update())
+                    else:
+                        result, cached = ev[1], ev[2]
+                        yield (st, (note + " " + SL.status(result, cached)).strip(), SL.figure(result, x, metrics),
+                               SL.downloads(result, logic.new_export_dir()),
+                               SL.points_table(result))
         except UserError as e:
             _error(e)
 
@@ -173,9 +186,7 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         fields, vals = rest[:9], rest[9:9 + n_ctl]
         try:
             if on_zero_gpu():
-                raise UserError("sweeps are not available on a ZeroGPU Space (they run the model for minutes, "
-                                "outside one GPU call): run the app locally or on a dedicated GPU, or use "
-                                "python -m mipruner.eval sweep")
+                raise UserError(ZERO_GPU)
             sw = make(fields, vals)
             return SL.mask_strip(logic, ui, sw)
         except UserError as e:
@@ -184,7 +195,8 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
     area.param.change(lambda p: SL.default_values(p), area.param, area.values, api_visibility="private")
     area.run.click(on_run, [area.state, *area.fields(), area.x, area.metrics, inp.model, inp.model_path,
                             *ctl.inputs()], [area.state, area.status, area.plot, area.files, area.table],
-                   api_name="sweep", concurrency_limit=1, show_progress_on=[area.plot])
+                   api_name="sweep", concurrency_id="sweep", concurrency_limit=limits.max_waiting + 1,
+                   show_progress_on=[area.plot])  # SweepQueue runs one at a time; the others see their place
     area.cancel.click(on_cancel, None, area.status, queue=False, api_visibility="private")
     for c in (area.x, area.metrics):
         c.change(on_replot, [area.state, area.x, area.metrics], area.plot, api_visibility="private",

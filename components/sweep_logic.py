@@ -8,8 +8,10 @@ browser session (`cancel(session_id)`), so it works whatever Gradio does with th
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import time
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,8 +24,9 @@ from mipruner.engine import TEXT_MODES, method_spec, parameters
 from mipruner.eval import sweep as sweeps
 
 from .logic import UIState, UserError, user_errors
+from .sweep_queue import Deadline, Pace, SweepLimits, SweepQueue, minutes, steps_of
 
-MAX_ITEMS = 500  # a sweep in the app: at most this many questions (the headless command has no cap)
+MAX_ITEMS = SweepLimits().max_items  # a local app's sweep: at most this many questions (hosted: SweepLimits)
 MAX_VALUES = 12
 MAX_STRIP_METHODS = 4
 CACHE_ENTRIES = 6  # finished sweeps kept per session
@@ -100,50 +103,109 @@ def make_sweep(methods, param: str, values: str, budget, page_params: dict, text
     return sw
 
 
-def question_set(name: str, n, seed, zip_path: str | None = None, questions: str | None = None) -> tuple[list, str]:
-    """(items, description) of a generated set, or of the user's zip (+ optional JSONL)."""
-    n = int(n or 0)
-    if not 1 <= n <= MAX_ITEMS:
-        raise UserError(f"the set size must be in [1, {MAX_ITEMS}] in the app, got {n}")
-    with user_errors("reading the question set", "use a smaller set"):
-        if name == SETS[-1]:
-            if not zip_path:
-                raise UserError("upload a zip of images/videos with questions.jsonl (format in docs/sweeps.md)")
-            return sweeps.user_set(zip_path, questions or None, n=n), os.path.basename(str(zip_path))
+@contextlib.contextmanager
+def question_set(name: str, n, seed, zip_path: str | None = None, questions: str | None = None, *,
+                 limits: SweepLimits = SweepLimits(), files=None):
+    """(items, description) of a generated set, or of the user's zip (+ optional JSONL), for the block: a
+    zip's media are unpacked into a `mipruner-set-*` folder that counts under `files` (the app's
+    FileBudget) while it exists and is removed when the block ends, whatever happened in it."""
+    try:
+        n = int(n or 0)
+    except (TypeError, ValueError, OverflowError):
+        raise UserError("n_items must be a whole number") from None
+    if not 1 <= n <= limits.max_items:
+        raise UserError(f"n_items must be in [1, {limits.max_items}] on this server, got {n}")
+    if name != SETS[-1]:
         if name not in sweeps.GENERATED:
-            raise UserError(f"unknown question set {name!r}")
-        return sweeps.generated_set(name, n=n, seed=int(seed or 0)), f"{name} (seed {int(seed or 0)})"
+            raise UserError(f"question_set must be one of {', '.join(SETS)}, got {str(name)[:40]!r}")
+        with user_errors("reading the question set", "use a smaller set"):
+            items = sweeps.generated_set(name, n=n, seed=int(seed or 0))
+        yield items, f"{name} (seed {int(seed or 0)})"
+        return
+    if not zip_path:
+        raise UserError("upload a zip of images/videos with questions.jsonl (format in docs/sweeps.md)")
+    with contextlib.ExitStack() as stack:
+        with user_errors("reading the question set", "use a smaller set"):
+            size = sweeps.media_bytes(zip_path, questions or None, n)
+            if size > limits.max_set_bytes:
+                raise UserError(f"zip: its media unpack to {size / (1 << 20):,.0f} MiB; this server unpacks at most "
+                                f"{limits.max_set_bytes >> 20} MiB per sweep (use fewer or smaller files)")
+            if files is not None:
+                try:
+                    stack.enter_context(files.hold(size))
+                except ValueError:
+                    raise UserError(f"zip: its media ({size / (1 << 20):,.0f} MiB) do not fit in this server's "
+                                    "space for files now: try a smaller set, or again later") from None
+            items = stack.enter_context(sweeps.unpacked_set(zip_path, questions or None, n=n,
+                                                            max_bytes=limits.max_set_bytes))
+        yield items, os.path.basename(str(zip_path))[:60]
 
 
 def cache_key(model: str, set_name: str, items: list, sw) -> str:
     return f"{model}|{set_name}|{len(items)}|{sw.key()}"
 
 
-def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: str):
-    """Run (or fetch from this session's cache) a sweep; yields ("progress", done, total) per item,
-    then ("done", result, cached). A cancelled sweep is shown but not cached."""
+def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: str, *,
+        limits: SweepLimits = SweepLimits(), pace: Pace | None = None, queue: SweepQueue | None = None):
+    """Run (or fetch from this session's cache) a sweep; yields ("waiting", place) while it waits for the
+    queue, ("progress", done, total) per item, then ("done", result, cached). A sweep above `limits` is
+    refused; one that reaches the time cap or is cancelled is shown (partial) but not cached."""
     key = cache_key(engine.model_name, set_name, items, sw)
     if key in state.results:
         state.keep(key, state.results[key])
         yield "done", state.results[key], True
         return
+    steps = steps_of(sw, len(items))
+    limits.check(len(items), steps, pace.estimate(engine.model_name, steps) if pace else None)
     stop = threading.Event()
     with _RUNNING_LOCK:
+        if session_id in _RUNNING:
+            raise UserError("you have a sweep running or waiting already: each visitor runs one sweep at a time "
+                            "(cancel it, or wait for its result)")
         _RUNNING[session_id] = stop
     try:
+        if queue is not None:
+            queue.join(session_id)
+            waits = queue.wait(session_id, gone=stop.is_set)
+            while True:
+                try:
+                    yield "waiting", next(waits)
+                except StopIteration as e:
+                    if not e.value:
+                        raise UserError("the sweep was cancelled while it waited for its turn") from None
+                    break
+        deadline = Deadline(stop, limits.max_seconds)
         sweep_run = sweeps.SweepRun(engine.adapter, sw, lock=engine.model_lock)
+        per_item = steps // max(1, len(items))
         with user_errors("sweeping", "use fewer items, values or methods"):
-            for done, total in sweep_run.iterate(items, stop.is_set):
+            t = time.perf_counter()
+            for done, total in sweep_run.iterate(items, deadline):
+                if pace is not None:
+                    pace.observe(engine.model_name, time.perf_counter() - t, per_item)
+                t = time.perf_counter()
                 yield "progress", done, total
         result = sweep_run.result(set_name=set_name, model=engine.model_name)
     finally:
+        if queue is not None:
+            queue.leave(session_id)
         with _RUNNING_LOCK:
             if _RUNNING.get(session_id) is stop:
                 del _RUNNING[session_id]
     if result.n_items == 0:
-        raise UserError("the sweep was cancelled before its first item finished")
+        raise UserError("the sweep was cancelled before its first item finished" if not deadline.expired else
+                        f"the sweep reached this server's limit of {minutes(limits.max_seconds)} per call before "
+                        "its first item finished: use a smaller model or fewer methods and values")
+    result.time_limited = deadline.expired
     state.keep(f"{key}|cancelled" if result.cancelled else key, result)  # a re-run of a cancelled sweep runs it all
     yield "done", result, False
+
+
+def estimate_line(pace: Pace | None, model: str, sw, n_items: int) -> str:
+    """"About N model steps, about T at this model's measured speed." for the status while a sweep starts."""
+    steps = steps_of(sw, n_items)
+    est = pace.estimate(model, steps) if pace else None
+    return f"{steps:,} model steps" + (f", about {minutes(est)} at this model's measured speed" if est else
+                                       " (no measured speed for this model yet)")
 
 
 def cancel(session_id: str) -> bool:
@@ -159,6 +221,8 @@ def cancel(session_id: str) -> bool:
 def status(result, cached: bool = False) -> str:
     sw = result.sweep
     what = "cancelled: partial result" if result.cancelled else ("from this session's cache" if cached else "done")
+    if getattr(result, "time_limited", False):
+        what = "stopped at this server's time limit per call: partial result"
     ref = result.reference()
     acc = f"; unpruned accuracy {ref['acc']:.3f}" if ref and not math.isnan(ref["acc"]) else ""
     return (f"**Sweep {what}.** {result.n_items} items of {result.set_name}, {len(sw.methods)} methods x "

@@ -67,7 +67,10 @@ def warm_status(demo: gr.Blocks, warm) -> None:
 
 # Wide screens: inputs | controls side by side, the results under both. Phones (one column): inputs,
 # then the results, then the controls, so the panels come right after Run and its examples instead
-# of below every control (a grid: the areas are placed, the page order stays inputs, controls, results).
+# of below every control (a grid: the areas are placed, the page order stays inputs, controls, results);
+# there the controls stay in reach while the panels are on screen: a sheet fixed to the bottom of the
+# screen (a third of its height, scrolled on its own; the page gets as much room below its end).
+# A clicked patch's PMI box sits under the panel's kept-patch image (#panel-N-patch).
 LAYOUT_CSS = """
 #layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
           grid-template-areas: "inputs controls" "results results"; align-items: start; }
@@ -75,6 +78,11 @@ LAYOUT_CSS = """
 #layout > div { min-width: 0 !important; }
 @media (max-width: 768px) {
   #layout { grid-template-columns: minmax(0, 1fr); grid-template-areas: "inputs" "results" "controls"; }
+  #controls-col { position: fixed !important; left: 0; right: 0; bottom: 0; z-index: 20; max-height: 34vh;
+                  overflow-y: auto; box-sizing: border-box; width: 100vw !important; padding: 4px 8px;
+                  background: var(--background-fill-primary); border-top: 2px solid var(--color-accent);
+                  box-shadow: 0 -4px 12px #0003; }
+  body { padding-bottom: 36vh; }
 }
 """
 

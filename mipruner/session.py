@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import os
 import threading
-import time
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -22,6 +21,7 @@ import numpy as np
 from PIL import Image
 
 from . import viz
+from .files import FileBudget  # noqa: F401 - its home was this module
 
 
 class EncodingKey(NamedTuple):
@@ -311,66 +311,6 @@ class CacheBudget:
                 dropped += 1
             self.evicted += dropped
             return dropped
-
-
-class FileBudget:
-    """Keeps folders the app writes files into (rendered panels, exports) under `max_bytes`:
-    past it, the files modified longest ago go first (never one younger than `min_age_s`, which a
-    page may still be fetching). `maybe_prune` scans at most every `interval_s` seconds."""
-
-    def __init__(self, roots, max_bytes: int, *, interval_s: float = 10.0, min_age_s: float = 30.0,
-                 clock=time.time):
-        if not max_bytes > 0:
-            raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
-        self.roots = [os.fspath(r) for r in roots]
-        self.max_bytes, self.interval_s, self.min_age_s, self.clock = int(max_bytes), interval_s, min_age_s, clock
-        self._next = 0.0
-        self._lock = threading.Lock()
-        self.removed = 0  # files removed since start
-
-    def usage(self) -> list[tuple[float, int, str]]:
-        """(mtime, size, path) of every file under the roots."""
-        out = []
-        for root in self.roots:
-            for dirpath, _, files in os.walk(root):
-                for f in files:
-                    p = os.path.join(dirpath, f)
-                    try:
-                        st = os.stat(p, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    out.append((st.st_mtime, st.st_size, p))
-        return out
-
-    def prune(self) -> int:
-        """Remove the oldest files until the total is under the cap; returns how many went."""
-        with self._lock:
-            files = sorted(self.usage())
-            total, now, gone = sum(f[1] for f in files), self.clock(), 0
-            for mtime, size, path in files:
-                if total <= self.max_bytes or now - mtime < self.min_age_s:
-                    break
-                try:
-                    os.remove(path)
-                except OSError:
-                    continue
-                total -= size
-                gone += 1
-                parent = os.path.dirname(path)
-                if parent not in self.roots:
-                    try:
-                        os.rmdir(parent)  # Gradio keeps one folder per file; empty ones go too
-                    except OSError:
-                        pass
-            self.removed += gone
-            return gone
-
-    def maybe_prune(self) -> int:
-        now = self.clock()
-        if now < self._next:
-            return 0
-        self._next = now + self.interval_s
-        return self.prune()
 
 
 __all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Session", "StaleKeyError", "media_hash",

@@ -16,7 +16,7 @@ from mipruner.engine import Engine
 from mipruner.eval.runner import evaluate
 from mipruner.eval.shapes import shapes_items
 from mipruner.eval.sweep import run_sweep
-from mipruner.eval.sweep_spec import Sweep
+from mipruner.eval.sweep.spec import Sweep
 from mipruner.failures import guarded, sentence
 from mipruner.pruners._registry import ContractError, get_pruner
 

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     argv, plugins = take_plugins_arg(argv)  # before the parameter options: a plug-in's Params get theirs
     load_for_cli(plugins)
     if argv[:1] == ["sweep"]:
-        from .sweep_cli import main as sweep_main
+        from .sweep.cli import main as sweep_main
 
         return sweep_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m mipruner.eval", description=__doc__,

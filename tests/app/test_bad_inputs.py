@@ -205,8 +205,8 @@ def test_bad_inputs_get_plain_messages_and_the_server_keeps_answering(app_url, c
             check(ok, msg, "error", "")
             assert any(s in msg for s in (name, "finite", "greater than maximum")), (name, msg)
         check(*raw.call("generate", [*CTL, bad]), "error", "")  # max_new_tokens
-        check(*raw.call("inspect", [*CTL, bad, 10.0]), "error", "finite numbers")
-        check(*raw.call("inspect", [*CTL, 10.0, bad]), "error", "finite numbers")
+        check(*raw.call("inspect", [*CTL, bad, 10.0]), "error", "x must be a finite number")
+        check(*raw.call("inspect", [*CTL, 10.0, bad]), "error", "y must be a finite number")
     assert seen >= 25 + 2 * len(NUMERIC)
 
     # the server still answers, in this session and in a new one

@@ -22,11 +22,14 @@ def demo(hub):
 def _controls(demo) -> tuple[list, gr.Textbox]:
     boxes = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "controls-json"]
     assert len(boxes) == 1
-    budget = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "budget")
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    ins = next(f for f in demo.fns.values() if f.api_name == "settings").outputs  # the page's controls, in order
+    assert by_id["budget"] in ins and len(ins) == len(C.control_names())
+    # the API takes the same controls, but the budget as a number without the slider's range (its unit says)
     api_view = next(f for f in demo.fns.values() if f.api_name == "view")
-    ins = list(api_view.inputs[1:])  # state, then the controls in their API order
-    assert budget in ins and len(ins) == len(C.control_names())
-    return ins, boxes[0]
+    assert list(api_view.inputs[1:]) == [by_id["api-budget"] if c is by_id["budget"] else c for c in ins]
+    assert by_id["api-budget"].minimum is None and by_id["api-budget"].maximum is None
+    return list(ins), boxes[0]
 
 
 def test_the_box_starts_with_every_controls_default(demo):
@@ -37,7 +40,7 @@ def test_the_box_starts_with_every_controls_default(demo):
 
 def test_page_events_take_the_box_and_the_api_takes_each_control(demo):
     ins, box = _controls(demo)
-    controls = {c._id for c in ins}
+    controls = {c._id for c in ins} | {b._id for b in demo.blocks.values() if getattr(b, "elem_id", None) == "api-budget"}
     syncs = 0
     for f in demo.fns.values():
         takes = [b for b in f.inputs if b._id in controls]

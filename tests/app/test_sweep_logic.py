@@ -65,17 +65,18 @@ def test_make_sweep_from_the_page():
         SL.make_sweep(["mi"], "tau", "0,0.1", 16, PAGE, "question", 4)
     with pytest.raises(UserError, match="takes"):
         SL.make_sweep(["random"], "lam", "0.5", 16, PAGE, "question", 4)
-    with pytest.raises(UserError, match="set size"):
-        SL.question_set("pope", SL.MAX_ITEMS + 1, 1)
+    with pytest.raises(UserError, match=r"n_items must be in \[1, 500\]"):
+        SL.question_set("pope", SL.MAX_ITEMS + 1, 1).__enter__()
     with pytest.raises(UserError, match="upload a zip"):
-        SL.question_set(SL.SETS[-1], 5, 1)
+        SL.question_set(SL.SETS[-1], 5, 1).__enter__()
 
 
 def test_run_cache_cancel_plot_and_downloads(logic, tmp_path):
     engine = logic.hub.get("shapes-llava")[0]
     state = SL.SweepState()
     sw = SL.make_sweep(["mi", "random", "similarity"], "budget", "4,16", 16, PAGE, "question", 4)
-    items, name = SL.question_set("pope", 4, 1234)
+    with SL.question_set("pope", 4, 1234) as (items, name):
+        pass
     events = list(SL.run(state, engine, sw, items, name, "s1"))
     assert [e[:3] for e in events[:-1]] == [("progress", i, 4) for i in (1, 2, 3, 4)]
     kind, result, cached = events[-1]

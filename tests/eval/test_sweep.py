@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from mipruner.eval.sweep import Sweep, SweepResult, parse_values, run_sweep, sweepable
-from mipruner.eval.sweep_sets import generated_set, user_set
+from mipruner.eval.sweep.sets import generated_set, user_set
 from mipruner.eval.tasks import EvalItem
 from mipruner.models.dummy import DummyAdapter
 

@@ -1,5 +1,5 @@
 """A sweep's result: rows per (method, value, split) summarised from the per-item records, and
-the files (CSV, JSON, PNG) and text table made from them. See `mipruner.eval.sweep`."""
+the files (CSV, JSON, PNG) and text table made from them. See `mipruner.eval.sweep.run`."""
 from __future__ import annotations
 
 import csv
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from mipruner.pruners import get_pruner
 from mipruner.text_table import table
 
-from .runner import RANDOM_SEEDS, aggregate
-from .sweep_spec import Sweep
+from ..runner import RANDOM_SEEDS, aggregate
+from .spec import Sweep
 
 METRICS = ("acc", "f1", "yes_rate", "query_recall", "kept", "prune_ms", "prefill_ms")
 COLUMNS = ("method", "label", "param", "value", "split", "varies", *METRICS, "flops", "lam", "n")
@@ -127,9 +127,9 @@ class SweepResult:
         return path
 
     def plot(self, path: str | None = None, *, x: str = "value", metrics=None, others=()):
-        """The curves (see `sweep_plot.plot_sweep`); saved as PNG when `path` is given. others: more
+        """The curves (see `plot.plot_sweep`); saved as PNG when `path` is given. others: more
         results of the same set drawn on the same axes (x = "kept")."""
-        from .sweep_plot import plot_sweep
+        from .plot import plot_sweep
 
         return plot_sweep([self, *others] if others else self, path, x=x, metrics=metrics)
 

@@ -1,6 +1,6 @@
 """What a sweep varies and holds fixed: the `Sweep` record and the parsing of swept values.
 
-Kept apart from the running (`sweep.py`) and the results (`sweep_result.py`), which both read it.
+Kept apart from the running (`run.py`) and the results (`result.py`), which both read it.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from mipruner.models.text import TEXT_MODES
 from mipruner.pruners import all_params, check_budget, did_you_mean, get_pruner
 
-from .runner import RANDOM_SEEDS
+from ..runner import RANDOM_SEEDS
 
 SPECIAL = ("budget", "text_mode")  # sweepable besides the registered parameters
 

@@ -15,16 +15,17 @@ docs/sweeps.md). Ctrl-C stops after the current selection and still writes what 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 
 import mipruner
 
-from .cli_options import add_param_options, param_values
-from .sweep import Sweep, SweepResult, generated_set, run_sweep, sweepable, user_set
-from .sweep_plot import PLOTTED, X_AXES
-from .sweep_sets import GENERATED
+from ..cli_options import add_param_options, param_values
+from .run import Sweep, SweepResult, generated_set, run_sweep, sweepable
+from .plot import PLOTTED, X_AXES
+from .sets import GENERATED, unpacked_set
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,12 +81,18 @@ def main(argv=None) -> int:
     if a.equal_compute is not None and (not 0.0 < a.equal_compute <= 1.0 or a.param != "budget"):
         raise SystemExit(f"sweep: --equal-compute takes a share in (0, 1] and --param budget, "
                          f"got {a.equal_compute} with --param {a.param}")
+    with contextlib.ExitStack() as unpacked:  # a zip's media: unpacked for the run, removed afterwards
+        return _run(a, metrics, unpacked)
+
+
+def _run(a, metrics, unpacked: contextlib.ExitStack) -> int:
     methods = tuple(m.strip() for m in a.methods.split(",") if m.strip())
     try:
         sweep = Sweep(methods=methods, param=a.param.replace("-", "_"), values=a.values, budget=a.budget,
                       params=param_values(a), text_mode=a.text_mode, max_new_tokens=a.max_new_tokens, seeds=a.seeds)
         if a.zip:
-            items, set_name = user_set(a.zip, a.questions, n=a.n), os.path.basename(a.zip)
+            items = unpacked.enter_context(unpacked_set(a.zip, a.questions, n=a.n))
+            set_name = os.path.basename(a.zip)
         else:
             items, set_name = generated_set(a.set, n=a.n, seed=a.seed), f"{a.set} (seed {a.seed})"
     except (ValueError, OSError) as e:

@@ -33,16 +33,17 @@ from mipruner.failures import guarded
 from mipruner.pruners import get_pruner
 from mipruner.pruners.signals import encode_kwargs
 
-from .runner import flops_share
-from .metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
-from .sweep_result import COLUMNS, METRICS, SweepResult, summarise
-from .sweep_spec import SPECIAL, Sweep, parse_value, parse_values, sweepable
-from .sweep_sets import GENERATED, describe, generated_set, user_set
+from ..runner import flops_share
+from ..metrics import answer_matches, parse_yes_no, query_recall, token_object_cover
+from .result import COLUMNS, METRICS, SweepResult, summarise
+from .spec import SPECIAL, Sweep, parse_value, parse_values, sweepable
+from .sets import GENERATED, describe, generated_set, media_bytes, unpacked_set, user_set
 
 class SweepRun:
     """A sweep in progress: `iterate(items)` (or `add(item)`) evaluates items; `result()` at any time.
 
-    lock: a context manager held while one item runs (the app's model lock, shared with other users).
+    lock: a context manager held around each call into the model (the app's model lock, shared with other
+    users), so they wait for one encoding or answer at most, not for a whole item.
     """
 
     def __init__(self, adapter, sweep: Sweep, *, lock=None):
@@ -65,10 +66,9 @@ class SweepRun:
             if should_stop is not None and should_stop():
                 self.cancelled = True
                 return
-            with self.lock if self.lock is not None else contextlib.nullcontext():
-                if not self.add(item, should_stop):
-                    self.cancelled = True
-                    return
+            if not self.add(item, should_stop):
+                self.cancelled = True
+                return
             yield i + 1, len(items)
 
     def add(self, item, should_stop=None) -> bool:
@@ -76,7 +76,8 @@ class SweepRun:
         sw, ad = self.sweep, self.adapter
         encs = {}
         for mode in self.modes:
-            encs[mode] = ad.encode(item.media, item.question, text_mode=mode, **encode_kwargs(self.signals))
+            with self._locked():
+                encs[mode] = ad.encode(item.media, item.question, text_mode=mode, **encode_kwargs(self.signals))
             self.n_encodes += 1
         first = encs[self.modes[0]]
         cover = token_object_cover(first.geometry, item.masks) if item.masks is not None else None
@@ -84,7 +85,8 @@ class SweepRun:
         answers = {mode: {} for mode in self.modes}  # kept token indices -> Answer, per encoding
         warm: set = set()
         gold = {"item": item.id, "split": item.split, "kind": item.kind, "answer": item.answer}
-        ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
+        with self._locked():
+            ref = mipruner.answer(ad, first, None, max_new_tokens=sw.max_new_tokens)
         self.n_answers += 1
         recs = [self._record(gold, "none", None, None, ref.text, None if cover is None else 1.0, first.n_visual, 0.0,
                              ref.prefill_s, flops=1.0)]
@@ -114,19 +116,27 @@ class SweepRun:
         """(selection, answer, select seconds) of one method at one setting on one encoding."""
         ad, sw = self.adapter, self.sweep
         if (m, mode) not in warm:  # fills the method's cache (MI's PMI, the in-LLM prefix) untimed
-            mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
+            with self._locked():
+                mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
             warm.add((m, mode))
-        t = time.perf_counter()
-        sel = mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
-        prune_s = time.perf_counter() - t
+        with self._locked():
+            t = time.perf_counter()
+            sel = mipruner.select(ad, enc, m, budget, cache=cache, strict=False, **kw)
+            prune_s = time.perf_counter() - t
         key = tuple(sel.keep.tolist()) if reusable(m, sel) else None
         ans = answers.get(key) if key is not None else None
         if ans is None:
-            ans = mipruner.answer(ad, enc, sel, max_new_tokens=sw.max_new_tokens, cache=cache)
+            with self._locked():
+                ans = mipruner.answer(ad, enc, sel, max_new_tokens=sw.max_new_tokens, cache=cache)
             self.n_answers += 1
             if key is not None:
                 answers[key] = ans
         return sel, ans, prune_s
+
+    def _locked(self):
+        """The shared model's lock for one call into the model (an encoding, a selection, an answer): other
+        users' requests wait for one call, never for a whole item."""
+        return self.lock if self.lock is not None else contextlib.nullcontext()
 
     @staticmethod
     def _record(gold, method, value, seed, text, recall, kept, prune_s, prefill_s, lam=None, flops=None) -> dict:
@@ -169,4 +179,4 @@ def run_sweep(adapter, items, sweep: Sweep, *, progress=None, should_stop=None, 
 
 
 __all__ = ["COLUMNS", "GENERATED", "METRICS", "SPECIAL", "Sweep", "SweepResult", "SweepRun", "describe", "generated_set",
-           "parse_value", "parse_values", "run_sweep", "summarise", "sweepable", "user_set"]
+           "media_bytes", "parse_value", "parse_values", "run_sweep", "summarise", "sweepable", "unpacked_set", "user_set"]

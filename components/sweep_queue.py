@@ -1,0 +1,161 @@
+"""How much sweeping one visitor may ask of a shared server, without Gradio: the bound per call, the time
+estimate from the model's measured speed, and the fair queue (one sweep per visitor, a place in line).
+
+A sweep's size is counted in model steps: each item is encoded once per text mode and answered once
+unpruned and once per method x value (x seed for Random). `Pace` keeps, per model, the seconds one step
+took on this server's earlier sweeps; `SweepLimits.check` refuses, with a sentence, a sweep above the
+step cap or whose estimate is above the time cap, and the running sweep stops at that time cap (a
+partial result), so no call holds the sweep slot longer whatever the estimate said.
+`SweepQueue` lets `slots` sweeps run at once; each visitor (browser session) holds at most one ticket,
+running or waiting, and a waiting one is told its place.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .logic import UserError
+
+
+@dataclass(frozen=True)
+class SweepLimits:
+    """Caps on one sweep call (None: no cap)."""
+
+    max_items: int = 500
+    max_steps: int | None = None
+    max_seconds: float | None = None
+    max_set_bytes: int = 2 << 30  # a zip's media, unpacked while the sweep runs
+    max_waiting: int = 16  # sweeps waiting for a slot; more are refused
+
+    @classmethod
+    def for_server(cls, hosted: bool) -> "SweepLimits":
+        """Hosted (a Space, a share link, a public address): small calls, five minutes at most each."""
+        if hosted:
+            return cls(max_items=100, max_steps=2000, max_seconds=300.0, max_set_bytes=200 << 20, max_waiting=8)
+        return cls()
+
+    def check(self, n_items: int, steps: int, estimate_s: float | None) -> None:
+        """UserError (one sentence) when a sweep of `n_items` items and `steps` model steps is too large here."""
+        if n_items > self.max_items:
+            raise UserError(f"n_items: this server sweeps at most {self.max_items} items per call, got {n_items}")
+        if self.max_steps is not None and steps > self.max_steps:
+            raise UserError(f"this sweep needs {steps:,} model steps (items x (1 + methods x values)); this server "
+                            f"runs at most {self.max_steps:,} per call: use fewer items, methods or values")
+        if self.max_seconds is not None and estimate_s is not None and estimate_s > self.max_seconds:
+            raise UserError(f"this sweep would take about {minutes(estimate_s)} at this model's measured speed; "
+                            f"this server runs at most {minutes(self.max_seconds)} per call: use fewer items, "
+                            "methods or values")
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def steps_of(sw, n_items: int) -> int:
+    """Model steps of sweep `sw` over `n_items` items: encodings plus answers (an upper bound: equal
+    selections share one answer)."""
+    answers = 1 + sum(len(sw.values if sw.varies(m) else sw.values[:1]) * len(sw.seeds_of(m)) for m in sw.methods)
+    encodings = len(sw.values) if sw.param == "text_mode" else 1  # one per text mode
+    return n_items * (encodings + answers)
+
+
+class Pace:
+    """Seconds per model step, per model, measured on this server's sweeps (a running mean over the last
+    ones: each finished item adds its own time over its steps)."""
+
+    def __init__(self, weight: float = 0.2):
+        self.weight = weight
+        self._s: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, model: str, seconds: float, steps: int) -> None:
+        if steps <= 0 or seconds < 0:
+            return
+        per = seconds / steps
+        with self._lock:
+            old = self._s.get(model)
+            self._s[model] = per if old is None else old + self.weight * (per - old)
+
+    def per_step(self, model: str) -> float | None:
+        with self._lock:
+            return self._s.get(model)
+
+    def estimate(self, model: str, steps: int) -> float | None:
+        per = self.per_step(model)
+        return None if per is None else per * steps
+
+
+class SweepQueue:
+    """Sweeps in arrival order, `slots` at a time; one ticket per visitor, `max_waiting` waiting at most."""
+
+    def __init__(self, slots: int = 1, max_waiting: int = 16):
+        self.slots, self.max_waiting = slots, max_waiting
+        self._waiting: deque[str] = deque()
+        self._running: set[str] = set()
+        self._cv = threading.Condition()
+
+    def join(self, visitor: str) -> None:
+        with self._cv:
+            if visitor in self._running or visitor in self._waiting:
+                raise UserError("you have a sweep running or waiting already: each visitor runs one sweep at a "
+                                "time (cancel it, or wait for its result)")
+            if len(self._waiting) >= self.max_waiting:
+                raise UserError(f"the sweep queue is full ({len(self._waiting)} waiting): try again in a few minutes")
+            self._waiting.append(visitor)
+
+    def place(self, visitor: str) -> int:
+        """1 for the next to run, 0 when running (or not queued)."""
+        with self._cv:
+            return self._waiting.index(visitor) + 1 if visitor in self._waiting else 0
+
+    def wait(self, visitor: str, poll_s: float = 1.0, gone=None):
+        """Yield the visitor's place (1 = next) while it waits, at most every `poll_s` seconds; return once
+        its sweep may run. gone() -> True (the visitor cancelled) leaves the queue and returns False."""
+        last = None
+        while True:
+            with self._cv:
+                if self._waiting and self._waiting[0] == visitor and len(self._running) < self.slots:
+                    self._waiting.popleft()
+                    self._running.add(visitor)
+                    self._cv.notify_all()
+                    return True
+                place = self._waiting.index(visitor) + 1
+            if gone is not None and gone():
+                self.leave(visitor)
+                return False
+            if place != last:
+                last = place
+                yield place
+            with self._cv:
+                self._cv.wait(poll_s)
+
+    def leave(self, visitor: str) -> None:
+        with self._cv:
+            self._running.discard(visitor)
+            if visitor in self._waiting:
+                self._waiting.remove(visitor)
+            self._cv.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        with self._cv:
+            return len(self._waiting)
+
+
+class Deadline:
+    """should_stop for a sweep: the visitor's Cancel, or the time cap passed (then `expired` is True)."""
+
+    def __init__(self, stop: threading.Event, max_seconds: float | None, clock=time.monotonic):
+        self.stop, self.clock = stop, clock
+        self.end = None if max_seconds is None else clock() + max_seconds
+        self.expired = False
+
+    def __call__(self) -> bool:
+        if self.end is not None and self.clock() > self.end:
+            self.expired = True
+        return self.expired or self.stop.is_set()
+
+
+__all__ = ["Deadline", "Pace", "SweepLimits", "SweepQueue", "minutes", "steps_of"]
