@@ -1,10 +1,13 @@
-"""What each widget does: the handlers (thin wrappers over `components.logic`) and their wiring.
+"""The page's wiring: which widget's event runs which handler of `components.handlers`.
 
-Each handler takes positional values in the order of its inputs (state first); `named` gives it
-the API's parameter names. Gradio injects gr.Progress positionally, as the last argument.
+Gradio calls an event's function with positional values in the order of its inputs (state first);
+each function here reads them into the handler's named values and lists its named outputs in the
+order of the event's outputs. `named` gives the API's functions their parameter names. Gradio
+injects gr.Progress positionally, as the last argument.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import gradio as gr
@@ -14,10 +17,9 @@ from mipruner.engine import parameters
 from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
-from .logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
-from .messages import plain
+from .handlers import ENCODE_FIELDS, Handlers, Media, controls_of
+from .logic import AppLogic, UserError
 from .panel_files import prepared
-from .settings import Settings
 
 
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
@@ -34,10 +36,13 @@ def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
 
-def token_chips(tokens: list[str], heat: int) -> list[tuple[str, str | None]]:
-    """The prompt's scored tokens for the clickable HighlightedText (the heatmap's token marked)."""
-    return [(t.replace("\u2581", "").replace("\u0120", "") + " ", "shown" if i == heat else None)
-            for i, t in enumerate(tokens)]
+@contextlib.contextmanager
+def _shown():
+    """A handler's UserError as the page's error (its message as it is)."""
+    try:
+        yield
+    except UserError as e:
+        _error(e)
 
 
 def named(*names: str, extra: tuple = ()):
@@ -53,66 +58,34 @@ def named(*names: str, extra: tuple = ()):
 
 
 def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
-    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers."""
-    hub = logic.hub
+    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers (`components.handlers`):
+    each event's function below only reads its positional values into the handler's named ones."""
+    H = Handlers(logic, auto_answers=auto_answers)
     # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
     # the last encoding's unit and size; `budget_of` checks the value against the unit sent with it)
     api_budget = gr.Number(None, visible=False, label="budget", elem_id="api-budget")
     inputs = [api_budget if c is ctl.budget else c for c in ctl.inputs()]
     names = C.control_names()
     n_ctl = len(names)
-    hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
     progress_param = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()),)
-    # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
-    layer_names = [n for n in ctl.params if n == "layer"]
-    layer_ctls = [ctl.params[n] for n in layer_names]
-    enc_names = ("model", "model_path", "use", "image", "video", "prompt")  # the API's names of encode_inputs()
+    layer_ctls = [ctl.params[n] for n in H.layer_names]
+    enc_names = ENCODE_FIELDS  # the API's names of encode_inputs()
     guard_inputs({**dict(zip(enc_names, inp.encode_inputs())),
                   **dict(zip(names, inputs)), "auto": act.auto, "max_new_tokens": act.max_new,
                   "settings": act.settings, "x": res.px, "y": res.py})
 
-    def settings_of(st: UIState, vals) -> Settings:
-        return C.settings_from(*vals, n_visual=st.n_visual if isinstance(st, UIState) else 0)
-
-    def layer_updates(st, vals):
-        if not st.n_layers:
-            return [gr.update() for _ in layer_names]
-        return [gr.update(maximum=st.n_layers, value=min(int(vals[names.index(n)] or 1), st.n_layers))
-                for n in layer_names]
-
     @plain_errors("encoding")
-    @named("state", "model", "model_path", "use", "image", "video", "prompt", *names, extra=progress_param)
-    def on_encode(st, model_name, path, kind, img, vid, text, *rest):
-        vals, progress = rest[:n_ctl], rest[n_ctl]
-        model_name = (path or "").strip() or model_name
-        progress(0.1, desc=f"loading {model_name}" if model_name not in hub.loaded else "encoding (vision tower + prompt)")
-        try:
-            st, msg = logic.encode(st, model_name, kind, img, vid, text, text_mode=vals[names.index("text_mode")])
-        except UserError as e:
-            _error(e)
-        progress(1.0, desc="encoded")
-        unit, budget, heat = (vals[names.index(n)] for n in ("unit", "budget", "heat"))
-        heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
-        return (st, msg, token_chips(st.tokens, heat), C.budget_slider(unit, st.n_visual, budget if unit == "%" else None),
-                gr.update(value=heat), *layer_updates(st, vals))
-
-    def view_fields(st, vals, frame=0):
-        try:
-            s = settings_of(st, vals)
-            views, summary = logic.view(st, s)
-            if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-                P.show_frame(views, logic.frame_box(st, int(frame) - 1))
-            cached = logic.cached_answers(st, s)  # answers already made for these settings; never runs the LLM
-        except UserError as e:
-            _error(e)
-        rest = (P.reference_md(cached["reference"]), s.to_string(), summary, token_chips(st.tokens, s.heat))
-        return P.panel_fields(views, st.n_visual, cached, hint), rest
+    @named("state", *enc_names, *names, extra=progress_param)
+    def on_encode(st, *rest):
+        media, vals, progress = Media.of(*rest[:6]), controls_of(rest[6:6 + n_ctl]), rest[6 + n_ctl]
+        with _shown():
+            return H.encode(st, media, vals, progress).outputs()
 
     @plain_errors("drawing the panels")
     @named("state", *names)
     def on_view(st, *vals):  # the /view API: every panel in full (visibility, labels, values)
-        fields, rest = view_fields(st, vals)
-        return (*P.panel_updates(fields), *rest)
+        with _shown():
+            return H.view(st, controls_of(vals)).outputs()
 
     @plain_errors("drawing the panels")
     def on_live(st, shown, ask, raw, raw_open, auto, box, frame=0):
@@ -120,93 +93,52 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         events of their own, started by a change of `ask` (when answering automatically) and `raw`
         (while its accordion is open): a move that needs neither costs the page one event only.
         frame: a video's frame the panels show (0: all)."""
-        fields, (reference, settings, summary, _) = view_fields(st, C.unbox(box), frame)  # plain_errors: a UserError's message
-        updates, props = P.live_updates(fields, (shown or {}).get("props"))
-        bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
-        return prepared(live_outs, [*updates, reference, settings, {"props": props, "summary": summary},
-                                    bump(ask, auto), bump(raw, raw_open)])
-
-    def generate_answers(st, vals, n_new, progress, bare=False):
-        try:
-            s = settings_of(st, vals)
-            ans = logic.generate(st, s, int(n_new or logic.max_new_tokens), progress=progress)
-        except UserError as e:
-            _error(e)
-        return (*P.answer_updates(list(s.methods), ans, hint, bare=bare), P.reference_md(ans["reference"]), ans)
+        vals = controls_of(C.unbox(box))  # plain_errors: a UserError's message
+        with _shown():
+            out = H.live(st, vals, shown=shown, ask=ask, raw=raw, raw_open=raw_open, auto=auto, frame=frame)
+        return prepared(live_outs, out.outputs())
 
     @plain_errors("answering")
     @named("state", *names, "max_new_tokens", extra=progress_param)
     def on_generate(st, *rest):
-        return generate_answers(st, rest[:n_ctl], rest[n_ctl], rest[n_ctl + 1])
+        with _shown():
+            return H.generate(st, controls_of(rest[:n_ctl]), rest[n_ctl], rest[n_ctl + 1]).outputs()
 
     @plain_errors("answering")
     @named("state", "shown", "controls", "max_new_tokens", extra=progress_param)
     def on_auto(st, shown, box, max_new, progress):
         """Answers after a view that asked for them (its panels are shown: bare values, no prop
         updates), and the view's raw data."""
-        if not isinstance(st, UIState) or st.key is None:
-            return (*[None] * MAX_PANELS, P.reference_md(None), None, None)
-        return (*generate_answers(st, C.unbox(box), max_new, progress, bare=True), (shown or {}).get("summary"))
+        if not H.encoded(st):
+            return (*H.no_answers().outputs(), None)
+        vals = controls_of(C.unbox(box))
+        with _shown():
+            return (*H.generate(st, vals, max_new, progress, bare=True).outputs(), (shown or {}).get("summary"))
 
     @plain_errors("inspecting the patch")
     @named("state", *names, "x", "y")
     def on_inspect(st, *rest):
-        vals, (x, y) = rest[:n_ctl], rest[n_ctl:]
-        try:
-            s = settings_of(st, vals)
-            if x is None or y is None:
-                raise UserError("give the x and y of a patch (or click one)")
-            info = logic.inspect(st, s, float(x), float(y))
-        except UserError as e:
-            _error(e)
-        pmi = [v for _, v in info["pmi"]]
-        lo, hi = min(pmi), max(pmi)
-        scaled = [(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]]
-        return scaled, info
+        with _shown():
+            return H.inspect(st, controls_of(rest[:n_ctl]), *rest[n_ctl:]).outputs()
 
     def on_click(st, frame, evt: gr.SelectData):
-        """The clicked pixel, in the whole strip's coordinates (a single frame shown: offset by its place)."""
-        x, y = evt.index
-        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-            try:
-                x += logic.frame_box(st, int(frame) - 1)[0]
-            except UserError as e:
-                _error(e)
-        return x, y
-
-    def frame_range(st):
-        n = st.n_frames if isinstance(st, UIState) else 0
-        return gr.update(visible=n > 1, maximum=max(n, 1), value=0)
+        with _shown():
+            return H.click(st, frame, *evt.index)
 
     def on_token(st, evt: gr.SelectData):
-        idx = evt.index if isinstance(evt.index, int) else evt.index[0]
-        return idx if isinstance(st, UIState) and 0 <= idx < len(st.tokens) else -1
+        return H.token(st, evt.index)
 
     @plain_errors("exporting")
     @named("state", *names)
     def on_export(st, *vals):
-        try:
-            return logic.export(st, settings_of(st, vals), logic.new_export_dir())
-        except UserError as e:
-            _error(e)
+        with _shown():
+            return H.export(st, controls_of(vals))
 
     @plain_errors("reading the settings string")
     def on_apply(st, settings):
-        try:
-            s = Settings.parse(settings or "")
-            check_methods(s.methods)  # what /view takes
-        except (ValueError, UserError) as e:
-            _error(plain(e))
-        n_v = st.n_visual if isinstance(st, UIState) else 0
-        vals = C.control_values(s, n_v)
-        unit, budget = vals[1], vals[2]
-        return (*vals[:2], C.budget_slider(unit, n_v, budget), *vals[3:])
-
-    def on_chips(st, heat):
-        return token_chips(st.tokens if isinstance(st, UIState) else [], int(-1 if heat is None else heat))
-
-    def on_unit(st, unit):
-        return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
+        with _shown():
+            vals = H.apply(st, settings)
+        return tuple(vals[n] for n in names)
 
     def boxed(fn, before: tuple = (), after: tuple = (), extra: tuple = ()):
         """The page's version of a handler: the controls arrive as one value, `ctl.box` (see
@@ -253,7 +185,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
     for ev in (enc, sub):  # a video gets the frame selector (an image hides it), then the panels
-        ev.then(frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
+        ev.then(H.frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
             on_live, live_ins, live_outs, **live)
     res.frame.change(on_live, live_ins, live_outs, **live)
     api["view"].click(on_view, [state, *inputs], view_outs, api_name="view")
@@ -270,9 +202,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     res.raw_box.expand(lambda shown: (True, (shown or {}).get("summary")), res.shown, [res.raw_open, res.view_json],
                        **views)
     res.raw_box.collapse(lambda: False, None, res.raw_open, **views)
-    ctl.heat.change(on_chips, [state, ctl.heat], res.tokens, **views)
+    ctl.heat.change(H.chips, [state, ctl.heat], res.tokens, **views)
     # the user's unit switch resets the budget's range; Apply sets unit and budget together (no reset)
-    ctl.unit.input(on_unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
+    ctl.unit.input(H.unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
     res.tokens.select(on_token, [state], ctl.heat, show_progress_on=[act.settings], **private)
     if "lam" in ctl.params and "lam_rule" in ctl.params:  # the lam slider is disabled while lam_rule is auto
         params = parameters()
@@ -293,4 +225,4 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     act.apply.click(on_apply, [state, act.settings], ctl.inputs(), api_name="settings", show_progress_on=[act.settings])
 
 
-__all__ = ["named", "token_chips", "wire"]
+__all__ = ["named", "wire"]

@@ -1,0 +1,258 @@
+"""What each of the page's events does, by name: `Handlers` takes plain values (the session's `UIState`,
+the controls as a dict by name, `Media` for /encode) and returns named outputs (dataclasses whose
+`outputs()` list the values in the order `events.wire` connects them). Nothing here builds or needs a
+page: a test calls a handler with plain values and reads its fields.
+
+A user's mistake raises `UserError` (its message is meant for the page; `events.wire` shows it).
+The outputs that change a widget's properties are `gr.update` dicts (`controls.budget_slider`,
+`panels.panel_updates`), plain dicts a test can read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import gradio as gr
+
+from . import controls as C
+from . import panels as P
+from .logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
+from .messages import plain
+from .settings import Settings
+
+ENCODE_FIELDS = ("model", "model_path", "use", "image", "video", "prompt")  # /encode's names, before the controls
+
+
+def token_chips(tokens: list[str], heat: int) -> list[tuple[str, str | None]]:
+    """The prompt's scored tokens for the clickable HighlightedText (the heatmap's token marked)."""
+    return [(t.replace("\u2581", "").replace("\u0120", "") + " ", "shown" if i == heat else None)
+            for i, t in enumerate(tokens)]
+
+
+def controls_of(vals) -> dict[str, Any]:
+    """The control values in `Controls.inputs()` order as a dict by name (`controls.control_names()`)."""
+    names = C.control_names()
+    vals = list(vals)
+    if len(vals) != len(names):
+        raise UserError(f"expected {len(names)} control values, got {len(vals)}")
+    return dict(zip(names, vals))
+
+
+def controls_for(settings: Settings, n_visual: int = 0) -> dict[str, Any]:
+    """The control values (by name) that reproduce `settings` (what Apply sets)."""
+    return controls_of(C.control_values(settings, n_visual))
+
+
+def _ordered(vals: dict) -> list:
+    return [vals[n] for n in C.control_names()]
+
+
+@dataclass
+class Media:
+    """What /encode reads besides the controls: the model (a path or id given wins over the list), which
+    medium to use ("image" or "video"), the files and the prompt."""
+
+    model: str = ""
+    model_path: str | None = None
+    use: str = "image"
+    image: Any = None
+    video: Any = None
+    prompt: str = ""
+
+    @classmethod
+    def of(cls, *vals) -> "Media":
+        """From the values in `ENCODE_FIELDS` order."""
+        return cls(**dict(zip(ENCODE_FIELDS, vals, strict=True)))
+
+    @property
+    def model_name(self) -> str:
+        return (self.model_path or "").strip() or self.model
+
+
+@dataclass
+class Encoded:
+    state: UIState
+    status: str  # the status line
+    tokens: list  # the prompt's scored tokens (`token_chips`)
+    budget: dict  # the budget slider's update (range of the new encoding's unit and size)
+    heat: dict  # the heatmap token's update (-1 when the old one is out of the new prompt's range)
+    layers: list = field(default_factory=list)  # one update per decoder-layer control (the model's depth)
+
+    def outputs(self) -> tuple:
+        return (self.state, self.status, self.tokens, self.budget, self.heat, *self.layers)
+
+
+@dataclass
+class View:
+    fields: list  # (props, value) of every panel field (`panels.panel_fields`)
+    reference: str  # the reference answer's Markdown (cached answers only)
+    settings: str  # the settings string
+    summary: dict  # the view's raw data (kept indices, timings)
+    tokens: list  # the prompt's scored tokens, the heatmap's marked
+
+    def outputs(self) -> tuple:
+        """/view's outputs: full panel updates, then reference, settings, summary, tokens."""
+        return (*P.panel_updates(self.fields), self.reference, self.settings, self.summary, self.tokens)
+
+
+@dataclass
+class Live:
+    """The page's view: only what changed since its last one, and the follow-up counters."""
+
+    panels: list  # one update or bare value per panel field (`panels.live_updates`)
+    reference: str
+    settings: str
+    shown: dict  # {"props": what the page now shows, "summary": the view's data}
+    ask: Any  # the answers' counter (bumped when answering automatically)
+    raw: Any  # the raw data's counter (bumped while its accordion is open)
+
+    def outputs(self) -> list:
+        return [*self.panels, self.reference, self.settings, self.shown, self.ask, self.raw]
+
+
+@dataclass
+class Answers:
+    panels: list  # the answer field of every panel slot
+    reference: str
+    answers: dict  # {"reference": ..., "methods": {name: ...}}
+
+    def outputs(self) -> tuple:
+        return (*self.panels, self.reference, self.answers)
+
+
+@dataclass
+class Inspected:
+    tokens: list  # (prompt token, its PMI with the patch scaled to [0, 1])
+    info: dict  # where the patch is, which methods keep it, its PMI
+
+    def outputs(self) -> tuple:
+        return self.tokens, self.info
+
+
+def _no_progress(*args, **kwargs) -> None:
+    return None
+
+
+class Handlers:
+    """The page's handlers around one `AppLogic` (shared by all sessions; no user state here)."""
+
+    def __init__(self, logic: AppLogic, *, auto_answers: bool = True):
+        self.logic = logic
+        self.hint = "press Generate answers" if not auto_answers else "answers follow (or press Generate answers)"
+        # decoder-layer parameters (the in-LLM methods' K) get the model's depth as their maximum
+        self.layer_names = [n for n in C.control_names()[len(C.APP_FIELDS):] if n == "layer"]
+
+    @staticmethod
+    def settings(st, vals: dict) -> Settings:
+        """Validated settings from the controls (a budget in tokens clamped to the encoding's size)."""
+        return C.settings_from(*_ordered(vals), n_visual=st.n_visual if isinstance(st, UIState) else 0)
+
+    def encode(self, st, media: Media, vals: dict, progress: Callable = _no_progress) -> Encoded:
+        """Run the vision tower and embed the prompt; the budget, heat and layer controls follow the encoding."""
+        name = media.model_name
+        progress(0.1, desc=f"loading {name}" if name not in self.logic.hub.loaded else
+                 "encoding (vision tower + prompt)")
+        st, msg = self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
+                                    text_mode=vals["text_mode"])
+        progress(1.0, desc="encoded")
+        unit, budget, heat = vals["unit"], vals["budget"], vals["heat"]
+        heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
+        layers = ([gr.update(maximum=st.n_layers, value=min(int(vals[n] or 1), st.n_layers))
+                   for n in self.layer_names] if st.n_layers else [gr.update() for _ in self.layer_names])
+        return Encoded(st, msg, token_chips(st.tokens, heat),
+                       C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
+                       layers)
+
+    def view(self, st, vals: dict, frame=0) -> View:
+        """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames);
+        answers already made for these settings fill the panels (never runs the LLM)."""
+        s = self.settings(st, vals)
+        views, summary = self.logic.view(st, s)
+        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
+            P.show_frame(views, self.logic.frame_box(st, int(frame) - 1))
+        cached = self.logic.cached_answers(st, s)
+        return View(P.panel_fields(views, st.n_visual, cached, self.hint), P.reference_md(cached["reference"]),
+                    s.to_string(), summary, token_chips(st.tokens, s.heat))
+
+    def live(self, st, vals: dict, *, shown=None, ask=0, raw=0, raw_open=False, auto=False, frame=0) -> Live:
+        """The view as the page gets it: props only where they changed since `shown`; `ask` bumped when
+        answering automatically, `raw` while the raw data is open (each starts its own event)."""
+        v = self.view(st, vals, frame)
+        updates, props = P.live_updates(v.fields, (shown or {}).get("props"))
+        bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
+        return Live(updates, v.reference, v.settings, {"props": props, "summary": v.summary}, bump(ask, auto),
+                    bump(raw, raw_open))
+
+    def generate(self, st, vals: dict, max_new_tokens=None, progress=None, *, bare: bool = False) -> Answers:
+        """The unpruned reference answer and every panel's. bare: values only (the page's panels are shown)."""
+        s = self.settings(st, vals)
+        ans = self.logic.generate(st, s, int(max_new_tokens or self.logic.max_new_tokens), progress=progress)
+        return Answers(P.answer_updates(list(s.methods), ans, self.hint, bare=bare), P.reference_md(ans["reference"]),
+                       ans)
+
+    @staticmethod
+    def encoded(st) -> bool:
+        """Whether the session has an encoding on screen (answers have something to answer about)."""
+        return isinstance(st, UIState) and st.key is not None
+
+    @staticmethod
+    def no_answers() -> Answers:
+        """The answers' outputs before anything is encoded: empty slots, "not generated yet"."""
+        return Answers([None] * MAX_PANELS, P.reference_md(None), None)
+
+    def inspect(self, st, vals: dict, x, y) -> Inspected:
+        """The patch under (x, y): its PMI with every prompt token, scaled to [0, 1] for the page."""
+        s = self.settings(st, vals)
+        if x is None or y is None:
+            raise UserError("give the x and y of a patch (or click one)")
+        info = self.logic.inspect(st, s, float(x), float(y))
+        pmi = [v for _, v in info["pmi"]]
+        lo, hi = min(pmi), max(pmi)
+        return Inspected([(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]], info)
+
+    def click(self, st, frame, x, y) -> tuple:
+        """The clicked pixel in the whole strip's coordinates (a single frame shown: offset by its place)."""
+        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
+            x += self.logic.frame_box(st, int(frame) - 1)[0]
+        return x, y
+
+    @staticmethod
+    def frame_range(st) -> dict:
+        """The frame selector: shown for a video of several frames, reset to 0 (every frame)."""
+        n = st.n_frames if isinstance(st, UIState) else 0
+        return gr.update(visible=n > 1, maximum=max(n, 1), value=0)
+
+    @staticmethod
+    def token(st, index) -> int:
+        """The heatmap token for a click on the prompt's token `index` (-1 when out of range)."""
+        idx = index if isinstance(index, int) else index[0]
+        return idx if isinstance(st, UIState) and 0 <= idx < len(st.tokens) else -1
+
+    def export(self, st, vals: dict) -> list[str]:
+        """PNG and JSON files of the view, in a fresh folder."""
+        return self.logic.export(st, self.settings(st, vals), self.logic.new_export_dir())
+
+    @staticmethod
+    def apply(st, settings: str | None) -> dict:
+        """The controls set to a settings string (by name; the budget as the slider's update for its unit)."""
+        try:
+            s = Settings.parse(settings or "")
+            check_methods(s.methods)  # what /view takes
+        except (ValueError, UserError) as e:
+            raise UserError(plain(e)) from None
+        n_v = st.n_visual if isinstance(st, UIState) else 0
+        vals = controls_for(s, n_v)
+        return {**vals, "budget": C.budget_slider(vals["unit"], n_v, vals["budget"])}
+
+    @staticmethod
+    def chips(st, heat) -> list:
+        return token_chips(st.tokens if isinstance(st, UIState) else [], int(-1 if heat is None else heat))
+
+    @staticmethod
+    def unit(st, unit: str) -> dict:
+        """The budget slider's range after a switch of unit (its default value)."""
+        return C.budget_slider(unit, st.n_visual if isinstance(st, UIState) else 0)
+
+
+__all__ = ["ENCODE_FIELDS", "Answers", "Encoded", "Handlers", "Inspected", "Live", "Media", "View", "controls_for",
+           "controls_of", "token_chips"]
