@@ -6,7 +6,7 @@
 
 Without --model (or MIPRUNER_MODEL) the app starts locally on the embedded model `shapes-llava`
 (assets/), so it works offline; on a Hugging Face Space (SPACE_ID set) on a small real model chosen for
-the Space's hardware (components/space_default.py). A start-up model that cannot be loaded leaves the
+the Space's hardware (components/hosting/space_default.py). A start-up model that cannot be loaded leaves the
 embedded model serving, and the status line says which and why. On a Space this file is the entry point
 (README front matter); the model, the allow-list and the caps have environment variables (MIPRUNER_*,
 see --help) for the Space's settings. Deploying one: docs/space.md.
@@ -17,7 +17,7 @@ Methods from outside the package (installed plug-ins, MIPRUNER_PLUGINS, --plugin
 once, at start-up, before the page is built; then loading ends (`mipruner.plugins.freeze`), so no
 request can import code, hosted or not. A plug-in left out is named on the page's status lines.
 With --compile (auto: on CUDA outside a ZeroGPU Space) the start-up model answers on the compiled
-decoding path once a warm-up has compiled the shapes of the first views (components/warmup.py); the
+decoding path once a warm-up has compiled the shapes of the first views (components/core/warmup.py); the
 page's status line says so while it warms, and answers run on the plain path meanwhile.
 """
 from __future__ import annotations
@@ -26,9 +26,9 @@ import argparse
 import os
 import tempfile
 
-from components.spaces_gpu import prepare
+from components.hosting.spaces_gpu import prepare
 
-prepare()  # on a ZeroGPU Space `spaces` patches torch: before anything imports it (components/spaces_gpu.py)
+prepare()  # on a ZeroGPU Space `spaces` patches torch: before anything imports it (components/hosting/spaces_gpu.py)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
                    help="hub id, local directory or 'shapes-llava' (env MIPRUNER_MODEL; default: on a Hugging Face "
-                        "Space a small real model for its hardware, components/space_default.py; else 'shapes-llava')")
+                        "Space a small real model for its hardware, components/hosting/space_default.py; else 'shapes-llava')")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=os.environ.get("MIPRUNER_DTYPE") or None,
                    help="weights dtype (default: bf16 on GPU, fp32 on CPU; env MIPRUNER_DTYPE)")
@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.dtype is not None and args.dtype not in DTYPES:  # from MIPRUNER_DTYPE (argparse checks only flags)
         p.error(f"MIPRUNER_DTYPE must be one of {', '.join(sorted(DTYPES))}, got {args.dtype!r}")
     args.model_role = ""  # e.g. "this Space's default on a CPU": named by the status line if it cannot be loaded
-    from components.space_default import max_model_gb, start_model
+    from components.hosting.space_default import max_model_gb, start_model
 
     if args.model is None:
         args.model, args.model_role = start_model()
@@ -92,8 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def model_policy(args: argparse.Namespace):
     """The ModelPolicy the flags describe (defaults depend on whether the app is hosted)."""
-    from components.hub import SUGGESTED
-    from components.policy import ModelPolicy, is_hosted
+    from components.hosting.hub import SUGGESTED
+    from components.hosting.policy import ModelPolicy, is_hosted
 
     if args.allow_models is None:
         allow = tuple(dict.fromkeys((*SUGGESTED, args.model))) if is_hosted(args.host, args.share) else None
@@ -109,12 +109,12 @@ def build(args: argparse.Namespace):
 
     from gradio.utils import get_upload_folder
 
-    from components.hub import ModelHub, hub_reachable
-    from components.logic import AppLogic
-    from components.policy import is_hosted
-    from components.spaces_gpu import gpu
-    from components.sweep_queue import SweepLimits
-    from components.ui import build_demo
+    from components.core.logic import AppLogic
+    from components.core.sweep_queue import SweepLimits
+    from components.hosting.hub import ModelHub, hub_reachable
+    from components.hosting.policy import is_hosted
+    from components.hosting.spaces_gpu import gpu
+    from components.page.ui import build_demo
     from mipruner.session import FileBudget
     from mipruner.plugins import freeze, load_for_cli
 
@@ -142,13 +142,13 @@ def build(args: argparse.Namespace):
 
 
 def warm_up(args: argparse.Namespace, hub):
-    """The start-up model's warm-up of the compiled decoding path (components/warmup.py), not started;
+    """The start-up model's warm-up of the compiled decoding path (components/core/warmup.py), not started;
     None when the app answers on the plain path (--compile, the device, a ZeroGPU Space)."""
-    from components.controls import DEFAULT_SHARE
-    from components.examples import load_examples
-    from components.settings import DEFAULT_METHODS
-    from components.spaces_gpu import on_zero_gpu
-    from components.warmup import WarmUp, compile_choice
+    from components.core.examples import load_examples
+    from components.core.settings import DEFAULT_METHODS
+    from components.core.warmup import WarmUp, compile_choice
+    from components.hosting.spaces_gpu import on_zero_gpu
+    from components.page.controls import DEFAULT_SHARE
 
     engine = hub.get(None)[0]
     model = getattr(engine.adapter, "model", None)
@@ -167,14 +167,14 @@ def warm_up(args: argparse.Namespace, hub):
 
 
 def hardware_note(hub) -> str:
-    """On a Space serving a real model: why answers wait for Generate (components/space_default.py)."""
-    from components.space_default import HARDWARE_NOTE, hardware, on_space
+    """On a Space serving a real model: why answers wait for Generate (components/hosting/space_default.py)."""
+    from components.hosting.space_default import HARDWARE_NOTE, hardware, on_space
 
     return HARDWARE_NOTE[hardware()] if on_space() and hub.default != hub.fallback else ""
 
 
 def main(argv=None) -> None:
-    from components.ui import launch_kwargs
+    from components.page.ui import launch_kwargs
 
     args = parse_args(argv)
     demo = build(args)

@@ -368,7 +368,7 @@ class Engine:
     def warm_up(self, media, prompt: str, methods, budget, max_new_tokens: int,
                 on_batch: Callable[[int, int, str], None] | None = None, **path) -> int:
         """`mipruner.warm_up.warm_up` on this engine's model, each batch under the model lock (the app's
-        warm-up, components/warmup.py): requests meanwhile answer on the current path."""
+        warm-up, components/core/warmup.py): requests meanwhile answer on the current path."""
         return _warm_up(self.adapter, self._model_lock, media, prompt, methods, budget, max_new_tokens, on_batch, **path)
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:

@@ -144,9 +144,9 @@ def test_file_budget_removes_the_oldest_files_first(tmp_path):
 
 
 def test_app_views_keep_written_files_under_the_cap(tmp_path):
-    from components.hub import ModelHub
-    from components.logic import AppLogic
-    from components.settings import Settings
+    from components.core.logic import AppLogic
+    from components.core.settings import Settings
+    from components.hosting.hub import ModelHub
 
     hub = ModelHub("shapes-llava", device="cpu")
     hub.load_default()

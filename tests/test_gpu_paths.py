@@ -228,9 +228,9 @@ def test_app_imports_spaces_before_torch(fake_spaces):
 def test_every_handler_that_runs_the_model_is_wrapped(fake_spaces, monkeypatch):
     monkeypatch.syspath_prepend(str(fake_spaces))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
-    from components.logic import AppLogic
-    from components.settings import Settings
-    from components.spaces_gpu import DURATIONS, generate_seconds, gpu
+    from components.core.logic import AppLogic
+    from components.core.settings import Settings
+    from components.hosting.spaces_gpu import DURATIONS, generate_seconds, gpu
 
     import spaces
 
@@ -249,7 +249,7 @@ def test_every_handler_that_runs_the_model_is_wrapped(fake_spaces, monkeypatch):
 def test_the_state_a_zerogpu_handler_receives_pickles():
     import pickle
 
-    from components.logic import UIState
+    from components.core.logic import UIState
     from mipruner.session import Session
 
     back = pickle.loads(pickle.dumps(UIState(session=Session())))

@@ -143,9 +143,9 @@ def test_runtime_registered_method_is_picked_up_everywhere(model, plugin):
     add_param_options(p)
     assert param_values(p.parse_args(["--corner-bias", "0.125"])) == {"corner_bias": 0.125}
     # the app: method list, settings string and generated controls
-    from components.controls import control_names, param_widget
-    from components.logic import method_choices
-    from components.settings import Settings
+    from components.core.logic import method_choices
+    from components.core.settings import Settings
+    from components.page.controls import control_names, param_widget
 
     assert ("Corner (test)", "corner_test") in method_choices()
     s = Settings(methods=("corner_test",), budget=4, corner_bias=0.5)

@@ -10,7 +10,7 @@ No encode and no LLM: the encodings are synthetic `Encoded` records built withou
 Each repeat moves the budget by one token, so nothing is served from an answer cache; the first
 update (cache fill, layout build) is reported separately as "first". "+ image encoding" adds what
 the app's server does next with the panel images: encode each one (Gradio writes them to its
-cache in the panels' format, `IMAGE_FORMAT` in components/panels.py, JPEG), so it is the server
+cache in the panels' format, `IMAGE_FORMAT` in components/page/panels.py, JPEG), so it is the server
 time of one update short of Gradio's own bookkeeping.
 On a 2-core machine shared with another busy process, torch's default of 2 threads oversubscribes
 the cores and times grow 3-5x; `--threads 1` measures the code rather than the contention.
@@ -31,7 +31,7 @@ from mipruner.models.base import Adapter, Encoded, TokenGeometry
 from .timing import table
 
 GOALS_MS = {"image": 100.0, "video": 300.0}
-PANEL_FORMAT = "jpeg"  # = components.panels.IMAGE_FORMAT (a test keeps them equal)
+PANEL_FORMAT = "jpeg"  # = components.page.panels.IMAGE_FORMAT (a test keeps them equal)
 
 
 def synthetic_encoded(n_frames: int, grid: int, size: int, dim: int = 4096, n_text: int = 12,

@@ -1,13 +1,13 @@
 """`python -m mipruner.bench space-cost`: what a visitor waits for on a CPU Space, and each suggested model's size.
 
-Default: the CPU Space's default model (`components.space_default.HOSTED_DEFAULT["cpu"]`,
+Default: the CPU Space's default model (`components.hosting.space_default.HOSTED_DEFAULT["cpu"]`,
 LLaVA-OneVision-qwen2-0.5b) with random weights at its real shape, full depth (SigLIP-so400m 26 layers,
 Qwen2-0.5B 24 layers, 152,000 vocabulary rows; `mipruner.models.onevision.random_weights.build(shape="0.5B")`), in fp32 as the app
 runs on a CPU, through the engine the app's handlers call (`mipruner.engine.Engine`, as
-`components.logic.AppLogic` does):
+`components.core.logic.AppLogic` does):
   startup   importing torch, transformers, gradio and mipruner, building the model and its engine; on a
             Space the weights are read from disk instead of drawn (and downloaded once before), and the
-            page is built (`components.ui.build_demo`, about a second, not included);
+            page is built (`components.page.ui.build_demo`, about a second, not included);
   encode    one 640 x 480 photo and a question: the vision tower once (with its attention, as the app
             asks), the prompt embedded (`Engine.encode`);
   unpruned  the unpruned answer (`Engine.generate`, greedy, `--new-tokens`, the app's 32);

@@ -1,7 +1,7 @@
 """The family table: the one list of the model families mipruner runs. Everything else is derived from it:
 `mipruner.models.adapter_class` (config model_type -> adapter), the bench's zoo (`mipruner.bench.zoo`:
 random weights at real shapes and the media each family takes), the app's suggested checkpoints
-(`components.hub.SUGGESTED`), the README's and docs/models.md's family tables (tests/test_docs.py
+(`components.hosting.hub.SUGGESTED`), the README's and docs/models.md's family tables (tests/test_docs.py
 compares them) and the family tests (tests/models/test_family_contract.py runs every check on every row).
 
 A family is one folder `mipruner/models/<folder>/` (one folder may hold a line of close relatives, as

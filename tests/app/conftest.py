@@ -53,7 +53,7 @@ def app_process(args: list[str], env: dict, log_path):
 
 @pytest.fixture(scope="module")
 def hub():
-    from components.hub import ModelHub
+    from components.hosting.hub import ModelHub
 
     if not os.path.exists(os.path.join(resolve("shapes-llava"), "config.json")):
         pytest.fail("assets/shapes-llava is missing: the app tests need the embedded model")
@@ -64,8 +64,8 @@ def hub():
 
 @pytest.fixture(scope="module")
 def app_url(hub):
-    from components.logic import AppLogic
-    from components.ui import build_demo, launch_kwargs
+    from components.core.logic import AppLogic
+    from components.page.ui import build_demo, launch_kwargs
 
     demo = build_demo(AppLogic(hub, max_new_tokens=4), auto_answers=True)
     port = free_port()

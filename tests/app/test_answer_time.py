@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.examples import load_examples
-from components.logic import AppLogic
-from components.panels import answer_md, reference_md
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic
+from components.core.settings import Settings
+from components.page.panels import answer_md, reference_md
 from mipruner.answer_time import own_timing, row_prefill_flops
 
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from components.controls import control_names, control_values
-from components.logic import MAX_PANELS
-from components.settings import Settings
+from components.core.logic import MAX_PANELS
+from components.core.settings import Settings
+from components.page.controls import control_names, control_values
 
 from .test_bad_inputs import EXAMPLE, Raw, assert_plain
 

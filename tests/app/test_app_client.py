@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.controls import control_names, control_values
-from components.examples import load_examples
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.settings import Settings
+from components.page.controls import control_names, control_values
 
 IMAGES = [e for e in load_examples() if e["kind"] == "image"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from ..conftest import raising_method
 from .test_app_client import ctl, encode
-from components.examples import load_examples
+from components.core.examples import load_examples
 
 
 @pytest.fixture(scope="module")

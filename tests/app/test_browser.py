@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from components.examples import load_examples
+from components.core.examples import load_examples
 from mipruner.engine import method_specs
 from mipruner.viz import colormap_lut
 
@@ -188,7 +188,7 @@ def test_phone_width_fits_and_results_follow_run(page, tmp_path):
     a screen or so of Run, and a 1-frame video says "1 frame"."""
     from PIL import Image
 
-    from components.examples import VIDEO_CODEC
+    from components.core.examples import VIDEO_CODEC
     from mipruner.media import write_video
 
     clip = write_video([Image.open(load_examples()[0]["path"]).resize((224, 224))], str(tmp_path / "one.mp4"),

@@ -10,7 +10,7 @@ import os
 import pytest
 from PIL import Image
 
-from components.examples import load_examples
+from components.core.examples import load_examples
 
 from .conftest import free_port
 from .test_browser import CHROMIUM, _browser_missing
@@ -22,8 +22,8 @@ CLIP = next(e for e in load_examples() if e["kind"] == "video")
 
 @pytest.fixture(scope="module")
 def url(hub):
-    from components.logic import AppLogic
-    from components.ui import build_demo, launch_kwargs
+    from components.core.logic import AppLogic
+    from components.page.ui import build_demo, launch_kwargs
 
     demo = build_demo(AppLogic(hub, max_new_tokens=4, notes=NOTE), auto_answers=False)
     port = free_port()

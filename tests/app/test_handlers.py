@@ -1,16 +1,16 @@
-"""The page's handlers called with plain values, no page built (components.handlers): what each returns
+"""The page's handlers called with plain values, no page built (components.page.handlers): what each returns
 for a normal input, and the sentence it raises for a bad one."""
 from __future__ import annotations
 
 import gradio as gr
 import pytest
 
-from components import controls as C
-from components.examples import load_examples
-from components.handlers import Handlers, Media, controls_for, controls_of, token_chips
-from components.logic import MAX_PANELS, AppLogic, UIState, UserError
-from components.panels import PANEL_FIELDS
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import MAX_PANELS, AppLogic, UIState, UserError
+from components.core.settings import Settings
+from components.page import controls as C
+from components.page.handlers import Handlers, Media, controls_for, controls_of, token_chips
+from components.page.panels import PANEL_FIELDS
 from mipruner.engine import method_spec, method_specs, parameters
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")

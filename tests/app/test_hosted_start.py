@@ -2,7 +2,7 @@
 client) and the embedded model serves, with the same one sentence as when HF_HUB_OFFLINE is set."""
 from __future__ import annotations
 
-from components.hub import EMBEDDED, OFFLINE, ModelHub, hub_reachable
+from components.hosting.hub import EMBEDDED, OFFLINE, ModelHub, hub_reachable
 from mipruner.engine import load_adapter
 
 

@@ -10,9 +10,9 @@ import zipfile
 
 import pytest
 
-from components.controls import control_values
-from components.examples import load_examples
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.settings import Settings
+from components.page.controls import control_values
 
 from .test_space import start_space
 from .test_sweep_queue import zeros_zip

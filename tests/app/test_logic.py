@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.controls import control_names, control_values, settings_from
-from components.examples import load_examples
-from components.hub import ModelHub
-from components.logic import AppLogic, UIState, UserError, budget_of, probe_video
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic, UIState, UserError, budget_of, probe_video
+from components.core.settings import Settings
+from components.hosting.hub import ModelHub
+from components.page.controls import control_names, control_values, settings_from
 from mipruner.media import write_video
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
@@ -89,7 +89,7 @@ def test_encode_errors_are_plain(logic, tmp_path, case):
 
 
 def test_video_frame_limit(tmp_path, monkeypatch):
-    import components.logic as L
+    import components.core.logic as L
 
     frames = [Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)) for i in range(6)]
     path = write_video(frames, tmp_path / "six.mp4", fps=4)
@@ -206,7 +206,7 @@ def test_in_llm_methods_side_by_side(logic, encoded):
 
 
 def test_slider_benchmark_encodes_panels_as_the_app_does():
-    from components.panels import IMAGE_FORMAT
+    from components.page.panels import IMAGE_FORMAT
     from mipruner.bench.slider import PANEL_FORMAT
 
     assert PANEL_FORMAT == IMAGE_FORMAT

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 from PIL import Image
 
-from components.examples import load_examples
-from components.logic import AppLogic, UserError, budget_of, probe_video
-from components.messages import clean_prompt, input_problem, plain, unknown_words_warning
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic, UserError, budget_of, probe_video
+from components.core.messages import clean_prompt, input_problem, plain, unknown_words_warning
+from components.core.settings import Settings
 from mipruner.prompt_words import PromptWords, prompt_words
 from mipruner.media import MAX_IMAGE_PIXELS, MediaError, load_image, load_video
 
@@ -132,7 +132,7 @@ def test_one_frame_video_status_says_frame(logic, tmp_path):
 def test_handlers_turn_unexpected_errors_into_a_sentence(caplog):
     import gradio as gr
 
-    from components.guards import plain_errors
+    from components.page.guards import plain_errors
 
     @plain_errors("drawing the panels")
     def broken(x):

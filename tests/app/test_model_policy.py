@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 import app
-from components.hub import EMBEDDED, SUGGESTED, ModelHub
-from components.policy import ModelPolicy, hub_checkpoint_bytes, is_hosted
+from components.hosting.hub import EMBEDDED, SUGGESTED, ModelHub
+from components.hosting.policy import ModelPolicy, hub_checkpoint_bytes, is_hosted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GB = 10**9
@@ -49,7 +49,7 @@ def fake_hub(monkeypatch):
         return FAKE_HUB[repo_id]
 
     monkeypatch.setattr(huggingface_hub, "model_info", model_info)
-    monkeypatch.setattr("components.policy.cached_locally", lambda repo: repo == "cached/offline-model")
+    monkeypatch.setattr("components.hosting.policy.cached_locally", lambda repo: repo == "cached/offline-model")
     return calls
 
 
@@ -128,7 +128,7 @@ def test_hosted_or_local_defaults():
 
 
 def test_models_load_without_trust_remote_code(monkeypatch):
-    import components.hub as hub_module
+    import components.hosting.hub as hub_module
 
     seen = []
 

@@ -1,5 +1,5 @@
 """How the page's events are wired for a live slider: the controls reach the page's own events as
-one boxed value (components.controls.BOX_JS / unbox), the API keeps one named input per control,
+one boxed value (components.page.controls.BOX_JS / unbox), the API keeps one named input per control,
 and the view event hands Gradio prepared outputs."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 import gradio as gr
 import pytest
 
-from components import controls as C
-from components.logic import AppLogic, UserError
-from components.ui import build_demo
+from components.core.logic import AppLogic, UserError
+from components.page import controls as C
+from components.page.ui import build_demo
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,18 @@
 """What the page shows, without a browser: the centre-crop sentence, the start-up note once per session,
 the lambda slider's state under each lam rule, a video's single frame, the clicked patch's box, and the
-payload checks that name the field (components.guards.payload_problem)."""
+payload checks that name the field (components.page.guards.payload_problem)."""
 from __future__ import annotations
 
 import gradio as gr
 import pytest
 from PIL import Image
 
-from components import controls as C
-from components import panels as P
-from components.examples import load_examples
-from components.guards import payload_problem
-from components.logic import AppLogic, UserError
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic, UserError
+from components.core.settings import Settings
+from components.page import controls as C
+from components.page import panels as P
+from components.page.guards import payload_problem
 from mipruner.engine import parameters
 
 NOTE = "Could not load 'x/y' because the hub cannot be reached, so the embedded model serves instead."

@@ -1,4 +1,4 @@
-"""The slider's fast path (components.panel_files): outputs prepared as Gradio's postprocess would
+"""The slider's fast path (components.core.panel_files): outputs prepared as Gradio's postprocess would
 make them, each image written once per image object, entries freed with their images."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
-from components.panel_files import PanelImages, prepared
+from components.core.panel_files import PanelImages, prepared
 from mipruner import viz
 
 

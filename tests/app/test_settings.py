@@ -1,7 +1,7 @@
 """The settings string, generated from the registry's specs: round trips, defaults, errors."""
 import pytest
 
-from components.settings import Settings
+from components.core.settings import Settings
 from mipruner.pruners import all_params
 
 

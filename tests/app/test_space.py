@@ -13,9 +13,9 @@ import urllib.request
 
 import pytest
 
-from components import space_check
-from components.hub import EMBEDDED, SUGGESTED
-from components.space_default import HARDWARE_NOTE, HOSTED_DEFAULT, hardware, start_model
+from components.hosting import space_check
+from components.hosting.hub import EMBEDDED, SUGGESTED
+from components.hosting.space_default import HARDWARE_NOTE, HOSTED_DEFAULT, hardware, start_model
 
 from .conftest import free_port
 
@@ -228,9 +228,9 @@ def space_app(tmp_path_factory):
 def test_a_space_without_a_hub_serves_the_embedded_model_and_says_why(space_app):
     from gradio_client import Client, handle_file
 
-    from components.controls import control_values
-    from components.examples import load_examples
-    from components.settings import Settings
+    from components.core.examples import load_examples
+    from components.core.settings import Settings
+    from components.page.controls import control_values
 
     url, log = space_app
     client = Client(url, verbose=False)
@@ -270,7 +270,7 @@ def runnable_commands() -> list[str]:
 
 def test_docs_space_has_runnable_commands():
     cmds = runnable_commands()
-    assert any("components.space_check" in c for c in cmds) and any("space-cost" in c for c in cmds)
+    assert any("components.hosting.space_check" in c for c in cmds) and any("space-cost" in c for c in cmds)
 
 
 @pytest.mark.parametrize("cmd", runnable_commands())

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components import sweep_logic as SL
-from components.controls import DEFAULT_SHARE
-from components.examples import load_examples
-from components.logic import AppLogic, UserError
-from components.panels import method_notes
-from components.settings import Settings
+from components.core import sweep_logic as SL
+from components.core.examples import load_examples
+from components.core.logic import AppLogic, UserError
+from components.core.settings import Settings
+from components.page.controls import DEFAULT_SHARE
+from components.page.panels import method_notes
 from mipruner.eval.metrics import query_recall, token_object_cover
 
 EXAMPLE = load_examples()[0]

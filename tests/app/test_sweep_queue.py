@@ -1,5 +1,5 @@
-"""What one sweep call may ask of a shared server (components.sweep_queue) and the unpacked zip's life
-(components.sweep_logic.question_set): the bound and its sentences, the measured pace, the fair queue, the
+"""What one sweep call may ask of a shared server (components.core.sweep_queue) and the unpacked zip's life
+(components.core.sweep_logic.question_set): the bound and its sentences, the measured pace, the fair queue, the
 time cap, and a zip's folder that counts under the files cap and is gone once the block ends."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import zipfile
 
 import pytest
 
-from components import sweep_logic as SL
-from components.logic import UserError
-from components.sweep_queue import Deadline, Pace, SweepLimits, SweepQueue, steps_of
+from components.core import sweep_logic as SL
+from components.core.logic import UserError
+from components.core.sweep_queue import Deadline, Pace, SweepLimits, SweepQueue, steps_of
 from mipruner.session import FileBudget
 
 PAGE = {"lam": 1.0, "lam_rule": "auto"}

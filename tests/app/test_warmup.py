@@ -1,4 +1,4 @@
-"""The compiled path's warm-up at start-up (components/warmup.py) on the embedded model: it compiles the
+"""The compiled path's warm-up at start-up (components/core/warmup.py) on the embedded model: it compiles the
 shapes of the first views (backend: dynamo's CompileCounter, set in `common/greedy.COMPILE`, which runs the
 captured graphs eagerly), says so while it warms and then that it is ready, switches the model to the
 compiled path only at the end, and a visitor's first views then compile nothing new and answer as the
@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.controls import DEFAULT_SHARE
-from components.examples import load_examples
-from components.hub import ModelHub
-from components.logic import AppLogic
-from components.settings import DEFAULT_METHODS, Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic
+from components.core.settings import DEFAULT_METHODS, Settings
+from components.hosting.hub import ModelHub
+from components.page.controls import DEFAULT_SHARE
 import mipruner
-from components.warmup import COMPILED, WarmUp, compile_choice
+from components.core.warmup import COMPILED, WarmUp, compile_choice
 from mipruner.models.common import greedy as P
 from mipruner.models.common.path import PLAIN, DecodePath
 from tests.models.batch_check import compare, one_by_one
@@ -119,7 +119,7 @@ def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
     the warm-up runs in the background and ends ready; --compile auto on a CPU, off, and on on a ZeroGPU
     Space build none."""
     import app
-    import components.spaces_gpu as zero
+    import components.hosting.spaces_gpu as zero
 
     args = app.parse_args(["--model", "shapes-llava", "--device", "cpu", "--compile", "on", "--max-new-tokens", "4"])
     hub = ModelHub("shapes-llava", device="cpu")
@@ -131,7 +131,7 @@ def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
         assert app.warm_up(app.parse_args(["--model", "shapes-llava", "--compile", mode]), hub) is None
     warm = app.warm_up(args, hub)
     assert warm is not None and warm.state == "waiting"
-    from components.ui import build_demo
+    from components.page.ui import build_demo
 
     demo = build_demo(AppLogic(hub, max_new_tokens=4, warm=warm))
     assert any(getattr(b, "elem_id", None) == "warm-status" for b in demo.blocks.values())
@@ -146,7 +146,7 @@ def test_the_page_says_warming_then_ready(hub, counter):
     API lists the same endpoints as without a warm-up."""
     import os
 
-    from components.ui import build_demo, launch_kwargs
+    from components.page.ui import build_demo, launch_kwargs
 
     from .conftest import free_port
     from .test_browser import CHROMIUM, _browser_missing

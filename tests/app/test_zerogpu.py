@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from components.examples import load_examples
-from components.logic import AppLogic, UIState
-from components.settings import Settings
+from components.core.examples import load_examples
+from components.core.logic import AppLogic, UIState
+from components.core.settings import Settings
 
 from ..paths import assert_paths_close
 
@@ -66,7 +66,7 @@ def zero(tmp_path, monkeypatch, hub):
     (tmp_path / "spaces" / "__init__.py").write_text(FORKING_SPACES)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "spaces", raising=False)
-    from components.spaces_gpu import gpu
+    from components.hosting.spaces_gpu import gpu
 
     import spaces
 
@@ -110,7 +110,7 @@ def test_every_handler_through_a_pickling_worker_gives_the_in_process_result(zer
 
 
 def test_a_user_error_in_the_worker_reaches_the_page(zero):
-    from components.logic import UserError
+    from components.core.logic import UserError
 
     remote, _ = zero
     with pytest.raises(UserError, match="the prompt is empty"):
@@ -136,7 +136,7 @@ def test_a_session_pickles_without_its_lock_and_cap(hub):
 def test_move_tensors_reaches_nested_state_and_leaves_the_rest():
     from dataclasses import dataclass
 
-    from components.spaces_gpu import move_tensors
+    from components.hosting.spaces_gpu import move_tensors
 
     @dataclass(frozen=True)
     class Box:
@@ -153,7 +153,7 @@ def test_move_tensors_reaches_nested_state_and_leaves_the_rest():
 
 
 def test_on_zero_gpu_reads_the_spaces_config(tmp_path, monkeypatch):
-    from components.spaces_gpu import on_zero_gpu
+    from components.hosting.spaces_gpu import on_zero_gpu
 
     for flag in (True, False):
         pkg = tmp_path / str(flag) / "spaces"

@@ -35,7 +35,7 @@ def test_percent_in_a_param_doc_prints_in_help(percent_method, capsys):
 
 def test_integer_params_are_integers_in_the_apps_api(percent_method):
     pytest.importorskip("gradio")
-    from components.controls import param_widget
+    from components.page.controls import param_widget
     from mipruner.pruners import get_pruner
 
     spec = get_pruner(percent_method)

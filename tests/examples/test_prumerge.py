@@ -74,7 +74,7 @@ def test_the_panel_draws_which_patch_went_into_which(prumerge):
     engine's merge map), while a method that merges nothing shows none."""
     from PIL import Image
 
-    from components.panels import method_notes, panel_fields
+    from components.page.panels import method_notes, panel_fields
     from mipruner.engine import Engine
     from mipruner.pruners.selection import selection_failures
 

@@ -138,7 +138,7 @@ def test_withdraw_every_token_equals_text_only_after_layer_k(loaded, model):
 
 
 def test_withdrawal_is_shown_in_masks_panels_and_eval(loaded, model):
-    from components.panels import method_notes
+    from components.page.panels import method_notes
     from mipruner import viz
     from mipruner.eval.runner import evaluate, format_rows
     from mipruner.eval.shapes import shapes_items

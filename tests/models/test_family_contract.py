@@ -222,9 +222,9 @@ def _check_features(a, e):
 
 @pytest.fixture(scope="module")
 def app(root):
-    from components.hub import ModelHub
-    from components.logic import AppLogic
-    from components.policy import ModelPolicy
+    from components.core.logic import AppLogic
+    from components.hosting.hub import ModelHub
+    from components.hosting.policy import ModelPolicy
 
     hub = ModelHub("shapes-llava", device="cpu", policy=ModelPolicy(model_dirs=(str(root / "ckpt"),)))
     hub.load_default()
@@ -236,7 +236,7 @@ PANELS = [(f, m) for f, m in MEDIUMS if m in ("image", "video")]
 
 @pytest.mark.parametrize("family,kind", PANELS, ids=_ids(PANELS))
 def test_app_panels(app, checkpoint, files, family, kind):
-    from components.settings import Settings
+    from components.core.settings import Settings
 
     path = checkpoint(family)
     st, msg = app.encode(None, path, kind, files["image"] if kind == "image" else None,
@@ -280,7 +280,7 @@ def test_lmms_answers(checkpoint, root, family, method):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_table(family):
-    from components.hub import SUGGESTED
+    from components.hosting.hub import SUGGESTED
 
     fam = FAMILIES[family]
     assert os.path.isdir(os.path.join(ROOT, "mipruner", "models", fam.folder))

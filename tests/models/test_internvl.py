@@ -54,7 +54,7 @@ def encoded(internvl, video_path):
 
 
 def test_internvl_checkpoints_in_the_dropdown():
-    from components.hub import SUGGESTED
+    from components.hosting.hub import SUGGESTED
 
     assert {"OpenGVLab/InternVL3-1B-hf", "OpenGVLab/InternVL3-8B-hf"} <= set(SUGGESTED)
 

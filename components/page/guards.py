@@ -17,8 +17,8 @@ import re
 
 import gradio as gr
 
-from .logic import UserError
-from .messages import input_problem, plain, short
+from ..core.logic import UserError
+from ..core.messages import input_problem, plain, short
 
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.I)
 

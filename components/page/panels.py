@@ -14,8 +14,8 @@ from PIL import Image
 from mipruner.answer_time import timing_line
 from mipruner.engine import method_spec
 
-from .logic import MAX_PANELS, label
-from .panel_files import IMAGES
+from ..core.logic import MAX_PANELS, label
+from ..core.panel_files import IMAGES
 
 PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an

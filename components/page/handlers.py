@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from ..core.logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
+from ..core.messages import plain
+from ..core.settings import Settings
 from . import controls as C
 from . import panels as P
-from .logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
-from .messages import plain
-from .settings import Settings
 
 ENCODE_FIELDS = ("model", "model_path", "use", "image", "video", "prompt")  # /encode's names, before the controls
 

@@ -1,6 +1,6 @@
 """The examples gallery: generated scenes and one clip under assets/examples (ours to redistribute).
 
-    python -m components.examples        # (re)writes assets/examples/ deterministically
+    python -m components.core.examples        # (re)writes assets/examples/ deterministically
 
 Scenes come from `mipruner.shapes.scenes` with a seed the embedded model never trained on; each example's
 prompt asks about an object that is really in the picture (checked when writing). Images are
@@ -15,7 +15,7 @@ import os
 
 from PIL import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES_DIR = os.path.join(ROOT, "assets", "examples")
 SEED = 424_242  # never used by mipruner.shapes.train (training draws from seed 0)
 SCALE = 3

@@ -7,7 +7,7 @@ API endpoints (each usable from `gradio_client`, one per action; the page chains
   /inspect    (controls..., x, y) -> PMI of the patch under (x, y) with every prompt token
   /export     (controls...) -> PNG + JSON files
   /settings   (settings string) -> the controls set to it
-Per-session state lives in one `gr.State` (a `components.logic.UIState`); nothing else is stored.
+Per-session state lives in one `gr.State` (a `components.core.logic.UIState`); nothing else is stored.
 Each area is built by its own module (inputs, controls, results) and `events.wire` connects them.
 """
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 
 import gradio as gr
 
+from ..core.logic import AppLogic
 from . import controls as C
 from .events import wire
 from .inputs import build_inputs
-from .logic import AppLogic
 from .results import build_results
 from .sweep import build_sweep
 
@@ -53,7 +53,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
 
 
 def warm_status(demo: gr.Blocks, warm) -> None:
-    """The compiled path's warm-up on the page (components.warmup): a status line read at each page load
+    """The compiled path's warm-up on the page (components.core.warmup): a status line read at each page load
     and every second while it warms (a timer, stopped once it is done; both events private: not in the
     API); nothing when it is off."""
     if warm is None:
@@ -89,7 +89,7 @@ LAYOUT_CSS = """
 
 def launch_kwargs(max_file_size: str = "50mb") -> dict:
     """What `launch` needs: upload size limit, only assets/ served besides uploads, the layout's CSS."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")], "css": LAYOUT_CSS}
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from .examples import load_examples
+from ..core.examples import load_examples
 
 
 @dataclass

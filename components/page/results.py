@@ -24,7 +24,7 @@ class Results:
     files: gr.File
     view_json: gr.JSON
     answers_json: gr.JSON
-    shown: gr.State  # the panels' props as this page shows them (components.panels.live_updates), the view's data
+    shown: gr.State  # the panels' props as this page shows them (components.page.panels.live_updates), the view's data
     # counters a view bumps to start a follow-up event by their change (a value the page compares: a
     # State's change is not reported to the page by a view outside the queue): answers (when answering
     # automatically) and the raw-data JSON (while its accordion is open); unchanged, no event at all

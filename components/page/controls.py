@@ -15,8 +15,8 @@ import gradio as gr
 
 from mipruner.engine import TEXT_MODES, method_specs, parameters
 
-from .logic import UserError, budget_of, check_methods, method_choices
-from .settings import DEFAULT_METHODS, Settings
+from ..core.logic import UserError, budget_of, check_methods, method_choices
+from ..core.settings import DEFAULT_METHODS, Settings
 
 DEFAULT_SHARE = 10.0  # % of the visual tokens kept at start (LLaVA-1.5 in the paper: 64 of 576 = 11%)
 FEATURED = ("lam", "lam_rule", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded

@@ -1,8 +1,8 @@
 """What the app's buttons and sliders do, without Gradio: encode, view, generate, inspect, export.
 
 Every handler takes the caller's `UIState` (one per browser session, held by `gr.State`) and
-returns plain values; `components.ui` turns them into component updates. Nothing here is shared
-between sessions except the model engines (`components.hub`), which hold no per-user state.
+returns plain values; `components.page.ui` turns them into component updates. Nothing here is shared
+between sessions except the model engines (`components.hosting.hub`), which hold no per-user state.
 User mistakes raise `UserError` with a message meant for the page.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from mipruner.export import selection_to_json
 from mipruner.media import is_video_path
 from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
-from .hub import ModelHub
+from ..hosting.hub import ModelHub
+from ..hosting.spaces_gpu import DURATIONS, generate_seconds
 from .messages import clean_prompt, crop_note, plain, unknown_words_warning
 from .settings import Settings
-from .spaces_gpu import DURATIONS, generate_seconds
 
 MAX_PANELS = 6
 MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
@@ -136,7 +136,7 @@ class AppLogic:
                  export_root: str | None = None, notes: str = "", warm=None):
         self.hub = hub
         self.notes = notes  # start-up problems every encode's status line repeats (plug-ins left out)
-        self.warm = warm  # the compiled path's warm-up (components.warmup.WarmUp; model-level), or None
+        self.warm = warm  # the compiled path's warm-up (components.core.warmup.WarmUp; model-level), or None
         self.max_new_tokens = max_new_tokens
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root

@@ -1,6 +1,6 @@
 """The Sweep area: one parameter over a question set, curves per method, downloads, and the strip of
 kept-patch masks across the values for the image on screen. `build_sweep` makes the widgets (a
-`SweepArea`) and wires them to `components.sweep_logic`; ui.py calls it once.
+`SweepArea`) and wires them to `components.core.sweep_logic`; ui.py calls it once.
 
 API endpoints: /sweep (area fields, model, page controls) -> state, status, plot, files, table;
 /sweep_strip (area fields, page controls) -> strip image, IoU table. Cancel and re-plot are private.
@@ -16,12 +16,12 @@ import gradio as gr
 
 from mipruner.engine import method_specs
 
+from ..core import sweep_logic as SL
+from ..core.logic import UserError
+from ..core.sweep_queue import Pace, SweepLimits, SweepQueue
+from ..hosting.spaces_gpu import on_zero_gpu
 from . import controls as C
-from . import sweep_logic as SL
 from .events import named
-from .logic import UserError
-from .spaces_gpu import on_zero_gpu
-from .sweep_queue import Pace, SweepLimits, SweepQueue
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",

@@ -12,7 +12,7 @@ does it:
     slider move selects on the encoding's tensors, and FastV, DART and SparseVLM run decoder layers
     to select);
   * no `torch.compile` there: the app decodes on the plain path (its compiled path, `--compile`, is
-    off on a ZeroGPU Space: components/warmup.py).
+    off on a ZeroGPU Space: components/core/warmup.py).
 A decorated call runs in a forked worker that receives its arguments and returns its result
 pickled (spaces/zero/wrappers.py): `gpu` sends the handler's `UIState` (its session's encodings on
 the host: `Session` pickles without its lock and byte cap), moves its tensors onto the worker's GPU,

@@ -1,4 +1,4 @@
-"""The page's wiring: which widget's event runs which handler of `components.handlers`.
+"""The page's wiring: which widget's event runs which handler of `components.page.handlers`.
 
 Gradio calls an event's function with positional values in the order of its inputs (state first);
 each function here reads them into the handler's named values and lists its named outputs in the
@@ -14,12 +14,12 @@ import gradio as gr
 
 from mipruner.engine import parameters
 
+from ..core.logic import AppLogic, UserError
+from ..core.panel_files import prepared
 from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
 from .handlers import ENCODE_FIELDS, Handlers, Media, controls_of
-from .logic import AppLogic, UserError
-from .panel_files import prepared
 
 
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
@@ -58,7 +58,7 @@ def named(*names: str, extra: tuple = ()):
 
 
 def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
-    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers (`components.handlers`):
+    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the handlers (`components.page.handlers`):
     each event's function below only reads its positional values into the handler's named ones."""
     H = Handlers(logic, auto_answers=auto_answers)
     # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
@@ -168,7 +168,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # every event (tens of ms a move with all the panel fields as targets).
     views = dict(trigger_mode="always_last", show_progress="hidden", queue=False, show_progress_on=[act.settings],
                  **private)
-    # on_live's outputs leave it post-processed (components.panel_files): no thread hop per output,
+    # on_live's outputs leave it post-processed (components.core.panel_files): no thread hop per output,
     # and an image the page already has is not encoded again
     live = dict(views, postprocess=False)
     answers = dict(trigger_mode="always_last", show_progress="hidden", concurrency_id="answers",

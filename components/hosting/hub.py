@@ -7,7 +7,7 @@ least recently used one that is not the fallback. Engines hold no per-user state
 `mipruner.engine`), so one engine per model serves every browser session; they share one byte cap
 on cached encodings (`CacheBudget`).
 
-What may be loaded is a `ModelPolicy` (components.policy): an allow-list of ids, a size cap read
+What may be loaded is a `ModelPolicy` (components.hosting.policy): an allow-list of ids, a size cap read
 from the hub's metadata before any download, and the local folders models may come from.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from mipruner.engine import DEFAULT_CACHE_BYTES, Engine, load_adapter
 from mipruner.models.families import suggested_models
 from mipruner.session import CacheBudget
 
-from .messages import plain, short
+from ..core.messages import plain, short
 from .policy import ModelPolicy, cached_locally, looks_local
 
 EMBEDDED = "shapes-llava"

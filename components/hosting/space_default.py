@@ -4,7 +4,7 @@ This is the one place the choice is declared (`HOSTED_DEFAULT`). app.py reads it
 MIPRUNER_MODEL (or --model) wins; on a Space without it, `HOSTED_DEFAULT[hardware()]`; locally the
 embedded model `shapes-llava`. A default that cannot be loaded (no hub, no memory) leaves the embedded
 model serving, and the status line says which model was tried and why, in one sentence
-(`components.hub.ModelHub.load_default`).
+(`components.hosting.hub.ModelHub.load_default`).
 
 How the hardware is told (read once, at start-up):
   SPACE_ID                    set by Spaces on every Space (huggingface.co/docs/hub/spaces-overview, "Helper
@@ -21,7 +21,7 @@ import os
 
 EMBEDDED = "shapes-llava"
 
-# hardware -> the hub id a Space starts on; each is one of components.hub.SUGGESTED (tests/app/test_space.py)
+# hardware -> the hub id a Space starts on; each is one of components.hosting.hub.SUGGESTED (tests/app/test_space.py)
 HOSTED_DEFAULT = {
     "zero-gpu": "Qwen/Qwen3-VL-2B-Instruct",  # 2.13 B parameters, the fewest tokens per picture of the 2-3 B models
     "gpu": "Qwen/Qwen3-VL-2B-Instruct",       # bf16 weights 4.3 GB: fits a 16 GB T4 with room for activations

@@ -1,7 +1,7 @@
 """The Space check: does this repository deploy as a Hugging Face Space?
 
-    python -m components.space_check            # the static checks, offline
-    python -m components.space_check --resolve  # and resolve requirements.txt for the Space's Python (registry)
+    python -m components.hosting.space_check            # the static checks, offline
+    python -m components.hosting.space_check --resolve  # and resolve requirements.txt for the Space's Python (registry)
 
 Static (no network), `problems(root)`:
   * README.md starts with the Space's front matter (YAML between --- lines) and it parses;
@@ -10,8 +10,8 @@ Static (no network), `problems(root)`:
   * python_version is a "3.N" the package admits (pyproject's requires-python);
   * app_file exists;
   * `models` (the hub ids the Space page links to) equals the app's suggested list
-    (`components.hub.SUGGESTED` less the embedded model), and each hardware's default model
-    (`components.space_default.HOSTED_DEFAULT`) is among them;
+    (`components.hosting.hub.SUGGESTED` less the embedded model), and each hardware's default model
+    (`components.hosting.space_default.HOSTED_DEFAULT`) is among them;
   * every line of requirements.txt is a requirement pip reads (`packaging.requirements.Requirement`).
 `resolve(root)`: pip's resolver, run as the Space's build would but installing nothing:
 `pip install --dry-run --ignore-installed --only-binary=:all: --python-version <python_version>
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 
 
@@ -131,7 +131,7 @@ def resolve(root: str = ROOT, python_version: str | None = None, timeout: int = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m components.space_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m components.hosting.space_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--resolve", action="store_true", help="also resolve requirements.txt for the Space's Python "
                                                           "with pip --dry-run (needs the package registry)")
     a = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Plain messages for the page: no server paths, no error numbers, no library jargon; and the
 warnings the status line carries (prompt pieces the model cannot read, control characters removed).
-No Gradio here (see `components.guards` for the hooks that use these on the server).
+No Gradio here (see `components.page.guards` for the hooks that use these on the server).
 """
 from __future__ import annotations
 
