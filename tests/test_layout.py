@@ -18,8 +18,12 @@ LAYERS = {
     "mipruner.registry": 0, "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.models": 1, "mipruner.inllm": 2, "mipruner.methods": 3,
     "mipruner.viz": 3, "mipruner.render": 3, "mipruner.answer_cache": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.text_table": 0, "mipruner.batch": 3, "mipruner.answer_time": 1, "mipruner.plugins": 3, "mipruner.testing": 3, "mipruner.session": 4, "mipruner.check_pruner": 4,
     "mipruner.engine": 4, "mipruner.eval": 4,
-    "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4, "components": 5, "app": 6,
+    "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4,
+    # the app: its logic without Gradio and its hosting (models, Spaces, ZeroGPU) side by side, the page above both
+    "components.core": 5, "components.hosting": 5, "components.page": 6, "app": 7,
 }
+# components/ is these folders and nothing flat beside them; only the page imports gradio
+APP_ROOMS = {"page": True, "core": False, "hosting": False}  # folder -> may import gradio
 # What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
 # the sweeps (run on the engine's model and lock), and the toy model's scene and question generators for its
 # examples, and the family table (data: which checkpoints to suggest). No pruner, model or in-LLM module.
@@ -99,6 +103,27 @@ def test_ui_reads_the_library_through_the_engine():
             if (mod == "mipruner" or mod.startswith("mipruner.")) and not mod.startswith(UI_ALLOWED):
                 bad.append(f"{os.path.relpath(path, ROOT)}:{abs(line)} imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_app_is_in_rooms_and_only_the_page_imports_gradio():
+    """components/ holds a folder per concern (APP_ROOMS: page, core, hosting) and no module beside them;
+    core/ and hosting/ import no gradio (the page's handlers are Gradio's only caller of them)."""
+    base = os.path.join(ROOT, "components")
+    flat = sorted(f for f in os.listdir(base) if f.endswith(".py") and f != "__init__.py")
+    folders = {d for d in os.listdir(base) if os.path.isfile(os.path.join(base, d, "__init__.py"))}
+    assert not flat and folders == set(APP_ROOMS), (flat, sorted(folders))
+    bad, pages = [], 0
+    for path in sources():
+        me = module_name(path)
+        if not me.startswith("components."):
+            continue
+        room = me.split(".")[1]
+        uses = any(mod == "gradio" or mod.startswith("gradio.") for mod, _ in imports_of(path))
+        pages += uses
+        if uses and not APP_ROOMS[room]:
+            bad.append(f"{os.path.relpath(path, ROOT)} imports gradio outside components/page/")
+    assert not bad, "\n".join(bad)
+    assert pages > 0  # the check reads the page's imports (it would pass on a page without any)
 
 
 def test_modules_stay_small():
