@@ -1,7 +1,7 @@
 """What the app's buttons and sliders do, without Gradio: encode, view, generate, inspect, export.
 
 Every handler takes the caller's `UIState` (one per browser session, held by `gr.State`) and
-returns plain values; `components.page.ui` turns them into component updates. Nothing here is shared
+returns plain values; `components.page.handlers` turns them into the page's outputs. Nothing here is shared
 between sessions except the model engines (`components.hosting.hub`), which hold no per-user state.
 User mistakes raise `UserError` with a message meant for the page.
 """
