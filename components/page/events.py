@@ -63,7 +63,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     H = Handlers(logic, auto_answers=auto_answers)
     # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
     # the last encoding's unit and size; `budget_of` checks the value against the unit sent with it)
-    api_budget = gr.Number(None, visible=False, label="budget", elem_id="api-budget")
+    # the slider's default stays the API's default, so a call that leaves the budget out works as before
+    api_budget = gr.Number(ctl.budget.value, visible=False, label="budget", elem_id="api-budget")
     inputs = [api_budget if c is ctl.budget else c for c in ctl.inputs()]
     names = C.control_names()
     n_ctl = len(names)

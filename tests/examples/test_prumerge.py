@@ -92,7 +92,8 @@ def test_the_panel_draws_which_patch_went_into_which(prumerge):
     assert selection_failures(sel, n=into.numel(), k=sel.budget) == []
     assert merged.pivot is not None and merged.legend and merged.legend[0][0].startswith("token ")
     assert plain.pivot is None
-    assert f"K = {sel.budget} chosen per input" in method_notes(sel) and method_notes(plain.selection) == ""
+    assert f"K = {sel.budget} chosen per input" in method_notes(sel) and "chosen per input" not in method_notes(plain.selection)
+    assert "of unpruned" in method_notes(plain.selection)  # every panel carries its selection's compute
     fields = panel_fields([merged, plain], into.numel(), None, "")
     props, image = fields[3]
     assert props["visible"] and "merged into" in props["label"] and image is merged.pivot
