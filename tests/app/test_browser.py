@@ -8,6 +8,7 @@ MIPRUNER_REQUIRE_BROWSER=1, so there a missing browser fails instead of skipping
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -33,8 +34,10 @@ def _browser_missing() -> str:
     return ""
 
 
-@pytest.fixture(scope="module")
-def page(app_url):
+@contextlib.contextmanager
+def chromium():
+    """Debian's Chromium, headless under Playwright; where it is missing the test skips (fails on CI:
+    MIPRUNER_REQUIRE_BROWSER)."""
     missing = _browser_missing()
     if missing:
         if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
@@ -46,12 +49,20 @@ def page(app_url):
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                     args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                                           "--disable-background-networking", "--no-first-run"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    with chromium() as browser:
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.set_default_timeout(60_000)
         pg.goto(app_url)
         pg.wait_for_selector("#run")
         yield pg
-        browser.close()
 
 
 def kept_count(page) -> int:

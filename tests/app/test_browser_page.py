@@ -5,7 +5,6 @@ within reach of the panels on a phone, the centre crop said, and the start-up no
 Skips like tests/app/test_browser.py when chromium or playwright is missing (CI installs both)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 from PIL import Image
@@ -13,7 +12,7 @@ from PIL import Image
 from components.core.examples import load_examples
 
 from .conftest import free_port
-from .test_browser import CHROMIUM, _browser_missing
+from .test_browser import chromium
 
 NOTE = "Could not load 'someone/model' because the hub cannot be reached, so the embedded model serves instead."
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
@@ -35,19 +34,8 @@ def url(hub):
 
 @pytest.fixture(scope="module")
 def browser():
-    missing = _browser_missing()
-    if missing:
-        if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
-            pytest.fail(missing)
-        pytest.skip(missing)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                              args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                                    "--disable-background-networking", "--no-first-run"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def open_page(browser, url, width: int, height: int = 900):
