@@ -126,7 +126,7 @@ class FloatCopies(TorchDispatchMode):
 
 
 def test_the_tower_attention_capture_copies_no_per_head_map(paths):
-    from mipruner.models import _clip_attention as A
+    from mipruner.models.common import clip_attention as A
 
     ad, _ = _load(paths, "llava", torch.bfloat16)
     tower = ad.model.model.vision_tower

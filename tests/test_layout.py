@@ -195,7 +195,7 @@ def test_families_import_no_other_family_and_shared_modules_no_family():
 
 
 # Flat for what they are, not for who imports them: the family table, and the test adapter (tests use it).
-SHARED_BY_ROLE = ("mipruner.models.families", "mipruner.models.dummy", f"mipruner.models.{NEUTRAL}")
+SHARED_BY_ROLE = ("mipruner.models.families", "mipruner.models.common.dummy", f"mipruner.models.{NEUTRAL}")
 
 
 def test_flat_models_modules_are_shared():

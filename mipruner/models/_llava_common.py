@@ -1,6 +1,6 @@
 """What the LLaVA-style families (LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, LLaVA-OneVision, InternVL) share:
 loading, prompt building, splicing kept tokens, generation. Vision-encoder attention capture is in
-`_clip_attention.py`, the map from processed pixels back to the original image in `llava/geometry.py`.
+`common/clip_attention.py`, the map from processed pixels back to the original image in `llava/geometry.py`.
 
 The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevision/adapter.py`,
 `internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
@@ -23,7 +23,7 @@ Attention: the vision tower is loaded with eager attention (the LLM keeps SDPA) 
 transformers' per-sub-config `attn_implementation` dict, so that (a) the attention probabilities of
 the feature layer can be read by a forward hook when a method asks, and (b) the visual tokens are
 the same numbers whether or not attention was requested. Any other block a method asks for (and its
-per-head maps, and the projector's input as `features`) is recorded in the same pass (`_signals.py`). CLIP at 577 tokens costs a few tens of MB
+per-head maps, and the projector's input as `features`) is recorded in the same pass (`common/signals.py`). CLIP at 577 tokens costs a few tens of MB
 more in eager; pass `vision_attn="sdpa"` to trade attention capture for that memory.
 """
 from __future__ import annotations
@@ -36,9 +36,9 @@ from ..media import MediaError, Video, load_media
 from ..pruners.selection import Selection, check_choice
 from .common.path import PLAIN, DecodePath, PrefillTimer, cuda_sync
 from ..pruners.signals import Signals
-from ._signals import encoded_fields
+from .common.signals import encoded_fields
 from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
-from .text import TEXT_MODES, text_mask
+from .common.text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
 
@@ -154,7 +154,7 @@ class LlavaFamilyAdapter(Adapter):
     def _encode_visual(self, media, templated: str, want: Signals, held=None) -> dict:
         """-> dict(input_ids (1, L), visual (N_V, d), geometry, frames, is_video, ref (plain-model
         inputs), attention/keys/has_cls/extra state, and what `want` asks more: blocks/depth/block
-        (`_signals.Record.finish`), features (N_V, d_vision))."""
+        (`common.signals.Record.finish`), features (N_V, d_vision))."""
         raise NotImplementedError
 
     # -- encode --------------------------------------------------------------------------------

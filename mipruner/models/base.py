@@ -95,7 +95,7 @@ class Encoded:
     visual: (N_V, d) projected visual tokens, in LLM input order.
     text: (N_P, d) LLM input embeddings of the prompt's non-visual tokens, in order.
     text_tokens: the N_P token strings; text_mask (N_P,) bool marks those that count as "text"
-    for scoring (see `mipruner.models.text`). `scoring_text` / `scoring_tokens` apply the mask.
+    for scoring (see `mipruner.models.common.text`). `scoring_text` / `scoring_tokens` apply the mask.
     attention / keys: vision-encoder attention (head mean) and keys, only when asked for, in the
     form the attention pruners take: (N_V+1, N_V+1) with [CLS] first when the encoder has one
     (`has_cls`), else (N_V, N_V); keys (N_V[+1], d_head). LLaVA-1.5: the tower's own matrix;

@@ -168,7 +168,7 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
 
 def test_decode_path_checks():
     from mipruner.models.common.path import DecodePath, round_up, trim_at_eos
-    from mipruner.models.dummy import DummyAdapter
+    from mipruner.models.common.dummy import DummyAdapter
 
     assert round_up(65, 64) == 128 and round_up(64, 64) == 64 and round_up(7, 0) == 7
     assert trim_at_eos([5, 2, 9, 2], [2]) == [5, 2] and trim_at_eos([5, 9], [2]) == [5, 9]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.models import _clip_attention as A
+from mipruner.models.common import clip_attention as A
 from mipruner.models.llava import short_tower as T
 from mipruner.pruners.signals import Signals
 

@@ -24,7 +24,7 @@ import torch
 from ...media import Video, load_media
 from ...pruners.signals import Signals
 from ..base import LazyGeometry, TokenGeometry
-from .. import _clip_attention as A
+from ..common import clip_attention as A
 from .. import _llava_common as C
 from ..common import greedy as P
 from . import short_tower as T
@@ -98,7 +98,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
     def _tower(self, inputs, want):
         """One vision-tower call on the processor's pixels (F images): (`get_image_features` outputs,
-        the `_signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
+        the `common.signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         if self.decode_path.compile and not (want.attention or want.extra or extra):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import _clip_attention as A
+from ..common import clip_attention as A
 from .. import _llava_common as C
 from . import geometry as G
 from ..base import TokenGeometry

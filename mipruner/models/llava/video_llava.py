@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ...media import MediaError, Video
-from .. import _clip_attention as A
+from ..common import clip_attention as A
 from .. import _llava_common as C
 from . import short_tower as T
 from . import geometry as G

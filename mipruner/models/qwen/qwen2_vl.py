@@ -32,7 +32,7 @@ from .attention import merge_attention
 from .video import read_json, smart_resize
 from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from ...pruners.signals import Signals
-from ..text import text_mask
+from ..common.text import text_mask
 
 
 class Qwen2VLAdapter(Adapter):

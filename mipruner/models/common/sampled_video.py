@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import MediaError, is_video_path, load_media, load_video
-from ._hub_files import video_processor_dict
+from ...media import MediaError, is_video_path, load_media, load_video
+from .hub_files import video_processor_dict
 
 
 def video_settings(cfg: dict, defaults: dict) -> dict:
