@@ -218,7 +218,7 @@ def test_flat_models_modules_are_shared():
         if who is None:
             continue
         stack, seen = [d for d in deps if d in flat], set()
-        while stack:  # through other flat modules too (_llava_common -> common.embeds_rows)
+        while stack:  # through other flat modules too
             m = stack.pop()
             if m not in seen:
                 seen.add(m)

@@ -38,7 +38,7 @@ import torch
 
 from ...media import MediaError, Video
 from . import layout as L
-from .. import _llava_common as C
+from ..common import hf_adapter as C
 from ..common.clip_attention import feature_layer_index
 from ..common.patch_layout import Layout
 from ..common.signals import Record

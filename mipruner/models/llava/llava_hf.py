@@ -13,7 +13,7 @@ Geometry undoes the processor's pad-to-square / shortest-edge resize / center cr
 is in the ORIGINAL image's pixels; parts cut off by the center crop have no token, and tokens that
 fall in the padding of a padded image get empty (zero-area) boxes.
 
-Shared machinery (splicing, positions, generation, attention capture): `_llava_common`.
+Shared machinery (splicing, positions, generation, attention capture): `common/hf_adapter.py`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from ...media import Video, load_media
 from ...pruners.signals import Signals
 from ..base import LazyGeometry, TokenGeometry
 from ..common import clip_attention as A
-from .. import _llava_common as C
+from ..common import hf_adapter as C
 from ..common import greedy as P
 from . import short_tower as T
 from . import geometry as G

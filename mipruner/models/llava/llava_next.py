@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..common import clip_attention as A
-from .. import _llava_common as C
+from ..common import hf_adapter as C
 from . import geometry as G
 from ..base import TokenGeometry
 

@@ -30,7 +30,7 @@ import torch
 
 from ...media import MediaError, Video
 from ..common import clip_attention as A
-from .. import _llava_common as C
+from ..common import hf_adapter as C
 from . import short_tower as T
 from . import geometry as G
 from ..base import LazyGeometry, TokenGeometry

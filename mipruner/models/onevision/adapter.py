@@ -41,7 +41,7 @@ import torch
 
 from ...media import MediaError, Video, sample_indices
 from ..common import clip_attention as A
-from .. import _llava_common as C
+from ..common import hf_adapter as C
 from . import layout as L
 from ..common.hub_files import read_chat_template, read_json
 from ..common.patch_layout import Layout, token_attention

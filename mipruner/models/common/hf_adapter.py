@@ -32,13 +32,13 @@ import time
 
 import torch
 
-from ..media import MediaError, Video, load_media
-from ..pruners.selection import Selection, check_choice
-from .common.path import PLAIN, DecodePath, PrefillTimer, cuda_sync
-from ..pruners.signals import Signals
-from .common.signals import encoded_fields
-from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
-from .common.text import TEXT_MODES, text_mask
+from ...media import MediaError, Video, load_media
+from ...pruners.selection import Selection, check_choice
+from .path import PLAIN, DecodePath, PrefillTimer, cuda_sync
+from ...pruners.signals import Signals
+from .signals import encoded_fields
+from ..base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
+from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
 
@@ -333,7 +333,7 @@ class LlavaFamilyAdapter(Adapter):
 
     def generate_batch(self, rows, max_new_tokens: int = 64, positions: str | None = None, **gen) -> list[Answer]:
         """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`)."""
-        from .common.embeds_rows import generate_rows
+        from .embeds_rows import generate_rows
 
         return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
 
