@@ -1,6 +1,6 @@
 """Several pruned prompts of the LLaVA family decoded as one left-padded batch by `model.generate`.
 
-Each row is exactly what `LlavaFamilyAdapter.generate` feeds for one selection (`pruned_inputs`):
+Each row is exactly what `ProcessorAdapter.generate` feeds for one selection (`pruned_inputs`):
 the kept sequence's `inputs_embeds` and its positions, "compact" (0..L_i-1, what `generate`
 derives from an all-ones mask) or "original" (each token's position in the unpruned prompt).
 Rows of different lengths are left-padded to the longest (or to the next multiple of

@@ -1,6 +1,8 @@
-"""What the LLaVA-style families (LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, LLaVA-OneVision, InternVL) share:
-loading, prompt building, splicing kept tokens, generation. Vision-encoder attention capture is in
-`common/clip_attention.py`, the map from processed pixels back to the original image in `llava/geometry.py`.
+"""`ProcessorAdapter`: the neutral base of the adapters fed a transformers processor's inputs and
+`inputs_embeds` (the llava/, onevision/ and internvl/ families): loading, prompt building, splicing kept
+tokens, generation. No family code here: each family folder subclasses it. Vision-encoder attention
+capture is in `clip_attention.py`; the map from processed pixels back to the original image is each
+family's (`llava/geometry.py`, `onevision/layout.py`, `internvl/layout.py`).
 
 The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevision/adapter.py`,
 `internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
@@ -32,7 +34,7 @@ import time
 
 import torch
 
-from ...media import MediaError, Video, load_media
+from ...media import Video, load_media
 from ...pruners.selection import Selection, check_choice
 from .path import PLAIN, DecodePath, PrefillTimer, cuda_sync
 from ...pruners.signals import Signals
@@ -95,8 +97,8 @@ def _with_prefix(embeds: torch.Tensor, positions: torch.Tensor, prefix: torch.Te
 # the shared adapter
 
 
-class LlavaFamilyAdapter(Adapter):
-    """Shared body of the LLaVA adapters. Subclasses set `model_class_name` and implement
+class ProcessorAdapter(Adapter):
+    """Shared body of the processor-fed adapters (LLaVA, OneVision, InternVL). Subclasses set `model_class_name` and implement
     `_inputs` (media + templated prompt -> processor-style inputs) and `_visual` (inputs ->
     visual tokens, geometry, frames, the vision tower, and how many images it ran on)."""
 
@@ -131,7 +133,7 @@ class LlavaFamilyAdapter(Adapter):
 
     @classmethod
     def from_pretrained(cls, path: str, device=None, dtype=None, *, positions: str = "compact",
-                        vision_attn: str = "eager", **kwargs) -> "LlavaFamilyAdapter":
+                        vision_attn: str = "eager", **kwargs) -> "ProcessorAdapter":
         """Load model + processor from a directory or hub id.
 
         device: default cuda if available, else cpu. dtype: default bf16 on cuda, float32 on cpu.
@@ -352,14 +354,3 @@ def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]
         start = i + 1
     return torch.tensor(out + ids[start:], dtype=torch.long)
 
-
-def single_image(media, family: str):
-    """One PIL image, else a MediaError naming what the family accepts."""
-    from PIL import Image
-
-    if isinstance(media, Image.Image):
-        return media
-    if isinstance(media, list) and len(media) == 1:
-        return media[0]
-    what = "a video" if isinstance(media, Video) else f"{len(media)} images"
-    raise MediaError(f"{family} takes one image, got {what}")

@@ -60,7 +60,7 @@ def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
 
 
 class SampledVideo:
-    """Mixin before `LlavaFamilyAdapter`: `video_config=` at construction, read by `from_pretrained`."""
+    """Mixin before `ProcessorAdapter`: `video_config=` at construction, read by `from_pretrained`."""
 
     default_frames = 8
     frame_rule: Callable[[int, float, dict, int], list[int]]

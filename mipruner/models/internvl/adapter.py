@@ -100,7 +100,7 @@ def _processor(ip, tok, pcfg: dict, chat_template):
     return p
 
 
-class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
+class InternVLAdapter(SampledVideo, C.ProcessorAdapter):
     family = "internvl"
     model_class_name = "InternVLForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)

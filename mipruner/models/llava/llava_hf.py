@@ -34,7 +34,7 @@ from . import geometry as G
 TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the answer (at most 1/8 of the context)
 
 
-class LlavaAdapter(C.LlavaFamilyAdapter):
+class LlavaAdapter(C.ProcessorAdapter):
     family = "llava"
     batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call
     model_class_name = "LlavaForConditionalGeneration"

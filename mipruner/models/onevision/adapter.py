@@ -84,7 +84,7 @@ def _processor(ip, tok, pcfg: dict, model_config, chat_template):
     return p
 
 
-class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
+class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):
     family = "llava_onevision"
     model_class_name = "LlavaOnevisionForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)
