@@ -267,6 +267,22 @@ class Adapter(abc.ABC):
 
         return DecodeState()
 
+    @property
+    def decode_path(self):
+        """The decoding path this adapter answers on (`common.path.DecodePath`; the plain path by default),
+        held in `decode_state`; chosen by `use_decode_path`."""
+        return self.decode_state.path
+
+    def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False) -> "Adapter":
+        """Answer on this decoding path from now on (`mipruner/models/common/path.py`): all zero/False is the
+        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Only an adapter that
+        declares `batch_decoding` has any other path (ValueError). Returns the adapter."""
+        if not self.batch_decoding:
+            raise ValueError(f"the {self.family or type(self).__name__!r} adapter has no "
+                             "batched decoder: it only decodes on the plain path")
+        self.decode_state.choose(bucket=bucket, static_cache=static_cache, compile=compile)
+        return self
+
     @classmethod
     @abc.abstractmethod
     def from_pretrained(cls, path: str, device: str | torch.device | None = None,

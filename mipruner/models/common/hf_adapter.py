@@ -36,7 +36,7 @@ import torch
 
 from ...media import Video, load_media
 from ...pruners.selection import Selection, check_choice
-from .path import PLAIN, DecodePath, PrefillTimer, cuda_sync
+from .path import PrefillTimer, cuda_sync
 from ...pruners.signals import Signals
 from .signals import encoded_fields
 from ..base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
@@ -104,7 +104,6 @@ class ProcessorAdapter(Adapter):
 
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
-    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`common/path.py`)
     batch_decoding = True  # `generate_batch`: the decoding engine
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
