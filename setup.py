@@ -3,7 +3,7 @@
 The repository keeps the trained toy model at top level, assets/shapes-llava (the app, the docs and the
 training command use that path). A wheel built from the checkout copies it into the package as
 mipruner/_assets/shapes-llava, so that `mipruner.load("shapes-llava")` and `mipruner-eval` work from an
-installed package outside the repository (mipruner.models.shipped finds it there, and falls back to the
+installed package outside the repository (mipruner.models.common.shipped finds it there, and falls back to the
 checkout's assets/ in a source tree or an editable install).
 """
 import os

@@ -140,15 +140,9 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
 
 
 def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
-    """Set the adapter's decoding path (`mipruner/models/common/path.py`): all zero/False is the plain
-    path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Returns the adapter."""
-    from .models.common.path import DecodePath
-
-    if not _batches(adapter):
-        raise ValueError(f"the {getattr(adapter, 'family', '') or type(adapter).__name__!r} adapter has no "
-                         "batched decoder: it only decodes on the plain path")
-    adapter.decode_path = DecodePath(bucket=int(bucket), static_cache=bool(static_cache), compile=bool(compile))
-    return adapter
-
+    """Choose the adapter's decoding path (`Adapter.use_decode_path`, kept in its `decode_state`;
+    `mipruner/models/common/path.py`): all zero/False is the plain path (the default); e.g. `bucket=64,
+    static_cache=True` for the GPU path. Returns the adapter."""
+    return adapter.use_decode_path(bucket=bucket, static_cache=static_cache, compile=compile)
 
 __all__ = ["MAX_BATCH", "answer_batch", "answer_batch_guarded", "answer_items", "encode_items", "use_decode_path"]

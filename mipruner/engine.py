@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mipruner
-from mipruner.models.text import TEXT_MODES
+from mipruner.models.common.text import TEXT_MODES
 from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)

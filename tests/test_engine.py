@@ -14,7 +14,7 @@ import mipruner
 from mipruner.engine import Engine, Panel
 from mipruner.export import selection_to_json
 from mipruner.session import EncodingKey, StaleKeyError, media_hash
-from mipruner.models.dummy import DummyAdapter
+from mipruner.models.common.dummy import DummyAdapter
 
 PROMPT = "Is there a white square?"
 

@@ -18,7 +18,7 @@ from mipruner.bench import gpu_check, zoo
 from mipruner.bench.finite_logits import LogitWatch
 from mipruner.bench.gpu_check_protocol import CELLS, run_protocol
 from mipruner.bench.gpu_check_rows import KEEP_ALL, Clock, check_media
-from mipruner.models.random_build import build_model, rotary_in_float32
+from mipruner.models.common.random_build import build_model, rotary_in_float32
 from mipruner.pruners import Selection, list_pruners, register_pruner, unregister_pruner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

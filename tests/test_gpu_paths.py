@@ -28,7 +28,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import mipruner
 from mipruner import inllm
 from mipruner.batch import answer_batch, use_decode_path
-from mipruner.models.common.path import PLAIN
 
 from .conftest import TEST_DEVICE
 from .models import tester_models
@@ -71,7 +70,7 @@ def test_the_static_cache_step_sees_one_shape(paths, fam):
             answer_batch(ad, enc, [None, torch.arange(k)], max_new_tokens=NEW, **ad.fixed_length_kwargs(NEW))
     finally:
         handle.remove()
-        ad.decode_path = PLAIN
+        ad.use_decode_path()
     assert len(seen) == 2 * (NEW - 1)
     assert len(set(seen)) == 1, seen
 
@@ -101,11 +100,11 @@ def test_the_compiled_qwen_step_compiles_once(paths, monkeypatch):
             got = answer_batch(ad, enc, [None, torch.arange(k)], max_new_tokens=NEW, **ad.fixed_length_kwargs(NEW))
             assert all(len(a.token_ids) == NEW for a in got)
         assert counter.frame_count == 1 + len(buckets), (counter.frame_count, buckets)  # ONE step graph
-        ad.decode_path = PLAIN
+        ad.use_decode_path()
         assert [a.token_ids for a in answer_batch(ad, enc, [None, torch.arange(5)], max_new_tokens=NEW,
                                                   **ad.fixed_length_kwargs(NEW))] == plain
     finally:
-        ad.decode_path = PLAIN
+        ad.use_decode_path()
         torch._dynamo.reset()
 
 
@@ -126,7 +125,7 @@ class FloatCopies(TorchDispatchMode):
 
 
 def test_the_tower_attention_capture_copies_no_per_head_map(paths):
-    from mipruner.models import _clip_attention as A
+    from mipruner.models.common import clip_attention as A
 
     ad, _ = _load(paths, "llava", torch.bfloat16)
     tower = ad.model.model.vision_tower

@@ -29,7 +29,6 @@ import torch
 import mipruner
 from mipruner.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
-from mipruner.models.common.path import PLAIN
 from mipruner.pruners import Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 from mipruner.pruners import mi as mi_mod
 from mipruner.testing import tensor_inputs
@@ -221,7 +220,7 @@ def test_an_answer_syncs_a_constant_number_of_times_per_step(syncs, models, fam,
         out = run(ad, enc, 4, n=NEW + 3)
         assert len((out[0] if isinstance(out, list) else out).token_ids) == NEW + 3  # the steps really ran
     finally:
-        ad.decode_path = PLAIN
+        ad.use_decode_path()
 
 
 def test_a_slider_move_syncs_a_constant_number_of_times(syncs, models, tmp_path):

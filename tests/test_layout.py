@@ -196,19 +196,23 @@ def _models_graph() -> dict[str, set[str]]:
             for m, deps in import_graph().items() if m.startswith("mipruner.models.")}
 
 
-NEUTRAL = "common"  # mipruner/models/common/: the one folder of code every family shares (the decoding engine)
+NEUTRAL = "common"  # mipruner/models/common/: the one folder of code the families share (the decoding engine too)
+# The only modules flat in mipruner/models/: the package, the adapter contract users subclass
+# (`mipruner.models.base.Adapter`) and the family table the UI reads (`mipruner.models.families`).
+FLAT = {"__init__.py", "base.py", "families.py"}
 
 
 def _folder(module: str) -> str | None:
-    """The family folder of a mipruner.models module (None for the shared flat modules and the neutral folder)."""
+    """The family folder of a mipruner.models module (None for the flat public modules and the neutral folder)."""
     parts = module.split(".")
     folder = parts[2] if len(parts) > 3 or (len(parts) == 3 and os.path.isdir(os.path.join(ROOT, *parts))) else None
     return None if folder == NEUTRAL else folder
 
 
 def test_families_import_no_other_family_and_shared_modules_no_family():
-    """A family folder imports only itself and the shared flat modules of mipruner/models/; a shared module
-    imports no family folder (no import runs back up from the shared floor)."""
+    """A family folder imports only itself, the neutral folder common/ and the flat public modules of
+    mipruner/models/; those and common/ import no family folder (no import runs back up from the shared floor).
+    (InternVL and OneVision subclass common/hf_adapter.py's ProcessorAdapter, not a LLaVA module.)"""
     bad = []
     for me, deps in _models_graph().items():
         mine = _folder(me)
@@ -219,14 +223,14 @@ def test_families_import_no_other_family_and_shared_modules_no_family():
     assert not bad, "\n".join(bad)
 
 
-# Flat for what they are, not for who imports them: the family table, and the test adapter (tests use it).
-SHARED_BY_ROLE = ("mipruner.models.families", "mipruner.models.dummy", f"mipruner.models.{NEUTRAL}")
+# Shared for what they are, not for who imports them: the family table, and the test adapter (tests use it).
+SHARED_BY_ROLE = ("mipruner.models.families", "mipruner.models.common.dummy", f"mipruner.models.{NEUTRAL}")
 
 
 def test_flat_models_modules_are_shared():
-    """mipruner/models/ holds a folder per family (or family line) and, flat beside them, only what several
-    families share (or what code outside mipruner.models uses): a flat module that one family alone
-    reaches belongs in that family's folder."""
+    """mipruner/models/ holds a folder per family (or family line), the one neutral folder common/ and, flat,
+    only the public modules (FLAT); common/ holds only what several families share (or what code outside
+    mipruner.models uses): a shared module that one family alone reaches belongs in that family's folder."""
     from mipruner.models import FAMILIES
 
     from .test_import_cycles import import_graph
@@ -236,6 +240,9 @@ def test_flat_models_modules_are_shared():
     on_disk = {d for d in os.listdir(os.path.join(ROOT, "mipruner", "models"))
                if os.path.isfile(os.path.join(ROOT, "mipruner", "models", d, "__init__.py")) and d != NEUTRAL}
     assert on_disk == folders, f"family folders on disk {sorted(on_disk)} != the table's {sorted(folders)}"
+    models = os.path.join(ROOT, "mipruner", "models")
+    flat_files = {f for f in os.listdir(models) if f.endswith(".py")}
+    assert flat_files == FLAT, f"flat modules in mipruner/models/ {sorted(flat_files)}: shared code goes in {NEUTRAL}/"
     flat = {m for m in graph if m.startswith("mipruner.models.") and _folder(m) is None}
     users: dict[str, set[str]] = {m: set() for m in flat}  # flat module -> families / "outside" reaching it
     for me, deps in graph.items():
@@ -243,7 +250,7 @@ def test_flat_models_modules_are_shared():
         if who is None:
             continue
         stack, seen = [d for d in deps if d in flat], set()
-        while stack:  # through other flat modules too (_llava_common -> common.embeds_rows)
+        while stack:  # through other flat modules too
             m = stack.pop()
             if m not in seen:
                 seen.add(m)

@@ -24,7 +24,6 @@ import mipruner
 from mipruner import inllm
 from mipruner.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
-from mipruner.models.common.path import PLAIN
 from mipruner.pruners import get_pruner, list_pruners
 from mipruner.pruners import mi as mi_mod
 from mipruner.testing import low_precision_failures, select_failures
@@ -189,4 +188,4 @@ def test_batched_answers_and_the_gpu_path_in_low_precision(models, fam, dtype):
             assert all(1 <= len(a.token_ids) <= NEW for a in got)
             assert got[0].token_ids[0] == unpruned[0], path
     finally:
-        ad.decode_path = PLAIN
+        ad.use_decode_path()

@@ -163,7 +163,7 @@ def test_device_selects_what_the_cpu_selects(name, dtype):
 def test_the_tile_families_pool_their_attention_on_its_device():
     """LLaVA-OneVision's and InternVL's tower attention, pooled per view to tokens (`token_attention`,
     InternVL's `cls_attention`), is built on the attention's device (TEST_DEVICE): nothing made off it."""
-    from mipruner.models._patch_layout import Layout, token_attention
+    from mipruner.models.common.patch_layout import Layout, token_attention
     from mipruner.models.internvl.layout import cls_attention
 
     lay = Layout(n_views=2, n_pos=4)

@@ -57,9 +57,7 @@ def test_after_the_warm_up_no_request_compiles(monkeypatch):
         assert len(a.decode_state.caches) <= P.STATIC_CACHES
         assert all(w % 64 == 0 for _, w in shapes["prefill"]) and all(R.batch_bucket(b) == b for b, _ in shapes["step"])
     finally:
-        from mipruner.models.common.path import PLAIN
-
-        a.decode_path = PLAIN
+        a.use_decode_path()
         a.decode_state.compiled.clear()
         a.decode_state.caches.clear()
         torch._dynamo.reset()

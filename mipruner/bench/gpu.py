@@ -70,7 +70,7 @@ def parse_method(entry: str) -> tuple[str, dict]:
 
 
 def _plain_inputs(adapter, image, batch: int) -> dict:
-    from mipruner.models._llava_common import chat_prompt
+    from mipruner.models.common.hf_adapter import chat_prompt
 
     text = chat_prompt(adapter.processor, PROMPT, "image", fallback="USER: <image>\n{prompt} ASSISTANT:")
     inputs = adapter.processor(images=[image] * batch, text=[text] * batch, return_tensors="pt")

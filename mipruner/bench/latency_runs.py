@@ -74,7 +74,7 @@ def _result(clock: Clock, t0, first, t1, n: int, prompt_tokens: int, new_tokens:
 
 def plain(adapter, clock: Clock, n: int, batch: int = 1, static: bool = False):
     """processor + `model.generate` of B copies of the prompt (transformers' own pipeline)."""
-    from mipruner.models._llava_common import chat_prompt
+    from mipruner.models.common.hf_adapter import chat_prompt
 
     extra = {"cache_implementation": "static"} if static else {}
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 
 import mipruner
-from mipruner.models.text import TEXT_MODES
+from mipruner.models.common.text import TEXT_MODES
 from mipruner.pruners import check_budget, did_you_mean, get_pruner, list_pruners
 from mipruner.pruners.signals import encode_kwargs
 

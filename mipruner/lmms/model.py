@@ -22,7 +22,7 @@ the user's prompt, which is what MI-Pruner scores visual tokens against (the pap
 prompts"), while the chat template's own tokens are left out. `text_mode=nostop` scores the
 prompt without stopwords and punctuation: every word of the usual instructions ("answer",
 "question", "using", "single", "word", "phrase", "please", "yes", "no", ...) is in
-`mipruner.models.text.STOPWORDS`, so only the question's content words remain ("dog"); stopwords
+`mipruner.models.common.text.STOPWORDS`, so only the question's content words remain ("dog"); stopwords
 are judged token by token, so a word a tokenizer splits into pieces may leave a piece.
 `text_mode=prompt` scores the chat template's tokens too. The model always reads the whole prompt.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..registry import Registry
 from .base import Adapter, Answer, Encoded, TokenGeometry, keep_indices
 from .families import FAMILIES, Family
-from .shipped import shipped
+from .common.shipped import shipped
 
 # The family table as one registry object (`mipruner.registry.Registry`, as the methods'): config
 # model_type -> adapter class, a lazy entry per family (its folder's "module:Class"), imported on first use.

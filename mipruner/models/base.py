@@ -95,7 +95,7 @@ class Encoded:
     visual: (N_V, d) projected visual tokens, in LLM input order.
     text: (N_P, d) LLM input embeddings of the prompt's non-visual tokens, in order.
     text_tokens: the N_P token strings; text_mask (N_P,) bool marks those that count as "text"
-    for scoring (see `mipruner.models.text`). `scoring_text` / `scoring_tokens` apply the mask.
+    for scoring (see `mipruner.models.common.text`). `scoring_text` / `scoring_tokens` apply the mask.
     attention / keys: vision-encoder attention (head mean) and keys, only when asked for, in the
     form the attention pruners take: (N_V+1, N_V+1) with [CLS] first when the encoder has one
     (`has_cls`), else (N_V, N_V); keys (N_V[+1], d_head). LLaVA-1.5: the tower's own matrix;
@@ -266,6 +266,22 @@ class Adapter(abc.ABC):
         from .common.state import DecodeState
 
         return DecodeState()
+
+    @property
+    def decode_path(self):
+        """The decoding path this adapter answers on (`common.path.DecodePath`; the plain path by default),
+        held in `decode_state`; chosen by `use_decode_path`."""
+        return self.decode_state.path
+
+    def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False) -> "Adapter":
+        """Answer on this decoding path from now on (`mipruner/models/common/path.py`): all zero/False is the
+        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Only an adapter that
+        declares `batch_decoding` has any other path (ValueError). Returns the adapter."""
+        if not self.batch_decoding:
+            raise ValueError(f"the {self.family or type(self).__name__!r} adapter has no "
+                             "batched decoder: it only decodes on the plain path")
+        self.decode_state.choose(bucket=bucket, static_cache=static_cache, compile=compile)
+        return self
 
     @classmethod
     @abc.abstractmethod

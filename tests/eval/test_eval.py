@@ -11,7 +11,7 @@ from mipruner.eval.metrics import answer_matches, parse_yes_no, pope_metrics, qu
 from mipruner.eval.runner import evaluate
 from mipruner.eval.tasks import EvalItem, read_pope
 from mipruner.models.base import TokenGeometry
-from mipruner.models.dummy import DummyAdapter
+from mipruner.models.common.dummy import DummyAdapter
 
 
 def test_pope_metrics_by_hand():

@@ -14,7 +14,7 @@ from PIL import Image
 from mipruner.eval.sweep import Sweep, SweepResult, parse_values, run_sweep, sweepable
 from mipruner.eval.sweep.sets import generated_set, user_set
 from mipruner.eval.tasks import EvalItem
-from mipruner.models.dummy import DummyAdapter
+from mipruner.models.common.dummy import DummyAdapter
 
 
 class CountingAdapter(DummyAdapter):

@@ -23,7 +23,7 @@ import mipruner
 from mipruner import inllm
 from mipruner.media import write_video
 from mipruner.inllm.dart import dart_rank
-from mipruner.models.dummy import DummyAdapter
+from mipruner.models.common.dummy import DummyAdapter
 
 from ..models import tiny_qwen
 from ..paths import assert_paths_close

@@ -90,7 +90,6 @@ def assert_selections_batch_equals_one_by_one(a, e, positions: str, min_share: f
     the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
     import mipruner
     from mipruner.batch import answer_batch, use_decode_path
-    from mipruner.models.common.path import PLAIN
 
     n = e.n_visual
     g = torch.Generator().manual_seed(3)
@@ -107,4 +106,4 @@ def assert_selections_batch_equals_one_by_one(a, e, positions: str, min_share: f
         use_decode_path(a, bucket=16, static_cache=True)
         assert a.generate(e, max_new_tokens=6, positions=positions).token_ids == ref[0][0].token_ids
     finally:
-        a.decode_path = PLAIN
+        a.use_decode_path()

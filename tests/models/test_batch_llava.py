@@ -10,7 +10,7 @@ import torch
 import mipruner
 from mipruner.media import Video
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models.common.path import PLAIN
+from mipruner.models.common.path import DecodePath
 from mipruner.pruners import Selection
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
@@ -133,6 +133,7 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
     plain_ref = one_by_one(a, e, [None], NEW)[0]
     full = a.prefill_logits(e)[-1]
     use_decode_path(a, bucket=BUCKET, static_cache=True)
+    assert a.decode_state.path == DecodePath(bucket=BUCKET, static_cache=True)
     try:
         with Shapes(a) as shapes:
             fast = one_by_one(a, e, [None], NEW)[0]
@@ -162,13 +163,13 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
         size = sizes.pop()
         assert size % BUCKET == 0 and size < full_size
     finally:
-        a.decode_path = PLAIN
+        a.use_decode_path()
     assert a.decode_path.plain
 
 
 def test_decode_path_checks():
     from mipruner.models.common.path import DecodePath, round_up, trim_at_eos
-    from mipruner.models.dummy import DummyAdapter
+    from mipruner.models.common.dummy import DummyAdapter
 
     assert round_up(65, 64) == 128 and round_up(64, 64) == 64 and round_up(7, 0) == 7
     assert trim_at_eos([5, 2, 9, 2], [2]) == [5, 2] and trim_at_eos([5, 9], [2]) == [5, 9]
@@ -177,6 +178,13 @@ def test_decode_path_checks():
         DecodePath(bucket=-1)
     with pytest.raises(ValueError, match="plain path"):
         use_decode_path(DummyAdapter(), bucket=BUCKET)
+    # the path is part of the adapter's declared DecodeState, chosen by its method, never set from outside
+    d = DummyAdapter()
+    assert d.decode_path is d.decode_state.path and d.decode_path.plain
+    with pytest.raises(AttributeError):
+        d.decode_path = DecodePath(bucket=BUCKET)
+    assert d.decode_state.choose(bucket=BUCKET, static_cache=True) == DecodePath(bucket=BUCKET, static_cache=True)
+    assert d.decode_path == DecodePath(bucket=BUCKET, static_cache=True)
     # adapters without a batched decoder answer one by one
     enc = DummyAdapter().encode(scene(32, 32), "Is there a white square?")
     sel = Selection.from_order(torch.arange(4), torch.zeros(enc.n_visual))

@@ -12,7 +12,6 @@ import torch
 import mipruner
 import mipruner.models
 from mipruner.batch import answer_batch, answer_items, use_decode_path
-from mipruner.models.common.path import PLAIN
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen
@@ -146,4 +145,4 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, kind, media):
         assert size % BUCKET == 0 and size < full_size
     finally:
         handle.remove()
-        a.decode_path = PLAIN
+        a.use_decode_path()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.models import _clip_attention as A
+from mipruner.models.common import clip_attention as A
 from mipruner.models.llava import short_tower as T
 from mipruner.pruners.signals import Signals
 
@@ -118,7 +118,7 @@ def test_the_geometry_is_built_when_first_read(adapter):
 
 
 def test_the_prompt_is_tokenized_once_and_the_inputs_are_the_processors(adapter, monkeypatch):
-    from mipruner.models._llava_common import expand_placeholders
+    from mipruner.models.common.hf_adapter import expand_placeholders
 
     image, two = scene(80, 60, square=(20, 10, 40, 30)), [scene(56, 56, seed=1), scene(70, 56, seed=2)]
     runs = []

@@ -63,7 +63,6 @@ def compiled_path(adapter, monkeypatch):
     from torch._dynamo.testing import CompileCounter
 
     from mipruner.batch import use_decode_path
-    from mipruner.models.common.path import PLAIN
 
     counter = CompileCounter()
     monkeypatch.setitem(P.COMPILE, "backend", counter)
@@ -72,7 +71,7 @@ def compiled_path(adapter, monkeypatch):
     try:
         yield counter
     finally:
-        adapter.decode_path = PLAIN
+        adapter.use_decode_path()
         adapter.decode_state.compiled.clear()
         torch._dynamo.reset()
 

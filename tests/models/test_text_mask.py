@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mipruner.models.text import TEXT_MODES, is_content_token, text_mask
+from mipruner.models.common.text import TEXT_MODES, is_content_token, text_mask
 
 
 def tokenize(s):

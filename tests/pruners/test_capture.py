@@ -24,7 +24,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 import mipruner
-from mipruner.models._clip_attention import views_attention
+from mipruner.models.common.clip_attention import views_attention
 from mipruner.pruners import capture, get_pruner, mi, rand
 from mipruner.pruners.selection import check_matrix, values_checked
 from mipruner.testing import meta_default, tensor_inputs

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 import mipruner
-from mipruner.models.dummy import DummyAdapter
+from mipruner.models.common.dummy import DummyAdapter
 from mipruner.pruners import get_pruner
 from mipruner.pruners.lam_rule import LAM_RULE, prompt_form, resolve_lam
 

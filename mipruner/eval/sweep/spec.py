@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from mipruner.models.text import TEXT_MODES
+from mipruner.models.common.text import TEXT_MODES
 from mipruner.pruners import all_params, check_budget, did_you_mean, get_pruner
 
 from ..runner import RANDOM_SEEDS

@@ -1,6 +1,6 @@
 """Several pruned prompts of the LLaVA family decoded as one left-padded batch by `model.generate`.
 
-Each row is exactly what `LlavaFamilyAdapter.generate` feeds for one selection (`pruned_inputs`):
+Each row is exactly what `ProcessorAdapter.generate` feeds for one selection (`pruned_inputs`):
 the kept sequence's `inputs_embeds` and its positions, "compact" (0..L_i-1, what `generate`
 derives from an all-ones mask) or "original" (each token's position in the unpruned prompt).
 Rows of different lengths are left-padded to the longest (or to the next multiple of
@@ -27,7 +27,7 @@ import time
 import torch
 
 from . import greedy as P
-from .path import PLAIN, DecodePath, PrefillTimer, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
+from .path import DecodePath, PrefillTimer, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
 from . import rows as R
 from .decode import decode, static_slots
 from ..base import Answer, Encoded
@@ -57,7 +57,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
         return []
     if int(max_new_tokens) < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    path = path or getattr(adapter, "decode_path", PLAIN)
+    path = path or adapter.decode_path
     gen = dict(gen)
     if gen.pop("do_sample", False):
         raise ValueError("batched decoding is greedy only (do_sample=False)")

@@ -38,12 +38,12 @@ import torch
 
 from ...media import MediaError, Video
 from . import layout as L
-from .. import _llava_common as C
-from .._clip_attention import feature_layer_index
-from .._patch_layout import Layout
-from .._signals import Record
-from .._hub_files import read_chat_template, read_json
-from .._sampled_video import SampledVideo, frames_asked, video_pixels
+from ..common import hf_adapter as C
+from ..common.clip_attention import feature_layer_index
+from ..common.patch_layout import Layout
+from ..common.signals import Record
+from ..common.hub_files import read_chat_template, read_json
+from ..common.sampled_video import SampledVideo, frames_asked, video_pixels
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -100,7 +100,7 @@ def _processor(ip, tok, pcfg: dict, chat_template):
     return p
 
 
-class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
+class InternVLAdapter(SampledVideo, C.ProcessorAdapter):
     family = "internvl"
     model_class_name = "InternVLForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)
@@ -137,7 +137,7 @@ class InternVLAdapter(SampledVideo, C.LlavaFamilyAdapter):
     # -- encode --------------------------------------------------------------------------------
 
     def _capture(self, want):
-        """The `_signals.Record` of InternViT's blocks (keys after `k_norm`) and the projector's input."""
+        """The `common.signals.Record` of InternViT's blocks (keys after `k_norm`) and the projector's input."""
         tower = self.model.model.vision_tower
         n = len(tower.encoder.layer)
         return Record(want, n, feature_layer_index(self.config.vision_feature_layer, n),

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .._clip_attention import capture_block
-from .._patch_layout import Layout, owned, token_attention
+from ..common.clip_attention import capture_block
+from ..common.patch_layout import Layout, owned, token_attention
 
 
 def tile_grid(image_processor, size_hw, tiled: bool) -> tuple[int, int]:
@@ -105,7 +105,7 @@ def video_views(lay: Layout, n_frames: int, owner, g: int, size_wh, frame_hw) ->
 def capture(tower, layer_index: int, heads: bool = False):
     """Head-averaged attention probabilities (B, N+1, N+1) and keys (B, N+1, d_head), float32, of one
     InternViT block (`encoder.layer[i].attention`; keys after its `k_norm`), by the CLIP towers' hooks
-    (`_clip_attention.capture_block`; heads: the per-head maps too), removed on exit. Needs the tower in
+    (`common.clip_attention.capture_block`; heads: the per-head maps too), removed on exit. Needs the tower in
     eager attention."""
     attn = tower.encoder.layer[layer_index].attention
     return capture_block(attn, attn.k_norm, heads=heads)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..word_tokenizer import word_tokenizer
+from ..common.word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (  # transformers' conversion script's template (an image is <IMG_CONTEXT>, as the processor reads it)
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
@@ -74,7 +74,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, shape: str = "8B", llm_la
                                tie_word_embeddings=text["tie_word_embeddings"])
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
-    from mipruner.models.random_build import build_model
+    from mipruner.models.common.random_build import build_model
 
     torch.manual_seed(seed)
     model = build_model(tf.InternVLForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32

@@ -13,7 +13,7 @@ Geometry undoes the processor's pad-to-square / shortest-edge resize / center cr
 is in the ORIGINAL image's pixels; parts cut off by the center crop have no token, and tokens that
 fall in the padding of a padded image get empty (zero-area) boxes.
 
-Shared machinery (splicing, positions, generation, attention capture): `_llava_common`.
+Shared machinery (splicing, positions, generation, attention capture): `common/hf_adapter.py`.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import torch
 from ...media import Video, load_media
 from ...pruners.signals import Signals
 from ..base import LazyGeometry, TokenGeometry
-from .. import _clip_attention as A
-from .. import _llava_common as C
+from ..common import clip_attention as A
+from ..common import hf_adapter as C
 from ..common import greedy as P
 from . import short_tower as T
 from . import geometry as G
@@ -34,7 +34,7 @@ from . import geometry as G
 TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the answer (at most 1/8 of the context)
 
 
-class LlavaAdapter(C.LlavaFamilyAdapter):
+class LlavaAdapter(C.ProcessorAdapter):
     family = "llava"
     batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call
     model_class_name = "LlavaForConditionalGeneration"
@@ -98,7 +98,7 @@ class LlavaAdapter(C.LlavaFamilyAdapter):
 
     def _tower(self, inputs, want):
         """One vision-tower call on the processor's pixels (F images): (`get_image_features` outputs,
-        the `_signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
+        the `common.signals.Record` of what `want` asks: the blocks' attention, the projector's input)."""
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         if self.decode_path.compile and not (want.attention or want.extra or extra):

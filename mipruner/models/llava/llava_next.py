@@ -26,18 +26,19 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import _clip_attention as A
-from .. import _llava_common as C
+from ..common import clip_attention as A
+from ..common import hf_adapter as C
+from .media import single_image
 from . import geometry as G
 from ..base import TokenGeometry
 
 
-class LlavaNextAdapter(C.LlavaFamilyAdapter):
+class LlavaNextAdapter(C.ProcessorAdapter):
     family = "llava_next"
     model_class_name = "LlavaNextForConditionalGeneration"
 
     def _encode_visual(self, media, templated: str, want, held=None) -> dict:
-        image = C.single_image(media, "LLaVA-NeXT")
+        image = single_image(media, "LLaVA-NeXT")
         inputs = self.image_processor(image, return_tensors="pt")  # pixels: `encode` tokenizes the prompt, once
         pixels = inputs["pixel_values"].to(self.device, self.dtype)  # (1, views, 3, h, w)
         sizes = inputs["image_sizes"].to(self.device)  # (1, 2) = (H, W)

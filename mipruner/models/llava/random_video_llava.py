@@ -55,7 +55,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
                                  video_token_id=tok.convert_tokens_to_ids("<video>"))
     config.vision_config._attn_implementation = "eager"  # attention capture for the vision-stage methods
     config.text_config._attn_implementation = "sdpa"
-    from mipruner.models.random_build import build_model
+    from mipruner.models.common.random_build import build_model
 
     torch.manual_seed(seed)
     model = build_model(tf.VideoLlavaForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32

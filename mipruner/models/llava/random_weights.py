@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..word_tokenizer import word_tokenizer
+from ..common.word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}USER: "
@@ -69,7 +69,7 @@ def build_random_llava(image_size: int = 336, patch: int = 14, vision_layers: in
         raise ValueError(f"family must be 'llava' or 'llava_next', got {family!r}")
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
-    from mipruner.models.random_build import build_model
+    from mipruner.models.common.random_build import build_model
 
     torch.manual_seed(seed)
     model = build_model(model_cls, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32

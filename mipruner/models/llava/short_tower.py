@@ -7,7 +7,7 @@ thrown away. `image_features` computes the same hidden state through the tower's
 (`embeddings`, `pre_layrnorm`, `encoder.layers[:j]`, each called as the encoder calls it:
 `layer(hidden, None)`, the vision encoder's attention mask being None), then the model's own projector.
 The same modules on the same inputs in the same order: the features are the full tower's, bit for bit
-(tests/models/test_encode_path.py). Forward hooks on the blocks (attention recording, `_signals.Record`)
+(tests/models/test_encode_path.py). Forward hooks on the blocks (attention recording, `common.signals.Record`)
 and the projector's pre-hook (the `features` signal) fire as in the full pass; a block asked for beyond
 the feature layer is run too (`upto`).
 

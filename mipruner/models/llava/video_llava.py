@@ -29,15 +29,16 @@ from __future__ import annotations
 import torch
 
 from ...media import MediaError, Video
-from .. import _clip_attention as A
-from .. import _llava_common as C
+from ..common import clip_attention as A
+from ..common import hf_adapter as C
+from .media import single_image
 from . import short_tower as T
 from . import geometry as G
 from ..base import LazyGeometry, TokenGeometry
 from .llava_hf import cls_first, image_geometry
 
 
-class VideoLlavaAdapter(C.LlavaFamilyAdapter):
+class VideoLlavaAdapter(C.ProcessorAdapter):
     family = "video_llava"
     model_class_name = "VideoLlavaForConditionalGeneration"
     default_frames = 8  # Video-LLaVA samples 8 frames per video
@@ -69,7 +70,7 @@ class VideoLlavaAdapter(C.LlavaFamilyAdapter):
     def _encode_visual(self, media, templated: str, want, held=None) -> dict:
         is_video = isinstance(media, Video) or (isinstance(media, list) and len(media) > 1)
         if not is_video:
-            return self._encode_image(C.single_image(media, "Video-LLaVA"), templated, want)
+            return self._encode_image(single_image(media, "Video-LLaVA"), templated, want)
         frames = media.frames if isinstance(media, Video) else list(media)
         if not frames:
             raise MediaError("a video with no frames")

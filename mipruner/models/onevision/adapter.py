@@ -40,12 +40,12 @@ from __future__ import annotations
 import torch
 
 from ...media import MediaError, Video, sample_indices
-from .. import _clip_attention as A
-from .. import _llava_common as C
+from ..common import clip_attention as A
+from ..common import hf_adapter as C
 from . import layout as L
-from .._hub_files import read_chat_template, read_json
-from .._patch_layout import Layout, token_attention
-from .._sampled_video import SampledVideo, frames_asked, video_pixels
+from ..common.hub_files import read_chat_template, read_json
+from ..common.patch_layout import Layout, token_attention
+from ..common.sampled_video import SampledVideo, frames_asked, video_pixels
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -84,7 +84,7 @@ def _processor(ip, tok, pcfg: dict, model_config, chat_template):
     return p
 
 
-class LlavaOnevisionAdapter(SampledVideo, C.LlavaFamilyAdapter):
+class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):
     family = "llava_onevision"
     model_class_name = "LlavaOnevisionForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)

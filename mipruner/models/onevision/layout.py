@@ -1,7 +1,7 @@
 """Where every LLaVA-OneVision visual token comes from: for each vision-tower patch (view, position)
 the visual token it feeds (its "owner") and its pixel box in the original image; from these the
 tokens' geometry (boxes = the union of their patches), and the tower's attention and keys pooled to
-tokens (`token_attention`, in the shared `_patch_layout.py`). Also the video frames as transformers'
+tokens (`token_attention`, in the shared `common/patch_layout.py`). Also the video frames as transformers'
 video processor prepares them.
 
 Token order, as `LlavaOnevisionModel.get_image_features` / `get_video_features` build it:
@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from .._patch_layout import Layout
+from ..common.patch_layout import Layout
 
 
 def _cells(n_in: int, n_out: int) -> torch.Tensor:

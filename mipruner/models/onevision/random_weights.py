@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..word_tokenizer import word_tokenizer
+from ..common.word_tokenizer import word_tokenizer
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'user' %}<|im_start|>user "
@@ -79,7 +79,7 @@ def build(*, tiny: bool, device, dtype, seed: int = 0, llm_layers: int | None = 
                                      video_token_id=tok.convert_tokens_to_ids("<video>"))
     config.vision_config._attn_implementation = "eager"
     config.text_config._attn_implementation = "sdpa"
-    from mipruner.models.random_build import build_model
+    from mipruner.models.common.random_build import build_model
 
     torch.manual_seed(seed)
     model = build_model(tf.LlavaOnevisionForConditionalGeneration, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32

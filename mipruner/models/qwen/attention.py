@@ -23,7 +23,7 @@ def merge_attention(probs: torch.Tensor, merge_unit: int) -> torch.Tensor:
 def plan_blocks(adapter, want, store: dict):
     """{block: per head?} to capture for a `Signals` request, the default's first (None: nothing asked);
     Qwen2.5-VL moves windowed blocks (`_attention_block`). store["plan"]: (depth, default, {asked: block})."""
-    from .._signals import plan
+    from ..common.signals import plan
 
     depth = len(adapter.model.model.visual.blocks)
     default = adapter.attention_layer % depth
@@ -36,7 +36,7 @@ def plan_blocks(adapter, want, store: dict):
 def record(adapter, vision: dict, store: dict, want):
     """The hooks of a `Signals` request on one tower pass: the asked blocks' attention (`capture`) and the
     merger's input (store["merger_in"]), removed on exit."""
-    from .._signals import projector_input
+    from ..common.signals import projector_input
 
     blocks = plan_blocks(adapter, want, store)
     with adapter._attention_capture(vision, store, enabled=want.attention, blocks=blocks), \

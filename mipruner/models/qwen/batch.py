@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from ..common.path import PLAIN, DecodePath, eos_ids, trim_at_eos
+from ..common.path import DecodePath, eos_ids, trim_at_eos
 from ..base import Answer, Encoded, keep_indices
 from ..common import rows as R
 from ..common.decode import decode
@@ -91,7 +91,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: i
     """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
     if not rows:
         return []
-    path = path or adapter.decode_path or PLAIN
+    path = path or adapter.decode_path
     gen = dict(gen)
     if gen.pop("do_sample", False):
         raise ValueError("only greedy decoding is supported (do_sample=False)")

@@ -27,12 +27,11 @@ from PIL import Image
 
 from ...pruners.selection import Selection
 from . import attention as QA, encode_batch as QE, video as QV
-from ..common.path import PLAIN, DecodePath
 from .attention import merge_attention
 from .video import read_json, smart_resize
 from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
 from ...pruners.signals import Signals
-from ..text import text_mask
+from ..common.text import text_mask
 
 
 class Qwen2VLAdapter(Adapter):
@@ -41,7 +40,6 @@ class Qwen2VLAdapter(Adapter):
     family = "qwen2_vl"
     qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
-    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`common/path.py`)
     batch_decoding = True  # `generate_batch`: the decoding engine
     batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call (encode_batch.py)
     device = property(lambda self: self.model.device)  # where the model runs (`common/greedy.compiled` reads it)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from ..word_tokenizer import word_tokenizer
+from ..common.word_tokenizer import word_tokenizer
 
 SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
@@ -112,7 +112,7 @@ def _build(family: str, *, tiny: bool, device, dtype, seed: int, llm_layers: int
                         "qwen3_vl": (tf.Qwen3VLConfig, Qwen3VLAdapter)}[family]
     config = cls(vision_config=shape["vision"], text_config=text, tie_word_embeddings=True, **ids)
     config.text_config._attn_implementation = "sdpa"
-    from mipruner.models.random_build import build_model
+    from mipruner.models.common.random_build import build_model
 
     torch.manual_seed(seed)
     model = build_model(tf.AutoModelForImageTextToText.from_config, config, device=device, dtype=dtype)  # in dtype, inv_freq in fp32

@@ -5,7 +5,7 @@ Our own code, written from transformers 5.x `models/qwen2_vl/video_processing_qw
 (`Qwen2VLVideoProcessor`: class defaults, `__init__`, `sample_frames`, `resize`, `patchify`; Qwen2.5-VL
 uses the same class) and `models/qwen3_vl/video_processing_qwen3_vl.py` (`Qwen3VLVideoProcessor`,
 its module-level `smart_resize`), and from `video_processing_utils.BaseVideoProcessor.get_video_processor_dict`
-(which file holds the settings: `_hub_files.video_processor_dict`). tests/models/test_qwen_video.py
+(which file holds the settings: `common.hub_files.video_processor_dict`). tests/models/test_qwen_video.py
 runs the installed transformers functions against these.
 
   settings  the official class's defaults, updated from the checkpoint's files in transformers'
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ...media import MediaError, Video, is_video_path, load_image, load_video
-from .._hub_files import read_json, video_processor_dict
+from ..common.hub_files import read_json, video_processor_dict
 
 OPENAI_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]

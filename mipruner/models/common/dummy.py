@@ -12,8 +12,8 @@ import hashlib
 import numpy as np
 import torch
 
-from ..media import Video, load_media
-from .base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
+from ...media import Video, load_media
+from ..base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
 from .text import text_mask
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..media import MediaError, is_video_path, load_media, load_video
-from ._hub_files import video_processor_dict
+from ...media import MediaError, is_video_path, load_media, load_video
+from .hub_files import video_processor_dict
 
 
 def video_settings(cfg: dict, defaults: dict) -> dict:
@@ -60,7 +60,7 @@ def video_pixels(frames: list[Image.Image], s: dict) -> torch.Tensor:
 
 
 class SampledVideo:
-    """Mixin before `LlavaFamilyAdapter`: `video_config=` at construction, read by `from_pretrained`."""
+    """Mixin before `ProcessorAdapter`: `video_config=` at construction, read by `from_pretrained`."""
 
     default_frames = 8
     frame_rule: Callable[[int, float, dict, int], list[int]]

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .base import TokenGeometry
+from ..base import TokenGeometry
 
 
 class Layout:

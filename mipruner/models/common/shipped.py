@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 from importlib.resources import files
 
-_CHECKOUT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "assets")
+_ROOT = os.path.abspath(__file__)
+for _ in range(4):  # mipruner/models/common/shipped.py -> the repository
+    _ROOT = os.path.dirname(_ROOT)
+_CHECKOUT = os.path.join(_ROOT, "assets")
 
 
 def shipped(name: str) -> str:

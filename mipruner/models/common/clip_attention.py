@@ -43,9 +43,9 @@ def capture_attention(tower, layer_index: int):
 
 
 def record(tower, want, feature_layer, projector):
-    """The `_signals.Record` of a CLIP/SigLIP tower: its blocks' attention and keys, the default block being
+    """The `signals.Record` of a CLIP/SigLIP tower: its blocks' attention and keys, the default block being
     the one whose output is `hidden_states[feature_layer]`, and `projector`'s input as the features."""
-    from ._signals import Record
+    from .signals import Record
 
     layers = encoder_layers(tower)
     n = len(layers)

@@ -1,6 +1,8 @@
-"""What the LLaVA-style families (LLaVA-1.5, LLaVA-NeXT, Video-LLaVA, LLaVA-OneVision, InternVL) share:
-loading, prompt building, splicing kept tokens, generation. Vision-encoder attention capture is in
-`_clip_attention.py`, the map from processed pixels back to the original image in `llava/geometry.py`.
+"""`ProcessorAdapter`: the neutral base of the adapters fed a transformers processor's inputs and
+`inputs_embeds` (the llava/, onevision/ and internvl/ families): loading, prompt building, splicing kept
+tokens, generation. No family code here: each family folder subclasses it. Vision-encoder attention
+capture is in `clip_attention.py`; the map from processed pixels back to the original image is each
+family's (`llava/geometry.py`, `onevision/layout.py`, `internvl/layout.py`).
 
 The family files (`llava/llava_hf.py`, `llava_next.py`, `video_llava.py`; `onevision/adapter.py`,
 `internvl/adapter.py`) only say how to turn media into processor inputs, visual tokens and their
@@ -23,7 +25,7 @@ Attention: the vision tower is loaded with eager attention (the LLM keeps SDPA) 
 transformers' per-sub-config `attn_implementation` dict, so that (a) the attention probabilities of
 the feature layer can be read by a forward hook when a method asks, and (b) the visual tokens are
 the same numbers whether or not attention was requested. Any other block a method asks for (and its
-per-head maps, and the projector's input as `features`) is recorded in the same pass (`_signals.py`). CLIP at 577 tokens costs a few tens of MB
+per-head maps, and the projector's input as `features`) is recorded in the same pass (`common/signals.py`). CLIP at 577 tokens costs a few tens of MB
 more in eager; pass `vision_attn="sdpa"` to trade attention capture for that memory.
 """
 from __future__ import annotations
@@ -32,12 +34,12 @@ import time
 
 import torch
 
-from ..media import MediaError, Video, load_media
-from ..pruners.selection import Selection, check_choice
-from .common.path import PLAIN, DecodePath, PrefillTimer, cuda_sync
-from ..pruners.signals import Signals
-from ._signals import encoded_fields
-from .base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
+from ...media import Video, load_media
+from ...pruners.selection import Selection, check_choice
+from .path import PrefillTimer, cuda_sync
+from ...pruners.signals import Signals
+from .signals import encoded_fields
+from ..base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
 from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
@@ -95,14 +97,13 @@ def _with_prefix(embeds: torch.Tensor, positions: torch.Tensor, prefix: torch.Te
 # the shared adapter
 
 
-class LlavaFamilyAdapter(Adapter):
-    """Shared body of the LLaVA adapters. Subclasses set `model_class_name` and implement
+class ProcessorAdapter(Adapter):
+    """Shared body of the processor-fed adapters (LLaVA, OneVision, InternVL). Subclasses set `model_class_name` and implement
     `_inputs` (media + templated prompt -> processor-style inputs) and `_visual` (inputs ->
     visual tokens, geometry, frames, the vision tower, and how many images it ran on)."""
 
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
-    decode_path: DecodePath = PLAIN  # the plain path; set a DecodePath for the GPU path (`common/path.py`)
     batch_decoding = True  # `generate_batch`: the decoding engine
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
@@ -131,7 +132,7 @@ class LlavaFamilyAdapter(Adapter):
 
     @classmethod
     def from_pretrained(cls, path: str, device=None, dtype=None, *, positions: str = "compact",
-                        vision_attn: str = "eager", **kwargs) -> "LlavaFamilyAdapter":
+                        vision_attn: str = "eager", **kwargs) -> "ProcessorAdapter":
         """Load model + processor from a directory or hub id.
 
         device: default cuda if available, else cpu. dtype: default bf16 on cuda, float32 on cpu.
@@ -154,7 +155,7 @@ class LlavaFamilyAdapter(Adapter):
     def _encode_visual(self, media, templated: str, want: Signals, held=None) -> dict:
         """-> dict(input_ids (1, L), visual (N_V, d), geometry, frames, is_video, ref (plain-model
         inputs), attention/keys/has_cls/extra state, and what `want` asks more: blocks/depth/block
-        (`_signals.Record.finish`), features (N_V, d_vision))."""
+        (`common.signals.Record.finish`), features (N_V, d_vision))."""
         raise NotImplementedError
 
     # -- encode --------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ class LlavaFamilyAdapter(Adapter):
 
     def generate_batch(self, rows, max_new_tokens: int = 64, positions: str | None = None, **gen) -> list[Answer]:
         """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`)."""
-        from .common.embeds_rows import generate_rows
+        from .embeds_rows import generate_rows
 
         return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
 
@@ -352,14 +353,3 @@ def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]
         start = i + 1
     return torch.tensor(out + ids[start:], dtype=torch.long)
 
-
-def single_image(media, family: str):
-    """One PIL image, else a MediaError naming what the family accepts."""
-    from PIL import Image
-
-    if isinstance(media, Image.Image):
-        return media
-    if isinstance(media, list) and len(media) == 1:
-        return media[0]
-    what = "a video" if isinstance(media, Video) else f"{len(media)} images"
-    raise MediaError(f"{family} takes one image, got {what}")

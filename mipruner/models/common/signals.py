@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..pruners.signals import Signals, resolve_block
+from ...pruners.signals import Signals, resolve_block
 
 
 def plan(want: Signals, depth: int, default: int, actual: Callable[[int], int] = lambda b: b):
@@ -53,7 +53,7 @@ class Record:
 
     modules(block) -> the hooks' context for that block, yielding a dict filled during the forward with
     "attention" (B, n, n) head mean, "keys" (B, n, d_head) and, asked per head, "heads" (B, H, n, n)
-    (`_clip_attention.capture_block`). projector: the module whose input is the pre-projector features.
+    (`clip_attention.capture_block`). projector: the module whose input is the pre-projector features.
     """
 
     def __init__(self, want: Signals, depth: int, default: int, modules: Callable, projector=None,
