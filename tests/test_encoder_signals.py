@@ -4,7 +4,6 @@ cached encoding that lacks what a newly chosen method asks for. The per-family s
 checked in tests/models/test_family_contract.py (`test_encoder_signals`)."""
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import numpy as np
@@ -15,8 +14,9 @@ from PIL import Image
 import mipruner
 from mipruner import Signals
 from mipruner import plugins as P
-from mipruner.pruners import _registry
 from mipruner.testing import check_pruner, embedded_encoding
+
+from .plugin_registry import registry_restored
 
 PLUGIN = '''
 import torch
@@ -43,16 +43,8 @@ def expected(heads: torch.Tensor, n: int, budget: int) -> list[int]:
 def registry(tmp_path):
     """Each test loads into the process's registry; it is restored afterwards, and the plug-in files' modules
     forgotten (only those: the model code a test imports stays, as the rest of the process expects)."""
-    mipruner.list_pruners()
-    saved = (_registry.METHODS.snapshot(), dict(P._LOADED), list(P._QUICK_CHECK))
-    yield
-    _registry.METHODS.restore(saved[0])
-    P._QUICK_CHECK[:] = saved[2]
-    P._LOADED.clear()
-    P._LOADED.update(saved[1])
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
+    with registry_restored(tmp_path):
+        yield
 
 
 def plugin(tmp_path, name: str = "last_heads", layer: int = -1) -> str:

@@ -16,7 +16,6 @@ Floats from two code paths are compared within a tolerance stated in float32 eps
 """
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
@@ -26,9 +25,9 @@ import mipruner
 from mipruner import plugins as P
 from mipruner.inllm import DecoderRun, staged_prefill_logits
 from mipruner.inllm._prompt import prompt_of
-from mipruner.pruners import _registry
 from mipruner.testing import check_pruner, embedded_encoding
 from tests.no_grad import no_grad  # noqa: F401
+from tests.plugin_registry import registry_restored
 
 EPS = torch.finfo(torch.float32).eps
 LAYER = 2  # of the embedded model's 3 decoder layers
@@ -73,20 +72,12 @@ def none_pre_test(visual, text, budget):
 
 @pytest.fixture
 def loaded(tmp_path):
-    mipruner.list_pruners()
-    saved = (_registry.METHODS.snapshot(), dict(P._LOADED), list(P._QUICK_CHECK))
-    path = tmp_path / "vtw_like.py"
-    path.write_text(textwrap.dedent(PLUGIN))
-    P.load_plugins(str(path))
-    assert {"withdraw_test", "maxhead_test"} <= set(mipruner.list_pruners()), P.problems()
-    yield tmp_path
-    _registry.METHODS.restore(saved[0])
-    P._QUICK_CHECK[:] = saved[2]
-    P._LOADED.clear()
-    P._LOADED.update(saved[1])
-    for name, module in list(sys.modules.items()):
-        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
-            del sys.modules[name]
+    with registry_restored(tmp_path):
+        path = tmp_path / "vtw_like.py"
+        path.write_text(textwrap.dedent(PLUGIN))
+        P.load_plugins(str(path))
+        assert {"withdraw_test", "maxhead_test"} <= set(mipruner.list_pruners()), P.problems()
+        yield tmp_path
 
 
 @pytest.fixture(scope="module")
