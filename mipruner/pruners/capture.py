@@ -33,7 +33,6 @@ dropped), each with its own memory pool (at N_V 576 a few MB; at MAX_TOKENS up t
 """
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import os
@@ -45,7 +44,7 @@ from typing import Any, Callable
 import torch
 
 from ._table import METHODS
-from .selection import Selection, check_finite, values_checked
+from .selection import Selection, check_finite, flag_set, values_checked
 
 MAX_GRAPHS = 16  # graphs held at once; each holds its inputs, outputs and intermediates
 MAX_TOKENS = 2048  # above this N_V a selection runs eagerly (compute-bound; a graph's pool grows as N_V^2)
@@ -57,14 +56,9 @@ _SEEN: "OrderedDict[tuple, None]" = OrderedDict()  # keys seen once (recorded on
 _LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
 def disabled():
     """Within: `prune` runs every selection eagerly (no graph recorded or replayed)."""
-    token = _ENABLED.set(False)
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
+    return flag_set(_ENABLED, False)
 
 
 def enabled(device: torch.device) -> bool:

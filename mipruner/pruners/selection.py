@@ -187,13 +187,18 @@ _VALUES_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner
 
 
 @contextlib.contextmanager
-def values_checked():
-    """Within: `check_matrix` skips the finiteness check (the caller made it once, at the edge)."""
-    token = _VALUES_CHECKED.set(True)
+def flag_set(var: contextvars.ContextVar, value) -> None:
+    """Within: the context variable `var` holds `value` (this thread or task only); restored on exit."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _VALUES_CHECKED.reset(token)
+        var.reset(token)
+
+
+def values_checked():
+    """Within: `check_matrix` skips the finiteness check (the caller made it once, at the edge)."""
+    return flag_set(_VALUES_CHECKED, True)
 
 
 # Set by `capture.run_batch` while a method runs under `torch.vmap` (B items as one batched call): there a
@@ -201,14 +206,9 @@ def values_checked():
 _BATCHED: contextvars.ContextVar[bool] = contextvars.ContextVar("mipruner_batched", default=False)
 
 
-@contextlib.contextmanager
 def batched():
     """Within: the method runs under `torch.vmap` (`capture.run_batch`); `gram` is a plain matmul."""
-    token = _BATCHED.set(True)
-    try:
-        yield
-    finally:
-        _BATCHED.reset(token)
+    return flag_set(_BATCHED, True)
 
 
 def check_finite(name: str, x: torch.Tensor) -> None:
