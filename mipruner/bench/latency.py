@@ -174,7 +174,7 @@ def parse_args(argv):
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="the device's memory bandwidth in GB/s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument("--json", help="write the report here (rewritten after every phase)")
+    p.add_argument("--json", help="write the report here (rewritten after every group of cells)")
     a = p.parse_args(argv)
     a.device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = a.device.type == "cuda"
@@ -237,12 +237,13 @@ def main(argv=None) -> int:
                 mine = [c for c in cells if c["group"] == group]
                 print(f"{phase} {group}: {len(mine)} cells, {a.warmup} warm-up rounds, {a.repeats} interleaved rounds")
                 run_phase(mine, pairs, a.repeats, a.warmup, clock)
-        for c in cells:
-            s = summarize(c)
-            if s.get("prompt_tokens") and c["kind"] in ("latency", "batch"):
-                s["floor"] = cell_floor(adapter.config, dev, a.dtype, s["prompt_tokens"], c["length"],
-                                        rows=c["batch"] if c["kind"] == "batch" else 1)
-            report["cells"].append(s)
+                for c in mine:  # saved after every group: a run stopped by its time limit keeps the groups it ran
+                    s = summarize(c)
+                    if s.get("prompt_tokens") and c["kind"] in ("latency", "batch"):
+                        s["floor"] = cell_floor(adapter.config, dev, a.dtype, s["prompt_tokens"], c["length"],
+                                                rows=c["batch"] if c["kind"] == "batch" else 1)
+                    report["cells"].append(s)
+                save()
         if phase == "compiled":
             use_decode_path(adapter)
             torch.compiler.reset()
