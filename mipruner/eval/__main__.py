@@ -25,7 +25,7 @@ from .cli_options import add_param_options, param_values
 from .runner import evaluate, format_rows
 from .tasks import read_pope
 
-TASKS = ("shapes-pope", "shapes-open", "shapes-video", "pope")
+TASKS = ("shapes-pope", "shapes-open", "shapes-video", "shapes-events", "pope")
 
 
 def parse_budgets(text: str) -> list:
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--task", choices=TASKS, default="shapes-pope")
     p.add_argument("--data", help="POPE question file(s), comma-separated (task pope)")
     p.add_argument("--images", help="folder of the POPE images (task pope)")
-    p.add_argument("--n", type=int, default=60, help="items: exactly N (shapes-open, shapes-video), the first N per file (pope), at least N per "
+    p.add_argument("--n", type=int, default=60, help="items: exactly N (shapes-open, shapes-video, shapes-events), the first N per file (pope), at least N per "
                         "split (shapes-pope: whole scenes; --n 3 gives 4 at the default seed)")
     p.add_argument("--seed", type=int, default=1234, help="scene seed (held out from training)")
     p.add_argument("--methods", default="mi,random,similarity")

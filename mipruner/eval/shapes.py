@@ -10,6 +10,9 @@ from mipruner.shapes import scenes as sc
 from .tasks import EvalItem
 
 
+YESNO = ("presence", "appeared", "stayed", "absent")
+
+
 def _to_eval(q: sq.QAItem, i: int, video: bool) -> EvalItem:
     frames = q.images
     if video:
@@ -19,12 +22,13 @@ def _to_eval(q: sq.QAItem, i: int, video: bool) -> EvalItem:
     else:
         media = frames[0]
     return EvalItem(id=f"{q.family}-{i}", media=media, question=q.question, answer=q.answer,
-                    kind="yesno" if q.family == "presence" else "open", split=q.split or "all",
+                    kind="yesno" if q.family in YESNO else "open", split=q.split or "all",
                     masks=q.masks if video else q.masks[:1])
 
 
 def shapes_items(task: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
-    """`n` items (per POPE split for shapes-pope) of task shapes-pope / shapes-open / shapes-video.
+    """`n` items (per POPE split for shapes-pope) of task shapes-pope / shapes-open / shapes-video /
+    shapes-events (clips whose answers are in some frames only: `mipruner.shapes.events`; split = family).
 
     POPE items are taken scene by scene (each scene's positives with its negatives), so the
     yes/no balance of each split is kept.
@@ -47,4 +51,8 @@ def shapes_items(task: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
             items += sq.color_items(s) + sq.count_items(s)
             i += 1
         return [_to_eval(q, j, video) for j, q in enumerate(items[:n])]
-    raise ValueError(f"unknown synthetic task {task!r}; choose shapes-pope, shapes-open or shapes-video")
+    if task == "shapes-events":
+        from mipruner.shapes.events import events_items
+
+        return [_to_eval(q, j, True) for j, q in enumerate(events_items(seed, n))]
+    raise ValueError(f"unknown synthetic task {task!r}; choose shapes-pope, shapes-open, shapes-video or shapes-events")

@@ -5,6 +5,7 @@ Generated (`mipruner.shapes.scenes`, any seed; 1234 is held out from training):
   pope-random / pope-popular / pope-adversarial   one split
   open                  colour and count questions ("what color is the star?", "how many ...")
   clips                 colour and count questions about 8-frame clips
+  events                8-frame clips whose answers are in some frames only (an object appears late)
 Every generated item carries the asked object's masks, so query recall is measured.
 
 The user's own: a zip of images and/or videos plus a JSON-lines file of questions (inside the zip
@@ -33,7 +34,7 @@ from mipruner.media import is_video_path
 
 from ..tasks import EvalItem
 
-GENERATED = ("pope", "pope-random", "pope-popular", "pope-adversarial", "open", "clips")
+GENERATED = ("pope", "pope-random", "pope-popular", "pope-adversarial", "open", "clips", "events")
 POPE_SPLITS = ("random", "popular", "adversarial")
 MAX_ZIP_BYTES = 2 << 30  # uncompressed size of a user's zip (2 GiB)
 MAX_ZIP_FILES = 20_000
@@ -54,6 +55,8 @@ def generated_set(name: str, n: int = 60, seed: int = 1234) -> list[EvalItem]:
         return shapes_items("shapes-open", n=n, seed=seed)[:n]
     if name == "clips":
         return shapes_items("shapes-video", n=n, seed=seed)[:n]
+    if name == "events":
+        return shapes_items("shapes-events", n=n, seed=seed)[:n]
     splits = POPE_SPLITS if name == "pope" else (name.split("-", 1)[1],)
     sizes = [n // len(splits) + (i < n % len(splits)) for i in range(len(splits))]
     items = shapes_items("shapes-pope", n=max(sizes), seed=seed)
