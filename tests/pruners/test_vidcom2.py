@@ -1,0 +1,113 @@
+"""VidCom2 against a restatement of its release (xuyang-liu16/VidCom2, token_compressor/vidcom2/vidcom2.py,
+`vidcom2_compression`'s steps), written here in plain torch from the released steps, on the same inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mipruner
+from mipruner.pruners.vidcom2 import frame_counts, vidcom2_scores
+
+from .video_inputs import video_grid, video_tokens
+
+
+def released(flat: torch.Tensor, tpf: int, base_scale: float) -> tuple[torch.Tensor, list[int]]:
+    """The release's kept indices of `flat` (T tpf, d) and its per-frame counts, step by step as released:
+    lowest-variance half of the channels (topk, largest=False), normalised frames, multi-scale Gaussian
+    similarity to the video and frame centres, softmax frame scales, per-frame topk(largest=False), offsets."""
+    variances = flat.var(dim=0, unbiased=False)
+    _, channels = torch.topk(variances, k=int(flat.shape[-1] * 0.5), largest=False)
+    frames = F.normalize(flat[:, channels].view(-1, tpf, channels.numel()), dim=-1)
+    vid_center = frames.mean(dim=(0, 1), keepdim=True)
+    frame_center = frames.mean(dim=1, keepdim=True)
+    alphas = [2 ** k for k in range(-3, 2)]
+    v_score = sum(torch.exp(-((frames - vid_center) ** 2).sum(dim=-1) / (2 * a)) for a in alphas)
+    f_score = sum(torch.exp(-((frames - frame_center) ** 2).sum(dim=-1) / (2 * a)) for a in alphas)
+    scores = -v_score.mean(dim=-1)
+    probs = F.softmax((scores - scores.max()) / 0.01, dim=0)
+    scales = (base_scale * (1 + probs - probs.mean())).clamp(max=1.0)
+    ks = (scales * tpf).round().long().clamp(min=1).tolist()
+    out = []
+    for i, k in enumerate(ks):
+        _, idx = torch.topk((v_score + f_score)[i], k=k, largest=False, sorted=False)
+        out.append(idx.sort().values + i * tpf)
+    return torch.cat(out), ks
+
+
+CASES = [dict(t=8, h=4, w=4, d=24, scenes=(0, 3, 6)), dict(t=6, h=3, w=5, d=16, scenes=(0, 2)),
+         dict(t=4, h=6, w=6, d=32, scenes=(0, 1, 2, 3))]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_equals_the_release_where_its_counts_sum_to_the_budget(case):
+    t, n = case["t"], case["h"] * case["w"]
+    v = video_tokens(t, n, case["d"], scenes=case["scenes"])
+    grid = video_grid(t, case["h"], case["w"])
+    matched = 0
+    for k in range(t, t * n):
+        want, ks = released(v, n, k / (t * n))
+        sel = mipruner.prune("vidcom2", visual=v, budget=k, grid=grid)
+        got = sel.keep
+        assert got.numel() == k
+        if sum(ks) == k:
+            matched += 1
+            assert torch.equal(got, want), k
+            assert sel.extras["frame_tokens"].tolist() == ks
+        elif sum(ks) > k:  # a surplus dropped: what is kept, the release keeps
+            assert bool(torch.isin(got, want).all()), k
+        else:  # a shortfall filled: what the release keeps is kept
+            assert bool(torch.isin(want, got).all()), k
+    assert matched >= 10  # the equality above was checked on many budgets
+
+
+def test_scores_and_counts_are_the_releases_formulas():
+    t, n, d = 6, 12, 20
+    v = video_tokens(t, n, d, scenes=(0, 4))
+    score, uniq = vidcom2_scores(v.view(t, n, d))
+    variances = v.var(dim=0, unbiased=False)
+    ch = torch.topk(variances, k=d // 2, largest=False).indices
+    fr = F.normalize(v[:, ch].view(t, n, -1), dim=-1)
+    g = lambda c: sum(torch.exp(-((fr - c) ** 2).sum(-1) / (2 * a)) for a in (0.125, 0.25, 0.5, 1, 2))  # noqa: E731
+    vs, fs = g(fr.mean(dim=(0, 1), keepdim=True)), g(fr.mean(dim=1, keepdim=True))
+    torch.testing.assert_close(score, vs + fs, rtol=0, atol=1e-6)  # the same ops, in float32
+    torch.testing.assert_close(uniq, -vs.mean(-1), rtol=0, atol=1e-6)
+    # a frame unlike the others gets the larger budget
+    assert int(frame_counts(uniq, 0.25, n).argmax()) in (4, 5)
+
+
+def test_newline_of_no_frame_is_kept_and_the_frames_share_the_rest():
+    t, h, w, d = 6, 3, 4, 16
+    n = h * w
+    v = torch.cat([video_tokens(t, n, d, scenes=(0, 3)), torch.randn(1, d)])
+    grid = video_grid(t, h, w, newline=True)
+    for k in (10, 25, 40):
+        sel = mipruner.prune("vidcom2", visual=v, budget=k, grid=grid)
+        assert sel.keep.numel() == k and int(sel.keep[-1]) == t * n  # the newline, last
+        frames_only = mipruner.prune("vidcom2", visual=v[:-1], budget=k - 1, grid=grid[:-1])
+        assert torch.equal(sel.keep[:-1], frames_only.keep)
+
+
+def test_one_frame_is_the_release_with_one_frame():
+    n, d = 30, 16
+    v = video_tokens(1, n, d)
+    want, ks = released(v, n, 9 / n)
+    assert ks == [9]
+    assert torch.equal(mipruner.prune("vidcom2", visual=v, budget=9).keep, want)  # no grid: one frame
+
+
+def test_views_of_different_sizes_are_one_frame():
+    v = video_tokens(1, 20, 16)
+    grid = torch.cat([video_grid(1, 4, 4), torch.tensor([[1, 0, 0], [1, 0, 1], [1, 1, 0], [1, 1, 1]])])
+    a = mipruner.prune("vidcom2", visual=v, budget=7, grid=grid)
+    b = mipruner.prune("vidcom2", visual=v, budget=7)
+    assert torch.equal(a.keep, b.keep)
+
+
+def test_keep_all_and_bad_grid():
+    t, h, w, d = 4, 3, 3, 8
+    v = video_tokens(t, h * w, d)
+    sel = mipruner.prune("vidcom2", visual=v, budget=t * h * w, grid=video_grid(t, h, w))
+    assert sel.keep.tolist() == list(range(t * h * w)) and sel.tokens is None
+    with pytest.raises(ValueError, match="grid must be"):
+        mipruner.prune("vidcom2", visual=v, budget=5, grid=video_grid(t, h, w)[:-1])

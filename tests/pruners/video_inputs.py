@@ -1,0 +1,33 @@
+"""Video-shaped inputs for the video methods' tests: T frames of h x w tokens with a temporal structure
+(scenes of similar frames, cuts between them), their grid (view, row, col), and encoder attention."""
+from __future__ import annotations
+
+import torch
+
+
+def video_grid(t: int, h: int, w: int, *, newline: bool = False) -> torch.Tensor:
+    """(T h w [+1], 3) rows (frame, row, col); with `newline`, one token of no frame at the end (OneVision)."""
+    n = h * w
+    cell = torch.arange(n).repeat(t)
+    grid = torch.stack([torch.arange(t).repeat_interleave(n), cell // w, cell % w], 1)
+    if newline:
+        grid = torch.cat([grid, torch.tensor([[-1, h, w]])])
+    return grid
+
+
+def video_tokens(t: int, n: int, d: int, *, scenes: tuple[int, ...] = (0,), noise: float = 0.3,
+                 seed: int = 0) -> torch.Tensor:
+    """(T n, d): each frame its scene's n base tokens plus noise; a scene starts at each frame in `scenes`."""
+    g = torch.Generator().manual_seed(seed)
+    rows, base = [], None
+    for f in range(t):
+        if f in scenes or base is None:
+            base = torch.randn(n, d, generator=g)
+        rows.append(base + noise * torch.randn(n, d, generator=g))
+    return torch.cat(rows)
+
+
+def attention(n_v: int, seed: int = 0) -> torch.Tensor:
+    """(N_V + 1, N_V + 1) head-mean attention probabilities with [CLS] first."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(n_v + 1, n_v + 1, generator=g) * 3, dim=-1)
