@@ -119,7 +119,9 @@ def _top(x: torch.Tensor, k: int) -> torch.Tensor:
     Param.real("merge_beta", 0.6, 0.0, 1.0, "DTM beta: least weight an anchor keeps in its merged token",
                step=0.05)))
 def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
-                   attention: torch.Tensor | None = None, grid: torch.Tensor | None = None,
+                   attention: torch.Tensor | None = None,
+                   keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs
+                   grid: torch.Tensor | None = None,
                    segments: int = 8, segment_tau: float = 0.9, context_share: float = 0.4,
                    anchor_stride: int = 4, merge_beta: float = 0.6) -> Selection:
     """FastVID: dynamic temporal segments, then the most attended tokens and merged density-peak anchors."""

@@ -121,16 +121,17 @@ def test_every_method(adapter, encoded, family, name):
     a = adapter(family)
     for medium in [m for m in ("image", "video") if m in FAMILIES[family].media]:
         e = encoded(family, medium)
-        k = max(2, e.n_visual // 4)
+        k = max(2, e.n_visual // (2 if name == "fastvid" else 4))  # FastVID keeps floor(K / T) a frame: K >= T
         sel = mipruner.select(a, e, name, k, cache={})
-        assert sel.keep.numel() + (0 if sel.prefix is None else sel.prefix.shape[0]) == k
+        kept = sel.keep.numel() + (0 if sel.prefix is None else sel.prefix.shape[0])
+        assert kept == k or mipruner.get_pruner(name).adaptive and 1 <= kept <= k  # adaptive: K is its cap
         assert mipruner.select(a, e, name, e.n_visual).keep.tolist() == list(range(e.n_visual))
         ans = mipruner.answer(a, e, sel, max_new_tokens=2)  # in-LLM methods run through llm_inputs
         assert 1 <= len(ans.token_ids) <= 2
         if name == "sparsevlm":  # its recycled (merged) tokens reach the LLM besides the K kept
             assert ans.visual_tokens >= k
         else:
-            assert ans.visual_tokens == k
+            assert ans.visual_tokens == kept
 
 
 MORE = mipruner.Signals(layers=frozenset({0, -1}), heads=frozenset({None, 0}), features=True)
