@@ -6,8 +6,9 @@ up each frame, from the encoding's geometry.
           after a video, LLaVA-NeXT's row newlines) have view -1.
     frames: (T, n) int64, row t the indices of frame t's tokens in index order, when every view holds the
           same number n of tokens (the frames of a video: Qwen's temporal slices of 2 frames, OneVision's
-          pooled frames, Video-LLaVA's 257 tokens a frame, InternVL's frames); otherwise (an image's base
-          view and tiles of different sizes) the whole input is one frame. Without `grid` (plain tensors)
+          pooled frames, InternVL's frames), or every P consecutive views when their sizes repeat with
+          period P (Video-LLaVA: a frame's [CLS] view and its patch view, 257 tokens a frame); otherwise (an
+          image's base view and tiles of different sizes) the whole input is one frame. Without `grid` (plain tensors)
           the N_V tokens are one frame.
     free:  (M,) int64 the tokens of no view (view -1): they belong to no frame; the video methods keep them,
           as the originals append OneVision's newline after the pruned frames.
@@ -37,10 +38,19 @@ def frame_layout(grid: torch.Tensor | None, n_v: int, device: torch.device) -> t
     members = idx[on]
     if members.numel() == 0:  # nothing but free tokens: they are the one frame
         return idx[None, :].to(device), free[:0].to(device)
-    views, counts = torch.unique(view[on], return_counts=True)  # (V,) sorted, (V,) tokens each
-    if bool((counts == counts[0]).all()):
-        order = torch.argsort(view[on], stable=True)  # by view, then index
-        frames = members[order].view(views.numel(), int(counts[0]))  # (T, n)
-    else:
-        frames = members[None, :]  # views of different sizes: one frame
+    views, inverse, counts = torch.unique(view[on], return_inverse=True, return_counts=True)  # (V,) tokens each
+    period = _period(counts)  # views per frame
+    frame = inverse // period  # (members,) each token's frame
+    order = torch.argsort(frame, stable=True)  # by frame, then index
+    frames = members[order].view(views.numel() // period, -1)  # (T, n)
     return frames.to(device), free.to(device)
+
+
+def _period(counts: torch.Tensor) -> int:
+    """The fewest consecutive views whose sizes repeat over all V views (1: every view one frame; Video-LLaVA's
+    [CLS] view and patch view per frame: 2; V: no repeat, the whole input one frame)."""
+    v = counts.numel()
+    for p in range(1, v + 1):
+        if v % p == 0 and bool((counts.view(v // p, p) == counts[:p]).all()):
+            return p
+    return v

@@ -15,9 +15,10 @@ from .video_inputs import attention, video_grid, video_tokens
 
 
 def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, ratio_tokens: int, c: int, tau: float,
-             d: float, p: int, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+             d: float, p: int, beta: float, topk=torch.topk) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept indices ascending, their rows) of the release's block on video (T n, D) with per-token attention
-    (T n,); `ratio_tokens` is int(frame_token_len * fastvid_retention_ratio)."""
+    (T n,); `ratio_tokens` is int(frame_token_len * fastvid_retention_ratio). topk: the release's torch.topk
+    (tests on encodings whose scores tie pass `stable_topk`: the release leaves ties to the kernel)."""
     video_token_len, dim = video.shape
     frame_token_len = video_token_len // frame_num
     batchframe_indices = torch.arange(frame_num).unsqueeze(1)
@@ -28,7 +29,7 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
     g = video_hidden_states.mean(1)
     g = g / g.norm(dim=1, keepdim=True)
     similarity_matrix = (g[:-1] * g[1:]).sum(dim=1)
-    cut_indices_topk = torch.topk(similarity_matrix, c - 1, largest=False).indices
+    cut_indices_topk = topk(similarity_matrix, c - 1, largest=False).indices
     cut_indices_cos = torch.nonzero(similarity_matrix < tau, as_tuple=False).squeeze(1)
     cut_indices = torch.unique(torch.cat([cut_indices_topk, cut_indices_cos])).sort().values
     padded = torch.nn.functional.pad(cut_indices, (1, 1), value=-1)
@@ -50,7 +51,7 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
         frm_context_num_list[offset:end][mask] = cur_frm_context_num
         offset = end
     # ATS
-    salient_indexes = torch.topk(frame_attn_weights, frame_salient_num, dim=1).indices
+    salient_indexes = topk(frame_attn_weights, frame_salient_num, dim=1).indices
     batch_indices = batchframe_indices.expand(-1, frame_salient_num)
     final_tokens.append(video_hidden_states[batch_indices, salient_indexes].view(-1, dim))
     keep_indexs += (alltoken_indices[batch_indices, salient_indexes].view(-1),)
@@ -64,14 +65,18 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
     token_filtered = video_hidden_states[batch_indices, filtered_indices]
     alltoken_filtered_indices = alltoken_indices[batch_indices, filtered_indices]
     dist_matrix = torch.cdist(token_filtered.float(), token_filtered.float()) / (dim ** 0.5)
-    dist_nearest, _ = torch.topk(dist_matrix, k=4, dim=-1, largest=False)
+    dist_nearest, _ = topk(dist_matrix, k=min(4, m), dim=-1, largest=False)  # min: fastvid.py's deviation
     density = (-(dist_nearest ** 2).mean(dim=-1)).exp()
     density_mask = (density[:, None, :] > density[:, :, None]).type(token_filtered.dtype)
     dist_max = dist_matrix.flatten(1).max(dim=-1)[0][:, None, None]
     dist_0, _ = (dist_matrix * density_mask + dist_max * (1 - density_mask)).min(dim=-1)
     density_score = dist_0 * density
-    # DTM, single-frame segments
-    sampled_indexs = torch.topk(density_score, k=frame_context_num, dim=-1).indices
+    # DTM, single-frame segments (none without anchors: the release's argmax fails on zero anchors)
+    if frame_context_num == 0:
+        keep = torch.cat(keep_indexs)
+        order = torch.argsort(keep)
+        return keep[order], torch.cat(final_tokens)[order]
+    sampled_indexs = topk(density_score, k=frame_context_num, dim=-1).indices
     batch_indices = batchframe_indices.expand(-1, frame_context_num)
     frm_context_tokens = token_filtered[batch_indices, sampled_indexs]
     frm_context_global_indexes = alltoken_filtered_indices[batch_indices, sampled_indexs]
@@ -100,7 +105,7 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
             seg_target = seg_tokens[target]
             seg_tokens = seg_tokens.reshape(1, -1, dim).expand(n_target, -1, -1)
             seg_ids = alltoken_filtered_indices[idx_seg_start:idx_seg_start + seg_i_len][target]
-            sampled = torch.topk(seg_score, k=cur_seg_context_num, dim=-1).indices
+            sampled = topk(seg_score, k=cur_seg_context_num, dim=-1).indices
             bi = batchframe_indices[:n_target].expand(-1, cur_seg_context_num)
             ctx = seg_target[bi, sampled]
             ctx_ids = seg_ids[bi, sampled]

@@ -12,12 +12,13 @@ from mipruner.pruners.vidcom2 import frame_counts, vidcom2_scores
 from .video_inputs import video_grid, video_tokens
 
 
-def released(flat: torch.Tensor, tpf: int, base_scale: float) -> tuple[torch.Tensor, list[int]]:
+def released(flat: torch.Tensor, tpf: int, base_scale: float, topk=torch.topk) -> tuple[torch.Tensor, list[int]]:
     """The release's kept indices of `flat` (T tpf, d) and its per-frame counts, step by step as released:
     lowest-variance half of the channels (topk, largest=False), normalised frames, multi-scale Gaussian
-    similarity to the video and frame centres, softmax frame scales, per-frame topk(largest=False), offsets."""
+    similarity to the video and frame centres, softmax frame scales, per-frame topk(largest=False), offsets.
+    topk: the release's torch.topk (`video_inputs.stable_topk` where scores tie: ties to the lower index)."""
     variances = flat.var(dim=0, unbiased=False)
-    _, channels = torch.topk(variances, k=int(flat.shape[-1] * 0.5), largest=False)
+    _, channels = topk(variances, k=int(flat.shape[-1] * 0.5), largest=False)
     frames = F.normalize(flat[:, channels].view(-1, tpf, channels.numel()), dim=-1)
     vid_center = frames.mean(dim=(0, 1), keepdim=True)
     frame_center = frames.mean(dim=1, keepdim=True)
@@ -30,7 +31,7 @@ def released(flat: torch.Tensor, tpf: int, base_scale: float) -> tuple[torch.Ten
     ks = (scales * tpf).round().long().clamp(min=1).tolist()
     out = []
     for i, k in enumerate(ks):
-        _, idx = torch.topk((v_score + f_score)[i], k=k, largest=False, sorted=False)
+        _, idx = topk((v_score + f_score)[i], k=k, largest=False, sorted=False)
         out.append(idx.sort().values + i * tpf)
     return torch.cat(out), ks
 

@@ -2,7 +2,18 @@
 (scenes of similar frames, cuts between them), their grid (view, row, col), and encoder attention."""
 from __future__ import annotations
 
+from collections import namedtuple
+
 import torch
+
+TopK = namedtuple("TopK", "values indices")
+
+
+def stable_topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> TopK:
+    """torch.topk with ties to the lower index (a stable sort), for restatements run on inputs whose scores
+    tie (the release's torch.topk leaves ties to the kernel; the methods here break them this way)."""
+    idx = torch.sort(x, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+    return TopK(torch.gather(x, dim, idx), idx)
 
 
 def video_grid(t: int, h: int, w: int, *, newline: bool = False) -> torch.Tensor:
