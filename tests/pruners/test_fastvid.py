@@ -184,3 +184,23 @@ def test_keep_all_and_one_frame():
     assert sel.keep.tolist() == list(range(t * h * w)) and sel.tokens is None
     one = mipruner.prune("fastvid", visual=v[:16], budget=6, attention=attention(16))  # an image: one frame
     assert 1 <= one.keep.numel() <= 6 and one.extras["segment"].tolist() == [0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
+    """Under the meta default device (tests/test_meta_device.py's pattern) a tensor made without device= breaks
+    the run; the selection equals the one made without it, on video inputs with multi-frame segments."""
+    from mipruner.testing import meta_default
+
+    from ..conftest import TEST_DEVICE
+    t, h, w, d = 16, 4, 6, 16
+    kw = dict(visual=video_tokens(t, h * w, d, scenes=(0, 9), noise=0.2).to(TEST_DEVICE, dtype),
+              grid=video_grid(t, h, w).to(TEST_DEVICE), attention=attention(t * h * w).to(TEST_DEVICE, dtype),
+              segments=2, segment_tau=-1.0)
+    ref = mipruner.prune("fastvid", budget=t * 6, **kw)
+    with meta_default():
+        got = mipruner.prune("fastvid", budget=t * 6, **kw)
+    for name in ("keep", "order", "scores", "tokens", "merged_into"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert a.device == TEST_DEVICE and torch.equal(a, b), name
+    assert got.tokens.dtype == dtype and bool(torch.isfinite(got.tokens.float()).all())

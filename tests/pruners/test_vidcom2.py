@@ -112,3 +112,22 @@ def test_keep_all_and_bad_grid():
     assert sel.keep.tolist() == list(range(t * h * w)) and sel.tokens is None
     with pytest.raises(ValueError, match="grid must be"):
         mipruner.prune("vidcom2", visual=v, budget=5, grid=video_grid(t, h, w)[:-1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
+    """Under the meta default device (tests/test_meta_device.py's pattern) a tensor made without device= breaks
+    the run; the selection equals the one made without it, on video inputs with a newline of no frame."""
+    from mipruner.testing import meta_default
+
+    from ..conftest import TEST_DEVICE
+    t, h, w, d = 8, 4, 4, 24
+    v = torch.cat([video_tokens(t, h * w, d, scenes=(0, 3, 6)), torch.randn(1, d)]).to(TEST_DEVICE, dtype)
+    grid = video_grid(t, h, w, newline=True).to(TEST_DEVICE)
+    ref = mipruner.prune("vidcom2", visual=v, budget=33, grid=grid)
+    with meta_default():
+        got = mipruner.prune("vidcom2", visual=v, budget=33, grid=grid)
+    for name in ("keep", "order", "scores"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert a.device == TEST_DEVICE and torch.equal(a, b), name
+    assert got.keep.numel() == 33 and bool(torch.isfinite(got.scores).all())
