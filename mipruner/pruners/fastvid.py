@@ -8,7 +8,7 @@ multi-frame segments): the README's core code, the paper's parallel implementati
 `scripts/eval.sh`'s settings, which are the defaults here (DySeg_c 8, DySeg_tau 0.9, STPrune_d 0.4, DTM_p 4,
 DTM_beta 0.6; `fastvid_retention_ratio` is our K / N_V).
 
-    frames X (T, n, d) (`frames.frame_layout`), attention a (T, n) (`attention.attention_scores`)
+    frames X (T, n, d) (`video.frame_slots`, from `frame_index`), attention a (T, n) (`attention.attention_scores`)
     DySeg:  g_t = the frame's mean token, L2-normalised; s_t = cos(g_t, g_{t+1}) for t < T - 1; a segment
             ends after frame t when s_t is among the c - 1 lowest or s_t < tau
     budget: R = floor(K_f / T) per frame (the release's int(n * ratio)); S = R - int(R d) salient,
@@ -31,8 +31,10 @@ DTM_beta 0.6; `fastvid_retention_ratio` is our K / N_V).
             every target of the segment).
 
 The release keeps T S + sum over segments of ceil(L / p) floor(C L / ceil(L / p)) <= K_f tokens: the method
-is adaptive, the budget its cap. Tokens of no frame (OneVision's newline after the video, view -1 in `grid`)
-are kept, as the release keeps the newline; the frames share K_f = K - M. K = N_V keeps every token.
+is adaptive, the budget its cap. Tokens of no frame (OneVision's newline after the video, frame_index -1)
+are kept, as the release keeps the newline; the frames share K_f = K - M. K = N_V keeps every token. Below one
+token a frame (K_f < T, where the release keeps none) the K_f tokens of highest attention over the video are
+kept (ATS alone). An input of one frame or frames of different sizes get a sentence (ValueError).
 
 Deliberate deviations: the release adds uniform noise of 1e-6 to rho (random ties), here none (ties: neither
 token is the other's higher-density neighbour); the frame's global feature is its mean projected token (the
@@ -51,8 +53,8 @@ import torch
 
 from ._registry import Param, register_pruner
 from .attention import attention_scores
-from .frames import frame_layout
-from .selection import Selection, unit_rows
+from .selection import Selection, top_indices, unit_rows
+from .vidcom2 import video_frames
 
 NEIGHBOURS = 4  # release: torch.topk(dist_matrix, k=4, largest=False)
 
@@ -108,7 +110,7 @@ def _top(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(x, dim=1, descending=True, stable=True).indices[:, :k]
 
 
-@register_pruner("fastvid", stage="vision", needs=("attention",), adaptive=True, label="FastVID (video)",
+@register_pruner("fastvid", stage="vision", needs=("attention",), adaptive=True, video=True, label="FastVID (video)",
                  score_label="attention share", params=(
     Param.integer("segments", 8, 1, None, "DySeg c: at least c segments (the c - 1 least similar frame pairs cut)"),
     Param.real("segment_tau", 0.9, -1.0, 1.0, "DySeg tau: cut where consecutive frames' cosine is below it",
@@ -121,20 +123,23 @@ def _top(x: torch.Tensor, k: int) -> torch.Tensor:
 def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                    attention: torch.Tensor | None = None,
                    keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs
-                   grid: torch.Tensor | None = None,
+                   frame_index: torch.Tensor | None = None,
                    segments: int = 8, segment_tau: float = 0.9, context_share: float = 0.4,
                    anchor_stride: int = 4, merge_beta: float = 0.6) -> Selection:
     """FastVID: dynamic temporal segments, then the most attended tokens and merged density-peak anchors."""
     n_v, dev = visual.shape[0], visual.device
     attn = attention_scores(attention, n_v, method="fastvid").to(dev)  # (N_V,)
+    frames, free = video_frames(frame_index, n_v, dev, "FastVID")  # (T, n), (M,)
     if budget >= n_v:  # keep-all: the unpruned input
         return Selection.from_order(torch.arange(n_v, device=dev), attn)
-    frames, free = frame_layout(grid, n_v, dev)  # (T, n), (M,)
     t, n = frames.shape
     per_frame = (budget - free.numel()) // t  # R
-    if per_frame < 1:
-        raise ValueError(f"FastVID keeps floor((K - {free.numel()}) / T) tokens a frame: a budget of {budget} "
-                         f"over T = {t} frames keeps none; give at least {t + free.numel()} tokens")
+    if per_frame < 1:  # under one token a frame: ATS alone over the video (the release keeps none)
+        k_f = max(budget - free.numel(), 0)
+        order = torch.cat([frames.reshape(-1)[top_indices(attn[frames.reshape(-1)], k_f)], free])[:budget]
+        return Selection.from_order(order, attn, merged_into=torch.full((n_v,), -1, dtype=torch.long, device=dev),
+                                    extras={"frame_tokens": torch.zeros(n_v, dtype=torch.long, device=dev).index_fill(
+                                        0, order, 1)[frames].sum(1)})
     salient_n = per_frame - int(per_frame * context_share)  # S
     context_n = per_frame - salient_n  # C
     x = visual.to(torch.float32)[frames]  # (T, n, d)

@@ -8,7 +8,8 @@ Original: xuyang-liu16/VidCom2, `token_compressor/vidcom2/vidcom2.py`, `vidcom2_
 pooling) tokens, e.g. `token_compressor/vidcom2/models/qwen2_5_vl.py` `_compute_keep_indices`. vLLM ships it
 as `--video-retention-ratio` (vllm-project/vllm PR 47750). Its retention ratio `R_RATIO` is our K / N_V.
 
-    X (T, n, d): the frames' projected tokens (`frames.frame_layout`: the encoding's views, T frames of n)
+    X (T, n, d): the frames' projected tokens (`video.frame_slots`: T frames of n tokens each, from the
+               encoding's `frame_index`; Qwen's frames are its temporal grid slices of 2 sampled frames)
     channels:  the floor(d / 2) channels of lowest variance over all T n tokens (biased variance); X~ the
                tokens on them, each row L2-normalised
     centres:   c_V = mean of every X~ row; c_t = mean of frame t's rows
@@ -25,15 +26,15 @@ are: the release's survivors when they are K_f, else its survivors of lowest sco
 the least distinct) or all of them plus the dropped tokens of lowest score (a shortfall filled by the most
 distinct), so K is exact and equals the release whenever its counts sum to K_f.
 
-Tokens of no frame (OneVision's newline after a video, view -1 in `grid`) are kept, as the release appends
-OneVision's newline after the pruned frames; the frames share K_f = K - M (M such tokens). One frame (an
-image, a 1-frame video) is the release's computation with T = 1: p = 1, k_1 = round(r n). K = N_V keeps
-every token (the unpruned model).
+Tokens of no frame (OneVision's newline after a video, frame_index -1) are kept, as the release appends
+OneVision's newline after the pruned frames; the frames share K_f = K - M (M such tokens; K <= M keeps the
+first K of them). K = N_V keeps every token (the unpruned model). An input of one frame (an image, a 1-frame
+video) or frames of different sizes get a sentence (ValueError), as every video method's.
 
 Deliberate deviations: the exact count above; ties broken to the lower index (stable sorts: the release's
 `torch.topk` leaves ties to the kernel); computed in float32 whatever the input dtype. LLaVA-Video's
 row-newline mapping (`_map_grid_vid`) has no family here; every family's frames come from its geometry.
-Cost: O(T n d) for the scores, O(T n log n) for the per-frame ranking; one host read of the grid.
+Cost: O(T n d) for the scores, O(T n log n) for the per-frame ranking; the frame table is memoized per frame_index.
 """
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from ._registry import register_pruner
-from .frames import frame_layout
 from .selection import Selection
+from .video import frame_slots
 
 ALPHAS = (0.125, 0.25, 0.5, 1.0, 2.0)  # release: [2**k for k in range(-3, 2)]
 TEMPERATURE = 0.01  # release: compute_scales(temp=0.01)
@@ -94,15 +95,25 @@ def vidcom2_keep(x: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tens
     return kept, score, kept.sum(dim=1)
 
 
-@register_pruner("vidcom2", stage="projector", label="VidCom2 (video)",
+def video_frames(frame_index: torch.Tensor | None, n_v: int, device: torch.device, method: str):
+    """(frames (T, n), free (M,)): `video.frame_slots`, ValueError naming `method` on an input of one frame."""
+    table = frame_slots(frame_index, n_v, device)
+    if table.count < 2:
+        raise ValueError(f"{method} shares its budget over a video's frames: this input has 1 frame (an image or a "
+                         "1-frame video; Qwen makes one token-frame of 2 sampled frames); give it a video of more "
+                         "frames, or choose an image method")
+    return table.index, table.outside
+
+
+@register_pruner("vidcom2", stage="projector", video=True, label="VidCom2 (video)",
                  score_label="similarity to the video and frame centres (lowest kept)")
 def vidcom2_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
-                   grid: torch.Tensor | None = None) -> Selection:
+                   frame_index: torch.Tensor | None = None) -> Selection:
     """VidCom2: per-frame budgets from frame uniqueness, then each frame's most distinct tokens."""
     n_v, dev = visual.shape[0], visual.device
+    frames, free = video_frames(frame_index, n_v, dev, "VidCom2")  # (T, n), (M,)
     if budget >= n_v:  # keep-all: the unpruned input
         return Selection.from_order(torch.arange(n_v, device=dev), torch.zeros(n_v, device=dev))
-    frames, free = frame_layout(grid, n_v, dev)  # (T, n), (M,)
     t, n = frames.shape
     scores = torch.zeros(n_v, dtype=torch.float32, device=dev)
     k_frames = budget - free.numel()
@@ -114,4 +125,4 @@ def vidcom2_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     return Selection.from_order(keep, scores, extras={"frame_tokens": per_frame})
 
 
-__all__ = ["frame_counts", "gaussian", "vidcom2_keep", "vidcom2_pruner", "vidcom2_scores"]
+__all__ = ["frame_counts", "gaussian", "video_frames", "vidcom2_keep", "vidcom2_pruner", "vidcom2_scores"]

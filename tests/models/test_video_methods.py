@@ -4,7 +4,7 @@ clip by each tiny checkpoint:
   keep-all     K = N_V keeps every token, and the prefill logits and the greedy answer are the unpruned ones
                exactly;
   release      the selection equals the restatement of the released code (tests/pruners) on the encoding's
-               frames (its views), and FastVID's merged rows are what the LLM reads at the kept positions.
+               frames (`Encoded.frame_index`), and FastVID's merged rows are what the LLM reads at the kept positions.
                The tiny models' tokens are nearly alike (FastVID's densities round to 1 and tie), so the
                restatement breaks ties as the methods do (`stable_topk`); the release leaves them to the kernel.
 """
@@ -17,7 +17,7 @@ import mipruner
 from mipruner.media import write_video
 from mipruner.models import FAMILIES
 from mipruner.pruners.attention import attention_scores
-from mipruner.pruners.frames import frame_layout
+from mipruner.pruners.video import frame_slots
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from ..pruners.test_fastvid import released as released_fastvid
@@ -67,7 +67,8 @@ def test_keep_all_is_the_unpruned_model(encoded, family, name):
 @pytest.mark.parametrize("family", VIDEO)
 def test_equals_the_releases_on_the_encodings_frames(encoded, family):
     a, e = encoded(family)
-    frames, free = frame_layout(e.grid, e.n_visual, torch.device("cpu"))
+    table = frame_slots(e.frame_index, e.n_visual, "cpu")
+    frames, free = table.index, table.outside
     t, n = frames.shape
     assert t >= 2, f"{family}: the clip's encoding reads as {t} frame(s)"
     x = e.visual[frames.reshape(-1)].float()  # (T n, d) frame-major, as the release's `view(-1, tpf)`

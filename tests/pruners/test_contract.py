@@ -40,13 +40,14 @@ def test_selection_contract(name, budget):
     spec = get_pruner(name)
     sel = mipruner.prune(name, budget=budget, **inputs(spec))
     k = budget if isinstance(budget, int) else round(budget * N_V)
-    assert selection_failures(sel, n=N_V, k=k, device=TEST_DEVICE) == []
-    assert sel.keep.shape == (k,) and sel.method == name
+    assert selection_failures(sel, n=N_V, k=k, device=TEST_DEVICE, adaptive=spec.adaptive) == []
+    kept = sel.keep.numel()  # an adaptive method (FastVID) may keep fewer, the budget its cap
+    assert (kept == k or spec.adaptive and 1 <= kept <= k) and sel.method == name
     if spec.is_mi:
         assert sel.pmi.shape == (N_V, N_T) and sel.pivot.shape == (N_V,)
         assert bool(torch.isfinite(sel.pmi).all())
     if sel.tokens is not None:
-        assert sel.tokens.shape == (k, D)
+        assert sel.tokens.shape == (kept, D)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -76,7 +77,7 @@ def test_deterministic(name):
 def test_low_precision_inputs(name):
     spec = get_pruner(name)
     sel = mipruner.prune(name, budget=9, **inputs(spec, dtype=torch.bfloat16))
-    assert sel.keep.numel() == 9 and bool(torch.isfinite(sel.scores).all())
+    assert (sel.keep.numel() == 9 or spec.adaptive and 1 <= sel.keep.numel() <= 9) and bool(torch.isfinite(sel.scores).all())
 
 
 @pytest.mark.parametrize("name", ALL)

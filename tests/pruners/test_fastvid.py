@@ -11,7 +11,7 @@ import torch
 import mipruner
 from mipruner.pruners.attention import attention_scores
 
-from .video_inputs import attention, video_grid, video_tokens
+from .video_inputs import attention, video_frames, video_tokens
 
 
 def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, ratio_tokens: int, c: int, tau: float,
@@ -142,7 +142,7 @@ def test_equals_the_release(t, h, w, d, scenes, params, per_frame):
     v = video_tokens(t, n, d, scenes=scenes, noise=0.2)
     att = attention(t * n)
     k = t * per_frame + t // 2  # R = floor(K / T) = per_frame: the remainder unspent, as released
-    sel = mipruner.prune("fastvid", visual=v, budget=k, grid=video_grid(t, h, w), attention=att, **kw)
+    sel = mipruner.prune("fastvid", visual=v, budget=k, frame_index=video_frames(t, h * w), attention=att, **kw)
     want_keep, want_rows = released(v, attention_scores(att, t * n), t, per_frame, kw["segments"],
                                     kw["segment_tau"], kw["context_share"], kw["anchor_stride"], kw["merge_beta"])
     assert torch.equal(sel.keep, want_keep)
@@ -157,33 +157,39 @@ def test_equals_the_release(t, h, w, d, scenes, params, per_frame):
 def test_multi_frame_segments_are_exercised():
     t, h, w, d = 16, 4, 6, 16
     v = video_tokens(t, h * w, d, scenes=(0, 9), noise=0.2)
-    sel = mipruner.prune("fastvid", visual=v, budget=t * 6, grid=video_grid(t, h, w), attention=attention(t * h * w),
-                         segments=2, segment_tau=-1.0)
+    sel = mipruner.prune("fastvid", visual=v, budget=t * 6, frame_index=video_frames(t, h * w),
+                         attention=attention(t * h * w), segments=2, segment_tau=-1.0)
     assert sel.extras["segment"].tolist() == [0] * 9 + [1] * 7
     per = sel.extras["frame_tokens"].tolist()
     assert len(set(per)) > 1  # target frames hold the segment's anchors, the others only their salient tokens
 
 
-def test_newline_is_kept_and_small_budgets_get_a_sentence():
+def test_newline_is_kept_and_small_budgets_keep_the_most_attended():
     t, h, w, d = 8, 4, 4, 16
     n = h * w
     v = torch.cat([video_tokens(t, n, d, scenes=(0, 4)), torch.randn(1, d)])
-    grid = video_grid(t, h, w, newline=True)
+    frame_index = video_frames(t, n, newline=True)
     att = attention(t * n + 1)
-    sel = mipruner.prune("fastvid", visual=v, budget=4 * t + 1, grid=grid, attention=att)
+    sel = mipruner.prune("fastvid", visual=v, budget=4 * t + 1, frame_index=frame_index, attention=att)
     assert int(sel.keep[-1]) == t * n and sel.keep.numel() <= 4 * t + 1
-    with pytest.raises(ValueError, match="keeps none; give at least 9 tokens"):
-        mipruner.prune("fastvid", visual=v, budget=t, grid=grid, attention=att)
+    small = mipruner.prune("fastvid", visual=v, budget=t, frame_index=frame_index, attention=att)  # R = 0
+    scores = attention_scores(att, t * n + 1)[: t * n]
+    want = torch.sort(torch.cat([torch.sort(scores, descending=True, stable=True).indices[: t - 1],
+                                 torch.tensor([t * n])])).values
+    assert torch.equal(small.keep, want)
 
 
-def test_keep_all_and_one_frame():
+def test_keep_all_one_frame_and_frames_of_different_sizes():
     t, h, w, d = 4, 4, 4, 8
     v = video_tokens(t, h * w, d)
     att = attention(t * h * w)
-    sel = mipruner.prune("fastvid", visual=v, budget=t * h * w, grid=video_grid(t, h, w), attention=att)
+    sel = mipruner.prune("fastvid", visual=v, budget=t * h * w, frame_index=video_frames(t, h * w), attention=att)
     assert sel.keep.tolist() == list(range(t * h * w)) and sel.tokens is None
-    one = mipruner.prune("fastvid", visual=v[:16], budget=6, attention=attention(16))  # an image: one frame
-    assert 1 <= one.keep.numel() <= 6 and one.extras["segment"].tolist() == [0]
+    for frame_index in (None, torch.zeros(t * h * w, dtype=torch.long)):  # an image; a 1-frame video
+        with pytest.raises(ValueError, match="1 frame"):
+            mipruner.prune("fastvid", visual=v, budget=6, attention=att, frame_index=frame_index)
+    with pytest.raises(ValueError, match="frames of different sizes"):
+        mipruner.prune("fastvid", visual=v, budget=6, attention=att, frame_index=(torch.arange(64) >= 20).long())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -195,10 +201,12 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
     from ..conftest import TEST_DEVICE
     t, h, w, d = 16, 4, 6, 16
     kw = dict(visual=video_tokens(t, h * w, d, scenes=(0, 9), noise=0.2).to(TEST_DEVICE, dtype),
-              grid=video_grid(t, h, w).to(TEST_DEVICE), attention=attention(t * h * w).to(TEST_DEVICE, dtype),
+              frame_index=video_frames(t, h * w).to(TEST_DEVICE), attention=attention(t * h * w).to(TEST_DEVICE, dtype),
               segments=2, segment_tau=-1.0)
     ref = mipruner.prune("fastvid", budget=t * 6, **kw)
     with meta_default():
+        from mipruner.pruners import video
+        video._TABLES.clear()  # the frame table laid out afresh under the meta default
         got = mipruner.prune("fastvid", budget=t * 6, **kw)
     for name in ("keep", "order", "scores", "tokens", "merged_into"):
         a, b = getattr(got, name), getattr(ref, name)

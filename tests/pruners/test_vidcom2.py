@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import mipruner
 from mipruner.pruners.vidcom2 import frame_counts, vidcom2_scores
 
-from .video_inputs import video_grid, video_tokens
+from .video_inputs import video_frames, video_tokens
 
 
 def released(flat: torch.Tensor, tpf: int, base_scale: float, topk=torch.topk) -> tuple[torch.Tensor, list[int]]:
@@ -44,11 +44,11 @@ CASES = [dict(t=8, h=4, w=4, d=24, scenes=(0, 3, 6)), dict(t=6, h=3, w=5, d=16, 
 def test_equals_the_release_where_its_counts_sum_to_the_budget(case):
     t, n = case["t"], case["h"] * case["w"]
     v = video_tokens(t, n, case["d"], scenes=case["scenes"])
-    grid = video_grid(t, case["h"], case["w"])
+    frame_index = video_frames(t, n)
     matched = 0
     for k in range(t, t * n):
         want, ks = released(v, n, k / (t * n))
-        sel = mipruner.prune("vidcom2", visual=v, budget=k, grid=grid)
+        sel = mipruner.prune("vidcom2", visual=v, budget=k, frame_index=frame_index)
         got = sel.keep
         assert got.numel() == k
         if sum(ks) == k:
@@ -81,37 +81,30 @@ def test_newline_of_no_frame_is_kept_and_the_frames_share_the_rest():
     t, h, w, d = 6, 3, 4, 16
     n = h * w
     v = torch.cat([video_tokens(t, n, d, scenes=(0, 3)), torch.randn(1, d)])
-    grid = video_grid(t, h, w, newline=True)
+    frame_index = video_frames(t, n, newline=True)
     for k in (10, 25, 40):
-        sel = mipruner.prune("vidcom2", visual=v, budget=k, grid=grid)
+        sel = mipruner.prune("vidcom2", visual=v, budget=k, frame_index=frame_index)
         assert sel.keep.numel() == k and int(sel.keep[-1]) == t * n  # the newline, last
-        frames_only = mipruner.prune("vidcom2", visual=v[:-1], budget=k - 1, grid=grid[:-1])
+        frames_only = mipruner.prune("vidcom2", visual=v[:-1], budget=k - 1, frame_index=frame_index[:-1])
         assert torch.equal(sel.keep[:-1], frames_only.keep)
 
 
-def test_one_frame_is_the_release_with_one_frame():
-    n, d = 30, 16
-    v = video_tokens(1, n, d)
-    want, ks = released(v, n, 9 / n)
-    assert ks == [9]
-    assert torch.equal(mipruner.prune("vidcom2", visual=v, budget=9).keep, want)  # no grid: one frame
+def test_one_frame_and_frames_of_different_sizes_get_a_sentence():
+    v = video_tokens(2, 16, 16)
+    for frame_index in (None, torch.zeros(32, dtype=torch.long)):  # an image; a 1-frame video
+        with pytest.raises(ValueError, match="1 frame"):
+            mipruner.prune("vidcom2", visual=v, budget=7, frame_index=frame_index)
+    with pytest.raises(ValueError, match="frames of different sizes"):
+        mipruner.prune("vidcom2", visual=v, budget=7, frame_index=(torch.arange(32) >= 20).long())
 
 
-def test_views_of_different_sizes_are_one_frame():
-    v = video_tokens(1, 20, 16)
-    grid = torch.cat([video_grid(1, 4, 4), torch.tensor([[1, 0, 0], [1, 0, 1], [1, 1, 0], [1, 1, 1]])])
-    a = mipruner.prune("vidcom2", visual=v, budget=7, grid=grid)
-    b = mipruner.prune("vidcom2", visual=v, budget=7)
-    assert torch.equal(a.keep, b.keep)
-
-
-def test_keep_all_and_bad_grid():
+def test_keep_all_and_bad_frame_index():
     t, h, w, d = 4, 3, 3, 8
     v = video_tokens(t, h * w, d)
-    sel = mipruner.prune("vidcom2", visual=v, budget=t * h * w, grid=video_grid(t, h, w))
+    sel = mipruner.prune("vidcom2", visual=v, budget=t * h * w, frame_index=video_frames(t, h * w))
     assert sel.keep.tolist() == list(range(t * h * w)) and sel.tokens is None
-    with pytest.raises(ValueError, match="grid must be"):
-        mipruner.prune("vidcom2", visual=v, budget=5, grid=video_grid(t, h, w)[:-1])
+    with pytest.raises(ValueError, match="frame_index must be"):
+        mipruner.prune("vidcom2", visual=v, budget=5, frame_index=video_frames(t, h * w)[:-1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -123,10 +116,12 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
     from ..conftest import TEST_DEVICE
     t, h, w, d = 8, 4, 4, 24
     v = torch.cat([video_tokens(t, h * w, d, scenes=(0, 3, 6)), torch.randn(1, d)]).to(TEST_DEVICE, dtype)
-    grid = video_grid(t, h, w, newline=True).to(TEST_DEVICE)
-    ref = mipruner.prune("vidcom2", visual=v, budget=33, grid=grid)
+    frame_index = video_frames(t, h * w, newline=True).to(TEST_DEVICE)
+    ref = mipruner.prune("vidcom2", visual=v, budget=33, frame_index=frame_index)
     with meta_default():
-        got = mipruner.prune("vidcom2", visual=v, budget=33, grid=grid)
+        from mipruner.pruners import video
+        video._TABLES.clear()  # the frame table laid out afresh under the meta default
+        got = mipruner.prune("vidcom2", visual=v, budget=33, frame_index=frame_index)
     for name in ("keep", "order", "scores"):
         a, b = getattr(got, name), getattr(ref, name)
         assert a.device == TEST_DEVICE and torch.equal(a, b), name

@@ -1,5 +1,5 @@
-"""Video-shaped inputs for the video methods' tests: T frames of h x w tokens with a temporal structure
-(scenes of similar frames, cuts between them), their grid (view, row, col), and encoder attention."""
+"""Video-shaped inputs for the video methods' tests: T frames of n tokens with a temporal structure (scenes of
+similar frames, cuts between them), their frame_index, and encoder attention."""
 from __future__ import annotations
 
 from collections import namedtuple
@@ -16,14 +16,11 @@ def stable_topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True, so
     return TopK(torch.gather(x, dim, idx), idx)
 
 
-def video_grid(t: int, h: int, w: int, *, newline: bool = False) -> torch.Tensor:
-    """(T h w [+1], 3) rows (frame, row, col); with `newline`, one token of no frame at the end (OneVision)."""
-    n = h * w
-    cell = torch.arange(n).repeat(t)
-    grid = torch.stack([torch.arange(t).repeat_interleave(n), cell // w, cell % w], 1)
-    if newline:
-        grid = torch.cat([grid, torch.tensor([[-1, h, w]])])
-    return grid
+def video_frames(t: int, n: int, *, newline: bool = False) -> torch.Tensor:
+    """(T n [+1],) frame_index: T frames of n tokens; with `newline`, one token of no frame (-1) at the end
+    (OneVision's)."""
+    index = torch.arange(t).repeat_interleave(n)
+    return torch.cat([index, torch.tensor([-1])]) if newline else index
 
 
 def video_tokens(t: int, n: int, d: int, *, scenes: tuple[int, ...] = (0,), noise: float = 0.3,
