@@ -47,9 +47,10 @@ HEADS, D_VISION = 16, 1024  # the synthetic per-head attention's heads and featu
 
 
 def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, device="cpu", dtype=torch.float32,
-                heads: bool = False, features: bool = False) -> dict:
+                heads: bool = False, features: bool = False, frames: int = 8) -> dict:
     """Random inputs of the shapes an encoding gives (docs/plugins.md): visual, text, and when asked the
-    attention / keys ([CLS] first), per-head attention and pre-projector features."""
+    attention / keys ([CLS] first), per-head attention and pre-projector features; `frame_index` (n,), the
+    tokens as `frames` frames in order (equal when `frames` divides n), which the video methods read."""
     g = torch.Generator().manual_seed(seed)
     kw = {"visual": torch.randn(n, d, generator=g), "text": torch.randn(n_t, d, generator=g)}
     if need_attention or heads:
@@ -59,7 +60,9 @@ def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, devic
             kw["attention_heads"] = per_head
     if features:
         kw["features"] = torch.randn(n, D_VISION, generator=g)
-    return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
+    out = {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
+    out["frame_index"] = torch.arange(n, device=device) * frames // n  # the video methods' frames
+    return out
 
 
 def _calls(data: dict, k: int, methods: list[str]) -> list[tuple[str, object]]:
