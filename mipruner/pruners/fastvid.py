@@ -156,31 +156,35 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     merged_into = torch.full((n_v,), -1, dtype=torch.long, device=dev)
     rest_global = torch.gather(frames, 1, rest)  # (T, m) global indices
     anchors_all = [frames.gather(1, salient).reshape(-1)]
+    # the release's parallel design: every one-frame target (C anchors, its own frame merged) in one batched
+    # call, then each multi-frame segment (more anchors, the whole segment merged) in one call of its own
+    groups = [([f for f in range(t) if context_n > 0 and counts[f] == context_n], None)]
     start = 0
     for size in sizes:
-        frames_s = list(range(start, start + size))
-        targets = [f for f in frames_s if counts[f] > 0]
+        seg = list(range(start, start + size))
         start += size
+        groups.append(([f for f in seg if counts[f] > context_n], seg))
+    m = n - salient_n
+    for targets, seg in groups:
         if not targets:
             continue
-        k = min(counts[targets[0]], n - salient_n)
         tg = torch.tensor(targets, device=dev)
-        slot = _top(score[tg], k)  # (G, k) anchors in the target frames' rest
+        slot = _top(score[tg], min(counts[targets[0]], m))  # (G, k) anchors in the target frames' rest
         anchor_ids = torch.gather(rest_global[tg], 1, slot)  # (G, k) global
         anchor_rows = torch.gather(xr[tg], 1, slot[:, :, None].expand(-1, -1, x.shape[-1]))
-        if counts[targets[0]] == context_n:  # single-frame DTM: each target merges its own frame
+        if seg is None:  # one-frame DTM: each target merges its own frame
             sources, source_ids = xr[tg], rest_global[tg]  # (G, m, d), (G, m)
         else:  # multi-frame DTM: each target merges the whole segment
-            sources = xr[frames_s[0]: frames_s[-1] + 1].reshape(1, -1, x.shape[-1]).expand(len(targets), -1, -1)
-            source_ids = rest_global[frames_s[0]: frames_s[-1] + 1].reshape(1, -1).expand(len(targets), -1)
+            sources = xr[seg[0]: seg[-1] + 1].reshape(1, -1, x.shape[-1]).expand(len(targets), -1, -1)
+            source_ids = rest_global[seg[0]: seg[-1] + 1].reshape(1, -1).expand(len(targets), -1)
         merged, assign = merge(anchor_rows, sources, merge_beta)
         rows = rows.index_copy(0, anchor_ids.reshape(-1), merged.reshape(-1, x.shape[-1]))
         went = torch.gather(anchor_ids, 1, assign)  # (G, S) the anchor each source went into, per target
-        if counts[targets[0]] == context_n:
+        if seg is None:
             merged_into = merged_into.index_copy(0, source_ids.reshape(-1), went.reshape(-1))
         else:  # one record per token: the nearest target at or after its frame
-            src_frame = torch.arange(frames_s[0], frames_s[-1] + 1, device=dev).repeat_interleave(n - salient_n)
-            own = src_frame + (frames_s[-1] - src_frame) % anchor_stride  # its target frame
+            src_frame = torch.arange(seg[0], seg[-1] + 1, device=dev).repeat_interleave(m)
+            own = src_frame + (seg[-1] - src_frame) % anchor_stride  # its target frame
             row = torch.searchsorted(tg, own)  # (S,) which target row
             merged_into = merged_into.index_copy(0, source_ids[0], went[row, torch.arange(row.numel(), device=dev)])
         anchors_all.append(anchor_ids.reshape(-1))
