@@ -42,8 +42,9 @@ release's Qwen2.5-VL port, `fastvid_qwen25vl/.../modeling_qwen2_5_vl.py`, does t
 SigLIP's attention-pooling head, which no family here exposes), and ATS ranks by the encoder attention every
 attention method reads (`attention.attention_scores`: [CLS] attention, or the attention a token receives)
 instead of that head's probe attention; with fewer than c frames every frame boundary is a cut (the release
-needs T >= c); fewer than 4 tokens: the nearest available; C = 0: no anchors (the release's DTM fails there); anchors clamped to a frame's tokens; zero rows
-normalise to zero (no NaN); computed in float32, returned in `visual`'s dtype. The release's Qwen2.5-VL port
+needs T >= c); fewer than 4 tokens: the nearest available; C = 0: no anchors (the release's DTM fails there);
+anchors clamped to a frame's tokens; zero rows normalise to zero (no NaN); computed in float32, returned in
+`visual`'s dtype. The release's Qwen2.5-VL port
 is a different, sequential variant (sub-segments by `DySeg_ignore`, segment-level budgets), not this one.
 Cost: O(T (n - S)^2 d) for the distances; one host read of the segment boundaries.
 """

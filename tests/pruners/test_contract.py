@@ -77,7 +77,8 @@ def test_deterministic(name):
 def test_low_precision_inputs(name):
     spec = get_pruner(name)
     sel = mipruner.prune(name, budget=9, **inputs(spec, dtype=torch.bfloat16))
-    assert (sel.keep.numel() == 9 or spec.adaptive and 1 <= sel.keep.numel() <= 9) and bool(torch.isfinite(sel.scores).all())
+    kept = sel.keep.numel()  # an adaptive method (FastVID) may keep fewer
+    assert (kept == 9 or spec.adaptive and 1 <= kept <= 9) and bool(torch.isfinite(sel.scores).all())
 
 
 @pytest.mark.parametrize("name", ALL)
