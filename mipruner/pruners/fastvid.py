@@ -143,7 +143,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
                                         0, order, 1)[frames].sum(1)})
     salient_n = per_frame - int(per_frame * context_share)  # S
     context_n = per_frame - salient_n  # C
-    x = visual.to(torch.float32)[frames]  # (T, n, d)
+    x = visual.to(torch.float32).index_select(0, frames.reshape(-1)).view(t, n, -1)  # (T, n, d)
     a = attn[frames]  # (T, n)
     salient = _top(a, salient_n)  # (T, S) frame-local
     is_salient = torch.zeros(t, n, dtype=torch.bool, device=dev).scatter(1, salient, True)
@@ -179,7 +179,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
             sources = xr[seg[0]: seg[-1] + 1].reshape(1, -1, x.shape[-1]).expand(len(targets), -1, -1)
             source_ids = rest_global[seg[0]: seg[-1] + 1].reshape(1, -1).expand(len(targets), -1)
         merged, assign = merge(anchor_rows, sources, merge_beta)
-        rows = rows.index_copy(0, anchor_ids.reshape(-1), merged.reshape(-1, x.shape[-1]))
+        rows.index_copy_(0, anchor_ids.reshape(-1), merged.reshape(-1, x.shape[-1]))  # our own copy: in place
         went = torch.gather(anchor_ids, 1, assign)  # (G, S) the anchor each source went into, per target
         if seg is None:
             merged_into = merged_into.index_copy(0, source_ids.reshape(-1), went.reshape(-1))

@@ -65,7 +65,7 @@ def vidcom2_scores(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     flat = x.reshape(t * n, d).to(torch.float32)  # (T n, d)
     var = flat.var(dim=0, unbiased=False)  # (d,)
     channels = torch.sort(var, stable=True).indices[: int(d * CHANNEL_SHARE)]  # lowest variance first
-    frames = F.normalize(flat[:, channels], dim=-1).view(t, n, -1)  # (T, n, d')
+    frames = F.normalize(flat.index_select(1, channels), dim=-1).view(t, n, -1)  # (T, n, d'); a gather
     s_video = gaussian(frames, frames.mean(dim=(0, 1), keepdim=True))  # (T, n)
     s_frame = gaussian(frames, frames.mean(dim=1, keepdim=True))  # (T, n)
     return s_video + s_frame, -s_video.mean(dim=-1)
@@ -119,7 +119,7 @@ def vidcom2_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     k_frames = budget - free.numel()
     if k_frames <= 0:  # the budget does not reach the frames: the first K tokens of no frame
         return Selection.from_order(free[:budget], scores, extras={"frame_tokens": frames.new_zeros(t)})
-    kept, score, per_frame = vidcom2_keep(visual[frames.reshape(-1)].view(t, n, -1), k_frames)
+    kept, score, per_frame = vidcom2_keep(visual.index_select(0, frames.reshape(-1)).view(t, n, -1), k_frames)
     scores = scores.index_copy(0, frames.reshape(-1), score.reshape(-1))
     keep = torch.sort(torch.cat([frames[kept], free])).values
     return Selection.from_order(keep, scores, extras={"frame_tokens": per_frame})
