@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ._registry import register_pruner
 from .selection import Selection
-from .video import frame_slots
+from .video import NotApplicable, frame_slots
 
 ALPHAS = (0.125, 0.25, 0.5, 1.0, 2.0)  # release: [2**k for k in range(-3, 2)]
 TEMPERATURE = 0.01  # release: compute_scales(temp=0.01)
@@ -96,10 +96,11 @@ def vidcom2_keep(x: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def video_frames(frame_index: torch.Tensor | None, n_v: int, device: torch.device, method: str):
-    """(frames (T, n), free (M,)): `video.frame_slots`, ValueError naming `method` on an input of one frame."""
+    """(frames (T, n), free (M,)): `video.frame_slots`; `video.NotApplicable` (a ValueError) naming `method` on
+    an input of one frame, which the app shows in that method's panel alone."""
     table = frame_slots(frame_index, n_v, device)
     if table.count < 2:
-        raise ValueError(f"{method} shares its budget over a video's frames: this input has 1 frame (an image or a "
+        raise NotApplicable(f"{method} shares its budget over a video's frames: this input has 1 frame (an image or a "
                          "1-frame video; Qwen makes one token-frame of 2 sampled frames); give it a video of more "
                          "frames, or choose an image method")
     return table.index, table.outside
