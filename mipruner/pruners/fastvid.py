@@ -46,7 +46,8 @@ needs T >= c); fewer than 4 tokens: the nearest available; C = 0: no anchors (th
 anchors clamped to a frame's tokens; zero rows normalise to zero (no NaN); computed in float32, returned in
 `visual`'s dtype. The release's Qwen2.5-VL port
 is a different, sequential variant (sub-segments by `DySeg_ignore`, segment-level budgets), not this one.
-Cost: O(T (n - S)^2 d) for the distances; one host read of the segment boundaries.
+Cost: O(T (n - S)^2 d) for the distances; one host read of the segment boundaries (data-dependent shapes: it
+always runs eagerly, `Capturable(when=...)` never true).
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ import torch
 
 from ._registry import Param, register_pruner
 from .attention import attention_scores
+from .capture import Capturable
 from .selection import Selection, top_indices, unit_rows
 from .vidcom2 import video_frames
 
@@ -112,6 +114,7 @@ def _top(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 @register_pruner("fastvid", stage="vision", needs=("attention",), adaptive=True, video=True, label="FastVID (video)",
+                 capture=Capturable(when=lambda n_v, params: False),  # its segments are read on the host: eager
                  score_label="attention share", params=(
     Param.integer("segments", 8, 1, None, "DySeg c: at least c segments (the c - 1 least similar frame pairs cut)"),
     Param.real("segment_tau", 0.9, -1.0, 1.0, "DySeg tau: cut where consecutive frames' cosine is below it",

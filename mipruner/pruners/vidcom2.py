@@ -34,7 +34,9 @@ video) or frames of different sizes get a sentence (ValueError), as every video 
 Deliberate deviations: the exact count above; ties broken to the lower index (stable sorts: the release's
 `torch.topk` leaves ties to the kernel); computed in float32 whatever the input dtype. LLaVA-Video's
 row-newline mapping (`_map_grid_vid`) has no family here; every family's frames come from its geometry.
-Cost: O(T n d) for the scores, O(T n log n) for the per-frame ranking; the frame table is memoized per frame_index.
+Cost: O(T n d) for the scores, O(T n log n) for the per-frame ranking; the frame table is laid out on the host
+once per frame_index (`video.frame_slots`), the rest is device work with fixed shapes: one capturable computation
+(`Capturable(static=("frame_index",))`, a CUDA graph on CUDA; not batched: it ranks in place).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ._registry import register_pruner
+from .capture import Capturable
 from .selection import Selection
 from .video import NotApplicable, frame_slots
 
@@ -79,7 +82,8 @@ def frame_counts(uniqueness: torch.Tensor, ratio: float, n: int) -> torch.Tensor
 
 
 def vidcom2_keep(x: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kept (T, n) bool, score (T, n), kept per frame (T,)) for `budget` of the T n tokens of x (T, n, d)."""
+    """(chosen (K_f,) flat indices into the T n tokens, score (T, n), kept per frame (T,)) for `budget` of the
+    T n tokens of x (T, n, d); fixed shapes, no host sync."""
     t, n, _ = x.shape
     score, uniq = vidcom2_scores(x)
     counts = frame_counts(uniq, budget / (t * n), n)  # (T,)
@@ -91,8 +95,8 @@ def vidcom2_keep(x: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tens
     by_score = torch.sort(flat, stable=True).indices  # most distinct first
     first = torch.sort((~released.reshape(-1)[by_score]).to(torch.int8), stable=True).indices  # survivors first
     chosen = by_score[first[:budget]]  # (K_f,) exact count (see the module docstring)
-    kept = torch.zeros(t * n, dtype=torch.bool, device=x.device).index_fill(0, chosen, True).view(t, n)
-    return kept, score, kept.sum(dim=1)
+    kept = torch.zeros(t * n, dtype=torch.long, device=x.device).index_fill(0, chosen, 1).view(t, n)
+    return chosen, score, kept.sum(dim=1)
 
 
 def video_frames(frame_index: torch.Tensor | None, n_v: int, device: torch.device, method: str):
@@ -107,6 +111,7 @@ def video_frames(frame_index: torch.Tensor | None, n_v: int, device: torch.devic
 
 
 @register_pruner("vidcom2", stage="projector", video=True, label="VidCom2 (video)",
+                 capture=Capturable(static=("frame_index",), batch=False),
                  score_label="similarity to the video and frame centres (lowest kept)")
 def vidcom2_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                    frame_index: torch.Tensor | None = None) -> Selection:
@@ -120,9 +125,9 @@ def vidcom2_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     k_frames = budget - free.numel()
     if k_frames <= 0:  # the budget does not reach the frames: the first K tokens of no frame
         return Selection.from_order(free[:budget], scores, extras={"frame_tokens": frames.new_zeros(t)})
-    kept, score, per_frame = vidcom2_keep(visual.index_select(0, frames.reshape(-1)).view(t, n, -1), k_frames)
+    chosen, score, per_frame = vidcom2_keep(visual.index_select(0, frames.reshape(-1)).view(t, n, -1), k_frames)
     scores = scores.index_copy(0, frames.reshape(-1), score.reshape(-1))
-    keep = torch.sort(torch.cat([frames[kept], free])).values
+    keep = torch.sort(torch.cat([frames.reshape(-1)[chosen], free])).values
     return Selection.from_order(keep, scores, extras={"frame_tokens": per_frame})
 
 
