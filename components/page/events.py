@@ -32,6 +32,15 @@ AFTER_IMAGES_JS = """async () => {
 }"""
 
 
+# Runs in the page when Run is pressed: the results area (its status line first, where the encode's
+# progress shows; the panels under it) scrolled to the top of the screen. On a phone the results come
+# after the inputs and the examples, a screen or two below Run.
+SHOW_RESULTS_JS = """() => {
+  const top = document.querySelector('#status');
+  if (top) top.scrollIntoView({block: 'start'});
+}"""
+
+
 def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
@@ -184,6 +193,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     enc_ins = [state, *inp.encode_inputs(), ctl.box]
     enc = inp.run.click(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
+    for trigger in (inp.run.click, inp.prompt.submit):
+        trigger(None, None, None, js=SHOW_RESULTS_JS, queue=False, show_progress="hidden", **private)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
     for ev in (enc, sub):  # a video gets the frame selector (an image hides it), then the panels
         ev.then(H.frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
