@@ -46,6 +46,7 @@ class UIState:
     n_visual: int = 0
     n_layers: int = 0  # decoder layers of the model (FastV / DART's K is at most this)
     n_frames: int = 0  # frames of the encoding on screen (a video's: the page's frame selector)
+    lam_auto: float | None = None  # the lam MI-Pruner's lam_rule "auto" applies to this encoding's prompt
     noted: bool = False  # the start-up notes (the fallback sentence) were shown to this session once
 
 
@@ -210,6 +211,7 @@ class AppLogic:
         state.model, state.key = engine.model_name, key
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
         state.n_layers = engine.adapter.n_layers
+        state.lam_auto = self._lam_auto(engine, state)
         frames = len(enc.geometry.sizes)
         state.n_frames = frames if enc.is_video else 0
         what = f"{frames} frame{'s' * (frames != 1)}" if enc.is_video else "1 image"
@@ -223,6 +225,18 @@ class AppLogic:
         notes = "" if state.noted else self.notes  # once per session: the page's status line keeps saying it
         state.noted = True
         return state, " ".join(p for p in (note, status, crop_note(enc), warning, notes, warm) if p)
+
+    @staticmethod
+    def _lam_auto(engine, state: UIState) -> float | None:
+        """The lam that lam_rule "auto" applies to the encoding on screen (it follows the prompt alone), as
+        MI-Pruner's selection reports it (`extras["lam"]`); None when MI-Pruner has no lam_rule or fails here.
+        A one-token selection: MI's normalisers are cached per encoding, so the first view reuses them."""
+        mi = next((s for s in method_specs() if s.name == "mi"), None)
+        if mi is None or not {"lam", "lam_rule"} <= set(mi.param_names):
+            return None
+        sel, _ = engine.try_prune(state.session, state.key, "mi", 1, lam_rule="auto")
+        lam = None if sel is None else sel.extras.get("lam")
+        return None if lam is None else float(lam)
 
     def frame_box(self, state: UIState, frame: int) -> tuple[int, int, int, int]:
         """(x0, y0, x1, y1) of a video's frame in the panels' strip."""

@@ -12,8 +12,6 @@ import inspect
 
 import gradio as gr
 
-from mipruner.engine import parameters
-
 from ..core.logic import AppLogic, UserError
 from ..core.panel_files import prepared
 from . import controls as C
@@ -79,17 +77,26 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     n_ctl = len(names)
     progress_param = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()),)
     layer_ctls = [ctl.params[n] for n in H.layer_names]
+    lam_ctl = ctl.params.get("lam") if "lam_rule" in ctl.params else None
     enc_names = ENCODE_FIELDS  # the API's names of encode_inputs()
     guard_inputs({**dict(zip(enc_names, inp.encode_inputs())),
                   **dict(zip(names, inputs)), "auto": act.auto, "max_new_tokens": act.max_new,
                   "settings": act.settings, "x": res.px, "y": res.py})
 
+    def encoded(st, rest):
+        media, vals, progress = Media.of(*rest[:6]), controls_of(rest[6:6 + n_ctl]), rest[6 + n_ctl]
+        with _shown():
+            return H.encode(st, media, vals, progress)
+
     @plain_errors("encoding")
     @named("state", *enc_names, *names, extra=progress_param)
     def on_encode(st, *rest):
-        media, vals, progress = Media.of(*rest[:6]), controls_of(rest[6:6 + n_ctl]), rest[6 + n_ctl]
-        with _shown():
-            return H.encode(st, media, vals, progress).outputs()
+        return encoded(st, rest).outputs()
+
+    @plain_errors("encoding")
+    @named("state", *enc_names, *names, extra=progress_param)
+    def on_page_encode(st, *rest):  # also the lam slider's value under "auto", and the old clicks forgotten
+        return encoded(st, rest).page_outputs(lam=lam_ctl is not None)
 
     @plain_errors("drawing the panels")
     @named("state", *names)
@@ -189,10 +196,13 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     encoding = dict(concurrency_id="encode", concurrency_limit=1)
     answering = dict(concurrency_id="generate", concurrency_limit=1)
 
-    page_encode = boxed(on_encode, enc_names, extra=progress_param)
+    page_encode = boxed(on_page_encode, enc_names, extra=progress_param)
     enc_ins = [state, *inp.encode_inputs(), ctl.box]
-    enc = inp.run.click(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
-    sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
+    page_enc_outs = [*enc_outs, *([lam_ctl] if lam_ctl is not None else []), *[p.patch for p in res.panels], res.px,
+                     res.py, res.patch_tokens, res.patch_info]
+    enc = inp.run.click(page_encode, enc_ins, page_enc_outs, show_progress_on=[res.status], **encoding, **private)
+    sub = inp.prompt.submit(page_encode, enc_ins, page_enc_outs, show_progress_on=[res.status], **encoding,
+                            **private)
     for trigger in (inp.run.click, inp.prompt.submit):
         trigger(None, None, None, js=SHOW_RESULTS_JS, queue=False, show_progress="hidden", **private)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
@@ -218,11 +228,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # the user's unit switch resets the budget's range; Apply sets unit and budget together (no reset)
     ctl.unit.input(H.unit, [state, ctl.unit], [ctl.budget], show_progress_on=[act.settings], **private)
     res.tokens.select(on_token, [state], ctl.heat, show_progress_on=[act.settings], **private)
-    if "lam" in ctl.params and "lam_rule" in ctl.params:  # the lam slider is disabled while lam_rule is auto
-        params = parameters()
-        ctl.params["lam_rule"].change(lambda rule: gr.update(**C.lam_props(params["lam"], rule)),
-                                      ctl.params["lam_rule"], ctl.params["lam"], queue=False, show_progress="hidden",
-                                      **private)
+    if lam_ctl is not None:  # the lam slider is disabled while lam_rule is auto, showing the value auto applies
+        ctl.params["lam_rule"].change(H.lam_rule, [state, ctl.params["lam_rule"]], lam_ctl, queue=False,
+                                      show_progress="hidden", **private)
     page_inspect = boxed(on_inspect, after=("x", "y"))
     inspect_outs = [res.patch_tokens, res.patch_info]
     for p in res.panels:  # a clicked patch's PMI shows under the panel clicked (and in the Inspect section)

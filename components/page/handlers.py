@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from mipruner.engine import parameters
+
 from ..core.logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
 from ..core.messages import plain
 from ..core.settings import Settings
@@ -77,9 +79,19 @@ class Encoded:
     budget: dict  # the budget slider's update (range of the new encoding's unit and size)
     heat: dict  # the heatmap token's update (-1 when the old one is out of the new prompt's range)
     layers: list = field(default_factory=list)  # one update per decoder-layer control (the model's depth)
+    # the page's only (not /encode's): the lam slider shown at the value lam_rule "auto" applies to the new
+    # prompt (an empty update when lam_rule is fixed), and what the last encoding's clicks left: every
+    # panel's clicked-patch box hidden, the Inspect section's x, y, PMI and patch emptied
+    lam: dict = field(default_factory=dict)
+    stale: list = field(default_factory=list)
 
     def outputs(self) -> tuple:
         return (self.state, self.status, self.tokens, self.budget, self.heat, *self.layers)
+
+    def page_outputs(self, *, lam: bool = True) -> tuple:
+        """The page's encode event: /encode's outputs, then lam's update (lam: when the page has the slider)
+        and the cleared leftovers (`stale`)."""
+        return (*self.outputs(), *([self.lam] if lam else []), *self.stale)
 
 
 @dataclass
@@ -159,9 +171,19 @@ class Handlers:
         heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
         layers = ([gr.update(maximum=st.n_layers, value=min(int(vals[n] or 1), st.n_layers))
                    for n in self.layer_names] if st.n_layers else [gr.update() for _ in self.layer_names])
+        auto = st.lam_auto is not None and str(vals.get("lam_rule")) == "auto"
         return Encoded(st, msg, token_chips(st.tokens, heat),
                        C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
-                       layers)
+                       layers, gr.update(value=st.lam_auto) if auto else gr.update(), P.cleared_patches())
+
+    @staticmethod
+    def lam_rule(st, rule) -> dict:
+        """The lam slider under a lam rule: disabled under "auto" and showing the value it applies to the
+        prompt on screen (once something is encoded); live under "fixed" at the value it shows."""
+        props = C.lam_props(parameters()["lam"], rule)
+        if str(rule) == "auto" and isinstance(st, UIState) and st.lam_auto is not None:
+            props["value"] = st.lam_auto
+        return gr.update(**props)
 
     def view(self, st, vals: dict, frame=0) -> View:
         """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames);

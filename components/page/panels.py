@@ -81,6 +81,12 @@ def patch_beside(tokens, x, y):
     return gr.update(visible=True, value=tokens, label=f"clicked patch{where}: its PMI with each prompt token")
 
 
+def cleared_patches() -> list:
+    """Updates that forget the last clicks (a new encoding: its patches are not the old picture's): every
+    panel's clicked-patch box hidden and emptied, then the Inspect section's x, y, PMI and patch info emptied."""
+    return [gr.update(visible=False, value=None) for _ in range(MAX_PANELS)] + [None] * 4
+
+
 def legend_html(legend: list[tuple[str, str]] | None) -> str:
     if not legend:
         return ""
@@ -206,5 +212,5 @@ def reference_md(ans: dict | None) -> str:
             + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · {timing_line(ans)}")
 
 
-__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",
+__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field", "legend_html",
            "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]
