@@ -8,6 +8,7 @@ injects gr.Progress positionally, as the last argument.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 import gradio as gr
@@ -50,6 +51,25 @@ def _shown():
         yield
     except UserError as e:
         _error(e)
+
+
+_END = object()
+
+
+def streamed(doing: str):
+    """`plain_errors` for a generator handler (an event whose outputs stream): every step's error as the page's
+    sentence."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            steps = fn(*args, **kwargs)  # a generator: nothing runs before the first step
+            step = plain_errors(doing)(lambda: next(steps, _END))
+            while (out := step()) is not _END:
+                yield out
+
+        return handler
+
+    return wrap
 
 
 def named(*names: str, extra: tuple = ()):
@@ -121,16 +141,23 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         with _shown():
             return H.generate(st, controls_of(rest[:n_ctl]), rest[n_ctl], rest[n_ctl + 1]).outputs()
 
-    @plain_errors("answering")
-    @named("state", "shown", "controls", "max_new_tokens", extra=progress_param)
-    def on_auto(st, shown, box, max_new, progress):
-        """Answers after a view that asked for them (its panels are shown: bare values, no prop
+    @streamed("answering")
+    @named("state", "controls", "max_new_tokens")
+    def on_page_generate(st, box, max_new):
+        """The page's Generate: the answers as they come (`Handlers.stream`)."""
+        for answers in H.stream(st, controls_of(C.unbox(box)), max_new):
+            yield answers.outputs()
+
+    @streamed("answering")
+    @named("state", "shown", "controls", "max_new_tokens")
+    def on_auto(st, shown, box, max_new):
+        """Answers after a view that asked for them, as they come (its panels are shown: bare values, no prop
         updates), and the view's raw data."""
         if not H.encoded(st):
-            return (*H.no_answers().outputs(), None)
-        vals = controls_of(C.unbox(box))
-        with _shown():
-            return (*H.generate(st, vals, max_new, progress, bare=True).outputs(), (shown or {}).get("summary"))
+            yield (*H.no_answers().outputs(), None)
+            return
+        for answers in H.stream(st, controls_of(C.unbox(box)), max_new, bare=True):
+            yield (*answers.outputs(), (shown or {}).get("summary"))
 
     @plain_errors("inspecting the patch")
     @named("state", *names, "x", "y")
@@ -211,8 +238,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
             on_live, live_ins, live_outs, **live)
     res.frame.change(on_live, live_ins, live_outs, **live)
     api["view"].click(on_view, [state, *inputs], view_outs, api_name="view")
-    act.generate.click(boxed(on_generate, after=("max_new_tokens",), extra=progress_param), [state, ctl.box, act.max_new],
-                       gen_outs, **answering, **private)
+    act.generate.click(on_page_generate, [state, ctl.box, act.max_new], gen_outs, show_progress_on=[res.reference],
+                       **answering, **private)
     api["generate"].click(on_generate, [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
     for c in ctl.inputs():  # the page's own copy of the controls, rewritten in the page (no server call)
         c.change(None, ctl.inputs(), ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)

@@ -9,8 +9,11 @@ The outputs that change a widget's properties are `gr.update` dicts (`controls.b
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
@@ -145,6 +148,24 @@ def _no_progress(*args, **kwargs) -> None:
     return None
 
 
+def waiting(fn: Callable, progress: Callable | None, doing: str, estimate: float | None, every: float = 0.5):
+    """fn() (its value or its error), telling `progress` every `every` s while it runs (in a thread of its own):
+    the seconds so far, as a share of `estimate` (what the last such call took here) when there is one.
+    progress None: fn() in this thread."""
+    if progress is None:
+        return fn()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as pool:
+        job = pool.submit(fn)
+        while True:
+            try:
+                return job.result(timeout=every)
+            except FutureTimeout:
+                s = time.perf_counter() - t0
+                last = f" (the last one here took {estimate:.0f} s)" if estimate else ""
+                progress(min(s / estimate, 0.99) if estimate else None, desc=f"{doing}: {s:.0f} s{last}")
+
+
 class Handlers:
     """The page's handlers around one `AppLogic` (shared by all sessions; no user state here)."""
 
@@ -162,10 +183,12 @@ class Handlers:
     def encode(self, st, media: Media, vals: dict, progress: Callable = _no_progress) -> Encoded:
         """Run the vision tower and embed the prompt; the budget, heat and layer controls follow the encoding."""
         name = media.model_name
-        progress(0.1, desc=f"loading {name}" if name not in self.logic.hub.loaded else
-                 "encoding (vision tower + prompt)")
-        st, msg = self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
-                                    text_mode=vals["text_mode"])
+        doing = f"loading {name}" if name not in self.logic.hub.loaded else "encoding (vision tower + prompt)"
+        progress(0.1, desc=doing)
+        st, msg = waiting(lambda: self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
+                                                    text_mode=vals["text_mode"]),
+                          None if self.logic.gpu is not None or progress is _no_progress else progress, doing,
+                          self.logic.encode_s.get(name or self.logic.hub.default))
         progress(1.0, desc="encoded")
         unit, budget, heat = vals["unit"], vals["budget"], vals["heat"]
         heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
@@ -211,6 +234,16 @@ class Handlers:
         ans = self.logic.generate(st, s, int(max_new_tokens or self.logic.max_new_tokens), progress=progress)
         return Answers(P.answer_updates(list(s.methods), ans, self.hint, bare=bare), P.reference_md(ans["reference"]),
                        ans)
+
+    def stream(self, st, vals: dict, max_new_tokens=None, *, bare: bool = False) -> Iterator[Answers]:
+        """`generate`'s answers as they come (on a CPU: the pruned ones first, the unpruned last, each one's
+        text while it decodes; `AppLogic.stream_answers`): one Answers after every change."""
+        s = self.settings(st, vals)
+        methods = list(s.methods)
+        for rec in self.logic.stream_answers(st, s, int(max_new_tokens or self.logic.max_new_tokens)):
+            ans = rec.as_dict()
+            yield Answers(P.answer_updates(methods, ans, self.hint, bare=bare, partial=rec.partial),
+                          P.reference_md(ans["reference"], rec.partial.get(None)), ans)
 
     @staticmethod
     def encoded(st) -> bool:
