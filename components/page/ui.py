@@ -17,6 +17,7 @@ import os
 import gradio as gr
 
 from ..core.logic import AppLogic
+from ..core.sweep_queue import SweepLimits
 from . import controls as C
 from .events import wire
 from .inputs import build_inputs
@@ -35,8 +36,9 @@ the *pivot word* of every patch: the prompt token it is most related to."""
 CONTROLS_HINT = "**Controls**: scroll this sheet down for every control, the page above it for the panels."
 
 
-def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
-    """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State)."""
+def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: SweepLimits | None = None) -> gr.Blocks:
+    """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State). sweep_limits: the
+    bounds on a visitor's sweep (`SweepLimits.for_server`: small and timed when hosted; default: local)."""
     # delete_cache: files Gradio wrote for this app (panel images, downloads) older than 2 h go, hourly
     with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200)) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
@@ -52,7 +54,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
             with gr.Column(elem_id="results-col"):
                 res = build_results()
         wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
-        build_sweep(logic, state, inp, ctl)
+        build_sweep(logic, state, inp, ctl, sweep_limits)
     return demo
 
 
