@@ -21,7 +21,7 @@ from ..core.logic import UserError
 from ..core.sweep_queue import Pace, SweepLimits, SweepQueue
 from ..hosting.spaces_gpu import on_zero_gpu
 from . import controls as C
-from .events import named
+from .calls import named
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",
