@@ -19,6 +19,7 @@ from PIL import Image
 
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, resolve_block
+from ..pruners.video import token_frames
 
 
 @dataclass
@@ -166,6 +167,12 @@ class Encoded:
     def grid(self) -> torch.Tensor:
         """(N_V, 3) (view, row, col) of each visual token (`TokenGeometry.grid`), the `grid=` input of `pool`."""
         return self.geometry.grid()
+
+    @functools.cached_property
+    def frame_index(self) -> torch.Tensor:
+        """(N_V,) int64 frame of each visual token, -1 for row newlines (`pruners.video.token_frames`), the
+        `frame_index=` input of the video methods and of the per-frame option."""
+        return token_frames(self.geometry.frame, self.geometry.kind)
 
     @functools.cached_property
     def scoring_tokens(self) -> list[str]:

@@ -53,7 +53,7 @@ from .signals import SIGNAL_INPUTS, Signals, check_layer
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
-INPUTS = ("attention", "keys", "attention_heads", "features", "cls", "grid", "cache")
+INPUTS = ("attention", "keys", "attention_heads", "features", "cls", "grid", "frame_index", "cache")
 
 
 @dataclass(frozen=True)
