@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 
 from . import viz
-from .viz_layout import NO_BOX_KINDS, Layout, build_layout
+from .pruners import video as pv
+from .viz_layout import Layout, build_layout
 
 GRID_COLUMNS = 2  # frames a row on the page (see the module docstring)
 MIN_FRAME_PX = 224  # smaller frames are upscaled in the grid, so a frame is never drawn under ~160 px
@@ -125,26 +126,15 @@ def timeline(encoded, selection, *, width: int = 480, height: int = 140) -> Imag
 
 
 def temporal_dissimilarity(encoded) -> torch.Tensor:
-    """(N_V,) float32: for a token of frame t >= 1, 1 - cos(x[t], x[t-1]) with the token at the same grid
-    position (row, col) of frame t-1 (EVS's score, arXiv 2510.14624); NaN for frame 0, for tokens with no
-    box ("newline") and where frame t-1 has no token at that position."""
-    geo = encoded.geometry
-    v = encoded.visual  # (N_V, d)
-    dev = v.device
-    frame, row, col = (t.to(device=dev, dtype=torch.int64) for t in (geo.frame, geo.row, geo.col))
-    boxed = torch.tensor([k not in NO_BOX_KINDS for k in geo.kind], dtype=torch.bool, device=dev)  # (N_V,)
-    n = frame.numel()
-    if n == 0:
-        return torch.zeros(0, dtype=torch.float32, device=dev)
-    shape = (len(geo.grids), max(r for r, _ in geo.grids), max(c for _, c in geo.grids))  # no device sync
-    where = torch.full(shape, -1, dtype=torch.int64, device=dev)  # (F, R, C) token index at each position
-    idx = torch.arange(n, device=dev)
-    where[frame[boxed], row[boxed], col[boxed]] = idx[boxed]
-    prev = where[(frame - 1).clamp(min=0), row, col]  # (N_V,) token of frame t-1 at the same place
-    ok = boxed & (frame > 0) & (prev >= 0)
-    x = torch.nn.functional.normalize(v.to(torch.float32), dim=-1)  # (N_V, d)
-    cos = (x * x[prev.clamp(min=0)]).sum(-1)  # (N_V,)
-    return torch.where(ok, 1.0 - cos, torch.full_like(cos, float("nan")))
+    """(N_V,) float32: for a token of frame t >= 1, 1 - cos(x[t], x[t-1]) with the token in the same slot of
+    frame t-1 (EVS's score, arXiv 2510.14624; `mipruner.pruners.video.dissimilarity`, whose slots are the
+    frame's grid positions); NaN for frame 0 (no previous frame: EVS keeps it) and tokens of no frame
+    (row newlines). ValueError when the frames have different numbers of tokens."""
+    frames = pv.frame_slots(encoded.frame_index.to(encoded.visual.device), encoded.n_visual)
+    d = pv.dissimilarity(encoded.visual, frames)  # (T, P)
+    out = torch.full((frames.n,), float("nan"), dtype=torch.float32, device=d.device)  # (N_V,)
+    out[frames.index[1:].reshape(-1)] = d[1:].reshape(-1)
+    return out
 
 
 def dissimilarity_heatmap(encoded, values=None, frame: int | None = None, *, layout: Layout | None = None,
