@@ -170,9 +170,11 @@ class Encoded:
 
     @functools.cached_property
     def frame_index(self) -> torch.Tensor:
-        """(N_V,) int64 frame of each visual token, -1 for row newlines (`pruners.video.token_frames`), the
-        `frame_index=` input of the video methods and of the per-frame option."""
-        return token_frames(self.geometry.frame, self.geometry.kind)
+        """(N_V,) int64 video frame of each visual token, -1 for row newlines (`pruners.video.token_frames`), the
+        `frame_index=` input of the video methods and of the per-frame option. Not a video (an image, whose
+        views the geometry may number as frames, or several images): one frame, 0."""
+        frame = self.geometry.frame
+        return token_frames(frame if self.is_video else torch.zeros_like(frame), self.geometry.kind)
 
     @functools.cached_property
     def scoring_tokens(self) -> list[str]:

@@ -18,6 +18,11 @@ Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
   None when they carry no meaning (Random's are random draws), so nothing should colour by them.
 - `inputs`: the encoding-derived keywords its function takes (attention, keys, ..., cache), read from
   its signature once, here at registration, so no call inspects a signature again.
+- `video`: it selects along time (EVS): it reads `frame_index` and needs a video of two frames or more (on
+  anything else it raises a sentence); it has no per-frame option, since it shares its budget over time itself;
+- `per_frame`: every other pre-LLM method gets the shared `PER_FRAME` Param (`per_frame.py`): "off", or the
+  budget split over the frames ("even", or by "uniqueness": EVS's mean dissimilarity per frame) and the method
+  run on each frame alone, the keeps joined. It is consumed by `run_pre_llm`, never passed to the function;
 - `capture`: whether (and under which conditions) its selection is one capturable computation, a
   `capture.Capturable` it declares itself (None: it always runs eagerly); on CUDA `prune` then replays it
   as a CUDA graph, and `batched.prune_batch` runs B equal-shape inputs as one call when it allows that.
@@ -46,6 +51,7 @@ from ._table import METHODS
 from . import capture as capture_rules  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
 from .signals import SIGNAL_INPUTS, Signals, check_layer
+from . import per_frame as frame_split
 
 # name -> MethodSpec (`_table.py`). `mipruner.plugins` adds its lazy discovery of installed plug-ins as a
 # first-use hook, so they register after the built-ins and only when needed.
@@ -61,7 +67,7 @@ class Param:
     """One method parameter: its default, its range (numbers) or choices (strings), a one-line doc.
 
     kind: "float", "int" or "choice". low/high bound numbers (None: unbounded); low_open excludes
-    `low`. code: its key in the app's settings string (default: the name). step: the UI's slider step.
+    `low`, high_open excludes `high` (EVS's rate in [0, 1)). code: its key in the app's settings string (default: the name). step: the UI's slider step.
     """
 
     name: str
@@ -72,6 +78,7 @@ class Param:
     high: float | None = None
     low_open: bool = False
     choices: tuple = ()
+    high_open: bool = False
     code: str = ""
     step: float | None = None
 
@@ -101,11 +108,12 @@ class Param:
             if math.isnan(value):
                 raise ValueError(f"{self.name} must be a number, got nan")
         lo_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        hi_ok = self.high is None or value <= self.high
+        hi_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
         if not (lo_ok and hi_ok and (self.kind == "int" or math.isfinite(value))):
             lo = "-inf" if self.low is None else self.low
             hi = "inf" if self.high is None else self.high
-            raise ValueError(f"{self.name} must be in {'(' if self.low_open else '['}{lo}, {hi}], got {value}")
+            raise ValueError(f"{self.name} must be in {'(' if self.low_open else '['}{lo}, {hi}"
+                             f"{')' if self.high_open else ']'}, got {value}")
         return value
 
     @classmethod
@@ -140,6 +148,18 @@ class MethodSpec:
     inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
     encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
     capture: capture_rules.Capturable | None = None  # its own capture conditions (`capture.py`); None: always eager
+    video: bool = False  # selects along time (reads frame_index, needs 2+ frames); no per-frame option
+
+    @property
+    def per_frame(self) -> bool:
+        """Whether it has the per-frame option (`PER_FRAME`: every pre-LLM method but the video ones)."""
+        return any(p is PER_FRAME or p.name == PER_FRAME.name for p in self.params)
+
+    @property
+    def accepts(self) -> tuple[str, ...]:
+        """The encoding inputs it accepts: those its function takes, and `frame_index` for the per-frame option."""
+        extra = ("frame_index",) if self.per_frame and "frame_index" not in self.inputs else ()
+        return (*self.inputs, *extra)
 
     @property
     def needs_text(self) -> bool:
@@ -185,7 +205,8 @@ class MethodSpec:
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
                     answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False,
-                    encoder_layer: int | None = None, capture: "capture_rules.Capturable | None" = None):
+                    encoder_layer: int | None = None, capture: "capture_rules.Capturable | None" = None,
+                    video: bool = False):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
@@ -201,6 +222,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
     capture: a `capture.Capturable` when the selection is one capturable computation (no host sync, no
     data-dependent Python control flow) under its stated conditions: on CUDA it is then replayed as a CUDA
     graph, and with `batch` B equal-shape inputs run as one batched call (`batched.prune_batch`).
+    video: it selects along time (module docstring): it must take `frame_index`, and gets no per-frame option.
+    Every other pre-LLM method gets the `PER_FRAME` Param appended to its params (its function never sees it).
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -217,6 +240,11 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         if stage == "llm" and answer is None:
             raise ValueError(f"{name!r}: an in-LLM method needs answer=")
         sig = inspect.signature(fn)
+        if PER_FRAME.name in sig.parameters or any(p.name == PER_FRAME.name for p in params):
+            raise ValueError(f"{name!r}: {PER_FRAME.name!r} is the registry's per-frame option of every pre-LLM method, "
+                             "not a parameter of its own")
+        if video and (stage == "llm" or "frame_index" not in sig.parameters):
+            raise ValueError(f"{name!r}: video=True is for a pre-LLM method that takes frame_index=")
         positional = ("adapter", "encoded", "budget") if stage == "llm" else ("visual", "text", "budget")
         declared = {p.name: p for p in params}
         for k, p in sig.parameters.items():
@@ -241,9 +269,11 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
             raise ValueError(f"{name!r}: encoder_layer={layer} names the block of its attention/keys, but it reads "
                              "neither (name them in needs= or take them as keywords)")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
+        full = tuple(params) + ((PER_FRAME,) if stage != "llm" and not video else ())
+        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), full, label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label,
-                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture))
+                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture,
+                                          video=video))
         return fn
 
     return deco
@@ -288,10 +318,10 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
     if spec.stage == "llm":
         raise ValueError(f"{name!r} selects inside the LLM: use mipruner.select(adapter, encoded, {name!r}, budget)")
     inputs = {k: v for k, v in params.items() if k in INPUTS}
-    bad_inputs = sorted(k for k in inputs if k not in spec.inputs)
+    bad_inputs = sorted(k for k in inputs if k not in spec.accepts)
     if bad_inputs:
         raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {bad_inputs}; "
-                        f"{name!r} accepts {sorted((*spec.inputs, *spec.param_names))}")
+                        f"{name!r} accepts {sorted((*spec.accepts, *spec.param_names))}")
     kw = spec.bind({k: v for k, v in params.items() if k not in INPUTS})
     return run_pre_llm(spec, visual, text, budget, inputs, kw)
 
@@ -304,7 +334,18 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     check_tensors(spec, visual, text)
     n_v = visual.shape[0]
     k = resolve_budget(budget, n_v)
-    sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
+    split = kw.get(PER_FRAME.name, "off")
+    kw = {n: v for n, v in kw.items() if n != PER_FRAME.name}
+    if split != "off":  # each frame alone, its share of the budget (`per_frame.py`)
+        def one_frame(v: torch.Tensor, kk: int, inp: dict) -> Selection:
+            part = capture_rules.run(spec, kk, dict(visual=v, text=text, **inp), kw)
+            if spec.origin:  # a plug-in's selection of each frame is checked before it is joined
+                check_plugin_selection(spec, part, v.shape[0], kk, v.device)
+            return part
+        sel = frame_split.run(one_frame, visual, k, inputs, split, own=spec.inputs)
+    else:
+        sel = capture_rules.run(spec, k, dict(visual=visual, text=text,
+                                              **{n: v for n, v in inputs.items() if n in spec.inputs}), kw)
     if spec.origin:  # a plug-in's selection is checked before anything reads it
         check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = spec.name
@@ -352,5 +393,11 @@ def check_plugin_selection(spec: "MethodSpec", sel: Any, n: int, k: int, device:
     if bad:
         raise ContractError(spec, bad[0])
 
+
+PER_FRAME = Param.choice(
+    "per_frame", "off", frame_split.SPLITS,
+    "per-frame budgets on a video: off (one flat set of tokens), even (the budget shared evenly over the frames) "
+    "or uniqueness (by each frame's mean dissimilarity to the previous one, EVS's); the method then runs on "
+    "each frame alone")
 
 PrunerSpec = MethodSpec  # its public name (`mipruner.PrunerSpec`), kept for code written against it

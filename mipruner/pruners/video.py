@@ -18,16 +18,22 @@ method (`per_frame.py`).
     split_budget: K tokens over frames, in proportion to weights (their sizes: "even"; their mean
         dissimilarity: "uniqueness"), none above its size, largest remainder with ties to the earlier frame.
 
-The frame table is host metadata (the geometry lives on the host): it is read once per call, never per token.
+The frame table is host metadata (the geometry lives on the host): it is laid out on the host once per (frame_index
+content, N_V, device) and memoized on the device (as `pool`'s cells), so a call afterwards (a CUDA-graph replay
+included) is device work only; callers never write into its tensors.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .capture import content_key
 
 OUTSIDE = -1  # the frame_index of a token in no frame's grid
 
@@ -60,18 +66,40 @@ class Frames:
         return int(self.index.shape[1])
 
 
+# (frame_index content, N_V, device) -> Frames; bounded (least recently used dropped)
+_TABLES: "OrderedDict[tuple, Frames]" = OrderedDict()
+MAX_TABLES = 64
+_LOCK = threading.Lock()
+
+
 def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device | str | None = None) -> Frames:
     """The `Frames` of `n` visual tokens from their `frame_index` (None: one frame of every token), on
-    `device` (default: frame_index's). ValueError, naming the field, when frame_index is not (n,) integers
-    >= -1 or when the frames have different numbers of tokens (frames of different sizes)."""
+    `device` (default: frame_index's), memoized (module docstring). ValueError, naming the field, when
+    frame_index is not (n,) integers >= -1 or when the frames have different numbers of tokens (frames of
+    different sizes)."""
+    dev = torch.device(device) if device is not None else (
+        frame_index.device if isinstance(frame_index, torch.Tensor) else torch.device("cpu"))
+    key = (content_key(frame_index) if isinstance(frame_index, torch.Tensor) else None, n, str(dev))
+    with _LOCK:
+        hit = _TABLES.get(key)
+        if hit is not None:
+            _TABLES.move_to_end(key)
+            return hit
+    out = _frame_slots(frame_index, n, dev)
+    with _LOCK:
+        _TABLES[key] = out
+        while len(_TABLES) > MAX_TABLES:
+            _TABLES.popitem(last=False)
+    return out
+
+
+def _frame_slots(frame_index: torch.Tensor | None, n: int, dev: torch.device) -> Frames:
     if frame_index is None:
-        dev = torch.device("cpu") if device is None else torch.device(device)
         return Frames(torch.arange(n, device=dev)[None], torch.zeros(0, dtype=torch.long, device=dev), n)
     if not isinstance(frame_index, torch.Tensor) or tuple(frame_index.shape) != (n,) \
             or frame_index.is_floating_point() or frame_index.dtype == torch.bool:
         raise ValueError(f"frame_index must be ({n},) integers, one frame per visual token, "
                          f"got {getattr(frame_index, 'shape', type(frame_index).__name__)}")
-    dev = frame_index.device if device is None else torch.device(device)
     f = frame_index.detach().cpu().numpy().astype(np.int64)  # host metadata: one copy
     if f.size and f.min() < OUTSIDE:
         raise ValueError(f"frame_index must hold frames >= 0 (or -1 for tokens of no frame), got {int(f.min())}")

@@ -19,6 +19,8 @@ def inputs(spec, n=N_V, seed=0, dtype=torch.float32):
     if spec.needs_attention:
         att = torch.softmax(torch.randn(n + 1, n + 1, generator=g) * 3, dim=-1)  # [CLS] first
         kw.update(attention=att, keys=torch.randn(n + 1, 12, generator=g))
+    if spec.video:  # a video of 4 frames
+        kw["frame_index"] = torch.arange(n) * 4 // n
     kw = {k: v.to(TEST_DEVICE) for k, v in kw.items()}  # MIPRUNER_TEST_DEVICE (tests/conftest.py)
     if "seed" in spec.param_names:
         kw["seed"] = 0
