@@ -54,7 +54,8 @@ def render_view(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, A
         pivot, legend = viz.merge_map(enc, sel, layout=layout)
     temporal = viz_video.temporal_values(enc, sel)
     if temporal is not None:  # EVS: its temporal dissimilarity over every frame (frame 0: no value, kept)
-        heat = drawn(("temporal", label), temporal, lambda: viz_video.dissimilarity_heatmap(enc, temporal, layout=layout))
+        heat = drawn(("temporal", label), temporal.nan_to_num(-1.0),  # NaN != NaN: compared with a sentinel
+                     lambda: viz_video.dissimilarity_heatmap(enc, temporal, layout=layout))
         title = viz_video.DISSIMILARITY_LABEL
     elif heat_token is not None and sel.pmi is not None:
         heat = drawn(("pmi", label, heat_token), sel.pmi[:, heat_token],

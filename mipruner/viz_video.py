@@ -1,6 +1,7 @@
 """Drawing a video's selection so it can be read: the frames in a grid (`video_layout`), a timeline of the
 tokens each method keeps per frame (`frames_kept`, `timeline`), and the temporal dissimilarity EVS ranks
-by as a heatmap over every frame (`temporal_dissimilarity`, `dissimilarity_heatmap`).
+by as a heatmap over every frame (`temporal_dissimilarity`, `dissimilarity_heatmap`); and which method
+parameters concern a video only (`video_params`: a page shows them for a video alone).
 
 Pure functions of (Encoded, Selection) -> arrays and PIL images, like `mipruner.viz`; matplotlib (Agg
 canvas, never pyplot) draws the timeline, as `mipruner.colorbar` draws colour bars.
@@ -153,17 +154,33 @@ def dissimilarity_heatmap(encoded, values=None, frame: int | None = None, *, lay
     return img
 
 
+def video_params() -> list[str]:
+    """The method parameters that mean something on a video only (what a page shows for a video alone), in
+    registry order: the video methods' own (EVS's rate; `MethodSpec.video`) and the per-frame budget split
+    every other pre-LLM method gets (`PER_FRAME`)."""
+    from .pruners import all_params, get_pruner, list_pruners
+    from .pruners._registry import PER_FRAME
+
+    specs = [get_pruner(n) for n in list_pruners()]
+    own = {p for s in specs if s.video for p in s.param_names} - {p for s in specs if not s.video for p in s.param_names}
+    return [n for n in all_params() if n in own or n == PER_FRAME.name]
+
+
 def temporal_values(encoded, selection) -> torch.Tensor | None:
-    """The temporal dissimilarity a selection ranked by, when it did (a temporal method such as EVS puts it
-    in `Selection.extras["dissimilarity"]`, (N_V,), NaN or any value on frame 0): (N_V,) with frame 0 NaN,
-    or None (not a video, or not such a method)."""
-    d = getattr(selection, "extras", {}).get("dissimilarity")
-    if d is None or not is_video(encoded):
+    """The temporal dissimilarity a selection ranked by, when it did: a temporal method (EVS) leaves it in
+    `Selection.extras` as "dissimilarity" (T, P) per frame slot and "frames" (T, P), the slots' token indices
+    (`mipruner.pruners.video`). Returns (N_V,) float32 with NaN on frame 0 (no previous frame: EVS keeps it
+    whole) and on tokens of no frame; None for an image or a method without them."""
+    extras = getattr(selection, "extras", {})
+    d, frames = extras.get("dissimilarity"), extras.get("frames")
+    if d is None or frames is None or not is_video(encoded):
         return None
-    d = torch.as_tensor(d).detach().to(torch.float32).reshape(-1)
-    frame = encoded.geometry.frame.to(d.device)
-    return torch.where(frame > 0, d, torch.full_like(d, float("nan")))  # frame 0: always kept, no score
+    d = torch.as_tensor(d).detach().to(torch.float32)  # (T, P)
+    index = torch.as_tensor(frames).to(device=d.device, dtype=torch.int64)  # (T, P)
+    out = torch.full((encoded.n_visual,), float("nan"), dtype=torch.float32, device=d.device)  # (N_V,)
+    out[index[1:].reshape(-1)] = d[1:].reshape(-1)
+    return out
 
 
 __all__ = ["DISSIMILARITY_LABEL", "GRID_COLUMNS", "MIN_FRAME_PX", "dissimilarity_heatmap", "frames_kept",
-           "is_video", "n_frames", "temporal_dissimilarity", "temporal_values", "timeline", "video_layout"]
+           "is_video", "n_frames", "temporal_dissimilarity", "temporal_values", "timeline", "video_layout", "video_params"]

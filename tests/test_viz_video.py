@@ -106,12 +106,12 @@ def test_the_dissimilarity_map_paints_every_frame_but_the_first(clip):
     assert np.array_equal(one, arr[y0:y1, x0:x1])
 
 
-def test_a_selection_that_ranks_by_dissimilarity_gets_the_map(clip):
+def test_evs_gets_the_map_of_the_dissimilarity_it_ranked_by(clip):
     d = viz_video.temporal_dissimilarity(clip)
-    score = torch.where(d.isnan(), torch.full_like(d, 255.0), d)  # EVS's score: frame 0 always first
-    sel = Selection(keep=torch.arange(20), order=torch.arange(20), scores=score, method="x", extras={"dissimilarity": score})
+    sel = mipruner.prune("evs", visual=clip.visual, budget=30, frame_index=clip.frame_index)
+    assert sel.extras["dissimilarity"].shape == (5, 16)  # (T, P), as EVS leaves it
     torch.testing.assert_close(viz_video.temporal_values(clip, sel), d, equal_nan=True)
-    assert viz_video.temporal_values(clip, Selection(keep=torch.arange(20), order=torch.arange(20), scores=score, method="x")) is None
+    rnd = mipruner.prune("random", visual=clip.visual, budget=30)
+    assert viz_video.temporal_values(clip, rnd) is None
     image = synthetic_encoded(1, grid=4, size=40, dim=16, n_text=4)
-    flat = Selection(keep=torch.arange(4), order=torch.arange(4), scores=torch.zeros(16), method="x", extras={"dissimilarity": torch.zeros(16)})
-    assert viz_video.temporal_values(image, flat) is None  # an image has no time
+    assert viz_video.temporal_values(image, sel) is None  # an image has no time

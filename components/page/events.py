@@ -20,6 +20,7 @@ from . import controls as C
 from . import panels as P
 from .guards import guard_inputs, plain_errors
 from .handlers import ENCODE_FIELDS, Handlers, Media, controls_of
+from .video import shown_for
 
 
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
@@ -185,8 +186,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     enc = inp.run.click(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     sub = inp.prompt.submit(page_encode, enc_ins, enc_outs, show_progress_on=[res.status], **encoding, **private)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
-    for ev in (enc, sub):  # a video gets the frame selector (an image hides it), then the panels
-        ev.then(H.frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
+    for ev in (enc, sub):  # a video gets the frame selector and its controls (an image hides them), then the panels
+        ev.then(lambda st: (H.frame_range(st), shown_for(st)), state, [res.frame, ctl.video], queue=False,
+                show_progress="hidden", **private).then(
             on_live, live_ins, live_outs, **live)
     res.frame.change(on_live, live_ins, live_outs, **live)
     api["view"].click(on_view, [state, *inputs], view_outs, api_name="view")

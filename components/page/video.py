@@ -1,5 +1,5 @@
 """A video on the page: its frames in a grid that can be read, one frame picked at full width, a click
-mapped back through either, the tokens kept per frame under each panel, and the video-only controls.
+mapped back through either, the tokens kept per frame under each panel, and the video-only controls (shown for a video only).
 
 The drawing is the library's (`mipruner.viz_video`: the grid layout, the timeline, the dissimilarity
 map); this module only decides how the page shows it. Panel images are `gr.Image`s, which never enlarge
@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 
-from mipruner.engine import method_specs, parameters
+import gradio as gr
 
+from mipruner.viz_video import video_params
+
+from ..core.logic import UIState
 from ..core.panel_files import IMAGES
 
 FRAME_PX = 640  # a picked frame is enlarged to at least this width, so it fills a panel
@@ -56,15 +59,22 @@ def timeline_field(view) -> tuple[dict, object]:
     return {"visible": True}, view.timeline
 
 
-def video_params() -> list[str]:
-    """The method parameters that mean something for a video only: those of the methods registered for
-    video alone (`MethodSpec.media == ("video",)`) that no other method takes."""
-    specs = method_specs()
-    video = [s for s in specs if tuple(getattr(s, "media", ()) or ()) == ("video",)]
-    others = {p for s in specs if s not in video for p in s.param_names}
-    names = {p for s in video for p in s.param_names} - others
-    return [n for n in parameters() if n in names]
+def build_video_controls(params: dict, widget) -> tuple[gr.Column, dict]:
+    """The video-only parameters (`mipruner.viz_video.video_params`: EVS's rate, the per-frame budget split) in a
+    group of their own under the budget, hidden until a video is encoded (`shown_for`). params: every
+    parameter by name; widget(p): its control (`controls.param_widget`). Returns the group and
+    {name: widget}; they feed the page's controls like every other parameter (live, in the settings string)."""
+    names = [n for n in video_params() if n in params]
+    with gr.Column(visible=False, elem_id="video-controls") as group:
+        gr.Markdown("**Video**: how the budget is shared over time (shown for a video only)")
+        widgets = {n: widget(params[n]) for n in names}
+    return group, widgets
+
+
+def shown_for(st) -> dict:
+    """The video group's update for the session's encoding: shown for a video of several frames."""
+    return gr.update(visible=isinstance(st, UIState) and st.n_frames > 1)
 
 
 __all__ = ["FRAME_PX", "TIMELINE_LABEL", "grid_point", "picture_props", "show_frame",
-           "timeline_field", "video_params", "zoom_of"]
+           "timeline_field", "zoom_of", "build_video_controls", "shown_for"]

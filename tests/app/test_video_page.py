@@ -11,6 +11,8 @@ from components.core.settings import Settings
 from components.page import video as V
 from components.page.handlers import Handlers, Media, controls_for
 from components.page.panels import IMAGE_HEIGHT, PANEL_FIELDS
+from mipruner import viz_video
+from mipruner.viz_video import video_params
 
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
@@ -75,3 +77,15 @@ def test_a_picked_frame_fills_the_panel(handlers, clip):
     x0, y0, x1, y1 = handlers.logic.frame_box(clip, 2)
     assert props["height"] == "auto" and mask.size == ((x1 - x0) * V.zoom_of((x0, y0, x1, y1)),) * 2
     assert mask.width >= V.FRAME_PX
+
+
+def test_evs_shows_its_dissimilarity_over_every_frame_and_the_video_controls(handlers, clip):
+    vals = {**controls_for(Settings(methods=("evs", "random"), budget=0.25)), "video_pruning_rate": 0.5}
+    view = handlers.view(clip, vals)
+    (_, title), _, (heat_props, heat), *_ = fields_of(view, 0)
+    assert "EVS" in title and heat_props["visible"] and heat_props["height"] == "auto"
+    assert heat_props["label"] == viz_video.DISSIMILARITY_LABEL  # the bar and the map say what they show
+    again = handlers.view(clip, {**vals, "budget": 20.0})
+    assert fields_of(again, 0)[2][1] is heat  # a budget move leaves the map alone (the same picture)
+    assert V.shown_for(clip)["visible"] is True and V.shown_for(None)["visible"] is False
+    assert set(video_params()) == {"video_pruning_rate", "per_frame"}
