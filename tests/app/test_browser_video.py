@@ -14,7 +14,7 @@ from components.core.examples import load_examples
 from components.page import video as V
 
 from .conftest import free_port
-from .test_browser import chromium
+from .test_browser import chromium, colour_bar_columns
 
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 MIN_FRAME_PX, MIN_PATCH_PX = 160, 8
@@ -49,11 +49,13 @@ def browser():
 
 
 def shown(page, sel: str) -> dict:
-    """An image's box on the page and its own size, once it has loaded."""
+    """An image's box on the page (y from the page's top) and its own size, once it has loaded (scrolled to: the page loads them lazily)."""
+    page.wait_for_selector(sel, state="attached")
+    page.evaluate("(s) => document.querySelector(s).scrollIntoView({block: 'start'})", sel)
     page.wait_for_function("(s) => { const i = document.querySelector(s); return i && i.complete && i.naturalWidth > 0"
                            " && i.getBoundingClientRect().width > 0; }", arg=sel)
     return page.evaluate("(s) => { const i = document.querySelector(s), r = i.getBoundingClientRect();"
-                         " return {x: r.x, y: r.y, width: r.width, height: r.height, natural: i.naturalWidth,"
+                         " return {x: r.x, y: r.y + window.scrollY, width: r.width, height: r.height, natural: i.naturalWidth,"
                          " naturalHeight: i.naturalHeight}; }", sel)
 
 
@@ -88,6 +90,7 @@ def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width
     try:
         page.goto(url)
         page.wait_for_selector("#run")
+        assert not page.locator("#video-controls").is_visible()  # nothing encoded: no video controls
         page.locator("#use").get_by_text("video").click()
         page.wait_for_selector("#video input[type=file]", state="attached")
         page.set_input_files("#video input[type=file]", CLIP["path"])
@@ -96,6 +99,9 @@ def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width
         page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
         page.wait_for_function(f"/ {enc.n_visual} tokens kept/.test((document.querySelector('#panel-0-title') || {{}})"
                                ".innerText || '')")
+        page.wait_for_selector("#video-controls", state="visible")  # EVS's rate, the per-frame split
+        assert page.locator("#video-controls #param-video_pruning_rate").count() == 1
+        assert page.locator("#video-controls #param-per_frame").count() == 1
         grid_w = lay.size[0]
         panels = [i for i in range(6) if page.locator(f"#panel-{i}-title").is_visible()]
         assert len(panels) >= 2
@@ -138,5 +144,38 @@ def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width
         ox0, oy0, ox1, oy1 = (int(v) for v in lay.rects[other])
         got = click_token(page, sel, pic, ((ox0 + ox1) / 2 - fx0) * z, ((oy0 + oy1) / 2 - fy0) * z, got)
         assert got == {"token": other, "frame": f, "row": 9, "col": 2}
+        if width > 400:
+            evs_panel(page, enc, tmp_path)
+
     finally:
         page.close()
+
+
+def evs_panel(page, enc, tmp_path):
+    """EVS chosen: its panel maps the dissimilarity over every frame with a colour bar, and its rate is live."""
+    number = page.locator("#frame input[type=number]")
+    number.fill("0")
+    number.press("Enter")
+    page.locator("#methods").get_by_text("EVS (video)").click()
+    find = ("() => [...Array(6).keys()].find((i) => /EVS[^\\n]*\\n[^]*tokens kept/.test("
+            "(document.querySelector(`#panel-${i}-title`) || {}).innerText || ''))")
+    page.wait_for_function(f"({find})() !== undefined")
+    i = page.evaluate(f"({find})()")
+    title = f"document.querySelector('#panel-{i}-title')"
+    heat = page.locator(f"#panel-{i}-heat")
+    assert "temporal dissimilarity" in heat.inner_text()
+    pic = shown(page, f"#panel-{i}-heat img")
+    assert pic["natural"] > 2 * 224  # the grid and its bar
+    heat.locator("img").scroll_into_view_if_needed()
+    png = heat.locator("img").screenshot()
+    (tmp_path / "evs-heat.png").write_bytes(png)
+    assert len(colour_bar_columns(png)) >= 3
+    box = page.locator("#budget input[type=number]")  # every token allowed: the rate alone decides
+    box.fill("100")
+    box.press("Enter")
+    page.wait_for_function(f"/{enc.n_visual} \\/ {enc.n_visual} tokens kept/.test({title}.innerText)")
+    rate = page.locator("#param-video_pruning_rate input[type=number]")
+    rate.fill("0.75")
+    rate.press("Enter")
+    keep = max(196, int(enc.n_visual * 0.25))  # vLLM's max(one frame, int(T P (1 - q)))
+    page.wait_for_function(f"/{keep} \\/ {enc.n_visual} tokens kept/.test({title}.innerText)")
