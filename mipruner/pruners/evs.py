@@ -45,7 +45,7 @@ import torch
 from ._registry import Param, register_pruner
 from .capture import Capturable
 from .selection import Selection
-from .video import frame_slots, dissimilarity
+from .video import NotApplicable, dissimilarity, frame_slots
 
 FIRST = 255.0  # vLLM's key for frame 0: above any 1 - cos
 
@@ -68,7 +68,7 @@ def check_rate(q) -> float:
                  score_label="dissimilarity to the previous frame (1 - cos)", params=(
                      Param.real("video_pruning_rate", 0.0, 0.0, 1.0,
                                 "EVS's rate q, vLLM's --video-pruning-rate: keep max(one frame, int(T P (1 - q))) "
-                                "tokens, capped by the budget; 0: the budget alone", high_open=True, step=0.05),))
+                                "tokens, capped by the budget; 0: the budget alone", high_open=True, step=0.05, code="vpr"),))
 def evs_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                frame_index: torch.Tensor | None = None, video_pruning_rate: float = 0.0) -> Selection:
     """EVS: the tokens least like the same place in the previous frame, frame 0 whole first (vLLM's video pruning)."""
@@ -76,7 +76,7 @@ def evs_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     n, dev = visual.shape[0], visual.device
     frames = frame_slots(frame_index, n, dev)
     if frames.count < 2:
-        raise ValueError("EVS compares each frame with the previous one: this input has 1 frame (an image or a "
+        raise NotApplicable("EVS compares each frame with the previous one: this input has 1 frame (an image or a "
                          "1-frame video; Qwen makes one token-frame of 2 sampled frames); give it a video of more "
                          "frames, or choose an image method")
     d = dissimilarity(visual, frames)  # (T, P) float32, row 0 = 1

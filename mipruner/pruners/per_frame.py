@@ -26,10 +26,16 @@ from typing import Callable
 
 import torch
 
+from .param import Param
 from .selection import Selection
 from .video import Frames, frame_slots, split_budget, uniqueness
 
 SPLITS = ("off", "even", "uniqueness")
+PER_FRAME = Param.choice(
+    "per_frame", "off", SPLITS,
+    "per-frame budgets on a video: off (one flat set of tokens), even (the budget shared evenly over the frames) "
+    "or uniqueness (by each frame's mean dissimilarity to the previous one, EVS's); the method then runs on "
+    "each frame alone", code="pf")
 _SQUARE = ("attention", "attention_heads")
 
 
@@ -117,4 +123,4 @@ def join(parts: list[tuple[torch.Tensor, Selection]], outside: torch.Tensor, vis
     return Selection(keep=kept[perm], order=order, scores=scores, **kw)
 
 
-__all__ = ["SPLITS", "frame_budgets", "frame_inputs", "join", "run"]
+__all__ = ["PER_FRAME", "SPLITS", "frame_budgets", "frame_inputs", "join", "run"]

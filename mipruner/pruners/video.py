@@ -38,6 +38,11 @@ from .capture import content_key
 OUTSIDE = -1  # the frame_index of a token in no frame's grid
 
 
+class NotApplicable(ValueError):
+    """A method that does not apply to this input (a video method on an image or a 1-frame video): its sentence
+    says why. The app shows it in that method's panel alone (`mipruner.failures`), the other methods still run."""
+
+
 def token_frames(frame: torch.Tensor, kind: Sequence[str]) -> torch.Tensor:
     """(N_V,) int64 frame of each token from a geometry's `frame` and `kind` (`TokenGeometry`): the frame,
     or -1 (`OUTSIDE`) for row newlines, which sit outside every frame's grid."""
@@ -166,4 +171,4 @@ def split_budget(k: int, sizes: Sequence[int], weights: Sequence[float] | None =
     return base.tolist()
 
 
-__all__ = ["Frames", "OUTSIDE", "dissimilarity", "frame_slots", "split_budget", "token_frames", "uniqueness"]
+__all__ = ["Frames", "NotApplicable", "OUTSIDE", "dissimilarity", "frame_slots", "split_budget", "token_frames", "uniqueness"]

@@ -252,6 +252,9 @@ def test_app_panels(app, checkpoint, files, family, kind):
     for i in range(0, len(names), 3):
         views, summary = app.view(st, Settings(methods=tuple(names[i:i + 3]), budget=0.25))
         for v in views:
+            if v.selection is None:  # a video method on an image: its panel says so, the others run
+                assert kind == "image" and get_pruner(v.method).video and "does not apply here" in v.error
+                continue
             assert abs(v.kept - 0.25 * st.n_visual) <= 1 and len(v.selection.keep) <= v.kept
             w, h = v.mask.size
             assert np.asarray(v.heatmap).shape[:2] == (h, w)

@@ -140,9 +140,12 @@ def test_one_frame_and_unequal_frames_are_sentences():
 
 def test_registration():
     spec = mipruner.get_pruner("evs")
-    assert spec.video and spec.adaptive and spec.stage == "projector" and not spec.per_frame
+    assert spec.video and spec.adaptive and spec.stage == "projector" and "per_frame" not in spec.param_names
     assert spec.param_names == ("video_pruning_rate",) and spec.inputs == ("frame_index",)
-    assert "per_frame" in mipruner.get_pruner("pool").param_names
+    for name in mipruner.list_pruners():  # the per-frame option: every pre-LLM method but the video ones
+        spec = mipruner.get_pruner(name)
+        assert ("per_frame" in spec.param_names) == (spec.stage != "llm" and not spec.video), name
+        assert ("frame_index" in spec.accepts) == (spec.stage != "llm"), name
 
 
 def test_no_tensor_without_device():
