@@ -150,7 +150,7 @@ def dissimilarity_heatmap(encoded, values=None, frame: int | None = None, *, lay
     lo, hi = viz.value_range(d, lay.has_box)
     none = np.concatenate([[True], ~np.isfinite(d)])[lay.label + 1]  # (H, W): no token, or no value
     img = Image.fromarray(lay.crop(np.where(none[..., None], lay.base, heat), frame))
-    img.info.update(vmin=lo, vmax=hi, cmap=cmap, label=DISSIMILARITY_LABEL)
+    img.info.update(vmin=lo, vmax=hi, cmap=cmap, label=DISSIMILARITY_LABEL, colorbar="below")
     return img
 
 
@@ -159,7 +159,7 @@ def video_params() -> list[str]:
     registry order: the video methods' own (EVS's rate; `MethodSpec.video`) and the per-frame budget split
     every other pre-LLM method gets (`PER_FRAME`)."""
     from .pruners import all_params, get_pruner, list_pruners
-    from .pruners._registry import PER_FRAME
+    from .pruners.per_frame import PER_FRAME
 
     specs = [get_pruner(n) for n in list_pruners()]
     own = {p for s in specs if s.video for p in s.param_names} - {p for s in specs if not s.video for p in s.param_names}

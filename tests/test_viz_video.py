@@ -99,8 +99,9 @@ def test_the_dissimilarity_map_paints_every_frame_but_the_first(clip):
         assert (arr[y0:y1, x0:x1] != lay.base[y0:y1, x0:x1]).any(-1).mean() > 0.9
     d = viz_video.temporal_dissimilarity(clip)
     assert img.info["vmin"] == pytest.approx(float(d[16:].min())) and img.info["vmax"] == pytest.approx(float(d[16:].max()))
-    barred = viz.with_colorbar(img, img.info["label"])
-    assert barred.width > img.width and barred.info["label"] == viz_video.DISSIMILARITY_LABEL
+    barred = viz.with_colorbar(img, img.info["label"])  # a tall grid: its bar underneath, the frames keep the width
+    assert barred.width == img.width and barred.height > img.height
+    assert barred.info["label"] == viz_video.DISSIMILARITY_LABEL
     one = np.asarray(viz_video.dissimilarity_heatmap(clip, frame=3, layout=lay))
     x0, y0, x1, y1 = lay.frame_box(3)
     assert np.array_equal(one, arr[y0:y1, x0:x1])

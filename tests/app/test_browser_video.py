@@ -6,6 +6,7 @@ or on the picked frame, inspects frame k's patch.
 Skips like tests/app/test_browser.py when chromium or playwright is missing (CI installs both)."""
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
@@ -145,14 +146,15 @@ def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width
         got = click_token(page, sel, pic, ((ox0 + ox1) / 2 - fx0) * z, ((oy0 + oy1) / 2 - fy0) * z, got)
         assert got == {"token": other, "frame": f, "row": 9, "col": 2}
         if width > 400:
-            evs_panel(page, enc, tmp_path)
+            evs_panel(page, enc, lay, tmp_path)
 
     finally:
         page.close()
 
 
-def evs_panel(page, enc, tmp_path):
+def evs_panel(page, enc, lay, tmp_path):
     """EVS chosen: its panel maps the dissimilarity over every frame with a colour bar, and its rate is live."""
+    grid_w, grid_h = lay.size
     number = page.locator("#frame input[type=number]")
     number.fill("0")
     number.press("Enter")
@@ -165,11 +167,16 @@ def evs_panel(page, enc, tmp_path):
     heat = page.locator(f"#panel-{i}-heat")
     assert "temporal dissimilarity" in heat.inner_text()
     pic = shown(page, f"#panel-{i}-heat img")
-    assert pic["natural"] > 2 * 224  # the grid and its bar
+    assert pic["natural"] == grid_w and pic["naturalHeight"] > grid_h  # the grid, its bar underneath
+    assert pic["width"] * lay.frame_wh[0][0] / grid_w >= MIN_FRAME_PX
     heat.locator("img").scroll_into_view_if_needed()
     png = heat.locator("img").screenshot()
     (tmp_path / "evs-heat.png").write_bytes(png)
-    assert len(colour_bar_columns(png)) >= 3
+    from PIL import Image
+
+    upright = io.BytesIO()  # the bar turned upright, its low end down: as colour_bar_columns reads bars
+    Image.open(io.BytesIO(png)).rotate(90, expand=True).save(upright, format="png")
+    assert len(colour_bar_columns(upright.getvalue())) >= 3
     box = page.locator("#budget input[type=number]")  # every token allowed: the rate alone decides
     box.fill("100")
     box.press("Enter")
