@@ -33,8 +33,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .capture import content_key
-
 OUTSIDE = -1  # the frame_index of a token in no frame's grid
 
 
@@ -84,13 +82,14 @@ def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device |
     different sizes)."""
     dev = torch.device(device) if device is not None else (
         frame_index.device if isinstance(frame_index, torch.Tensor) else torch.device("cpu"))
-    key = (content_key(frame_index) if isinstance(frame_index, torch.Tensor) else None, n, str(dev))
+    host = _host_index(frame_index, n)  # one host copy, the memo's key and the layout's input
+    key = (None if host is None else (str(frame_index.dtype), hash(host.tobytes())), n, str(dev))
     with _LOCK:
         hit = _TABLES.get(key)
         if hit is not None:
             _TABLES.move_to_end(key)
             return hit
-    out = _frame_slots(frame_index, n, dev)
+    out = _frame_slots(host, n, dev)
     with _LOCK:
         _TABLES[key] = out
         while len(_TABLES) > MAX_TABLES:
@@ -98,14 +97,20 @@ def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device |
     return out
 
 
-def _frame_slots(frame_index: torch.Tensor | None, n: int, dev: torch.device) -> Frames:
+def _host_index(frame_index: torch.Tensor | None, n: int) -> np.ndarray | None:
+    """frame_index as (n,) int64 on the host (one copy), or ValueError naming it."""
     if frame_index is None:
-        return Frames(torch.arange(n, device=dev)[None], torch.zeros(0, dtype=torch.long, device=dev), n)
+        return None
     if not isinstance(frame_index, torch.Tensor) or tuple(frame_index.shape) != (n,) \
             or frame_index.is_floating_point() or frame_index.dtype == torch.bool:
         raise ValueError(f"frame_index must be ({n},) integers, one frame per visual token, "
                          f"got {getattr(frame_index, 'shape', type(frame_index).__name__)}")
-    f = frame_index.detach().cpu().numpy().astype(np.int64)  # host metadata: one copy
+    return frame_index.detach().cpu().numpy().astype(np.int64)
+
+
+def _frame_slots(f: np.ndarray | None, n: int, dev: torch.device) -> Frames:
+    if f is None:
+        return Frames(torch.arange(n, device=dev)[None], torch.zeros(0, dtype=torch.long, device=dev), n)
     if f.size and f.min() < OUTSIDE:
         raise ValueError(f"frame_index must hold frames >= 0 (or -1 for tokens of no frame), got {int(f.min())}")
     inside = f >= 0
