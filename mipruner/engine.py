@@ -35,7 +35,7 @@ from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
-from . import viz
+from . import viz, viz_video
 from .answer_cache import answer_key
 from .batch import answer_batch_guarded
 from .compute import attach_compute
@@ -237,7 +237,7 @@ class Engine:
         e = self.entry(session, key)
         with session.lock:
             if e.layout is None:
-                e.layout = viz.build_layout(e.encoded)
+                e.layout = viz_video.video_layout(e.encoded)  # a video: its frames in a grid
             return e.layout
 
     # -- prune / view

@@ -237,13 +237,12 @@ class AppLogic:
         return None if sel is None or sel.extras.get("lam") is None else float(sel.extras["lam"])
 
     def frame_box(self, state: UIState, frame: int) -> tuple[int, int, int, int]:
-        """(x0, y0, x1, y1) of a video's frame in the panels' strip."""
+        """(x0, y0, x1, y1) of a video's frame in the panels' picture (its frames in a grid)."""
         engine, enc = self._current(state)
         lay = engine.layout(state.session, state.key)
         if not 0 <= frame < len(lay.frame_x):
             raise UserError(f"frame must be in [1, {len(lay.frame_x)}], got {frame + 1}")
-        (w, h), x = lay.frame_wh[frame], lay.frame_x[frame]
-        return x, 0, x + w, h
+        return lay.frame_box(frame)
 
     # -- view ------------------------------------------------------------------------------
 

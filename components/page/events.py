@@ -12,6 +12,7 @@ from . import panels as P
 from .calls import Calls, event
 from .guards import guard_inputs
 from .handlers import ENCODE_FIELDS, Handlers
+from .video import shown_for
 
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
 # loaded, so the server sends the new masks before it starts the LLM (which would slow their serving)
@@ -90,9 +91,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
         return prepared(live_outs, calls.live(v))
 
     on_live = event(live, "drawing the panels", "state", "shown", "ask", "raw", "raw_open", "auto", "controls", "frame")
-    for ev in (enc, sub):  # a video gets the frame selector (an image hides it), then the panels
-        ev.then(H.frame_range, state, res.frame, queue=False, show_progress="hidden", **private).then(
-            on_live, live_ins, live_outs, **drawn)
+    for ev in (enc, sub):  # a video gets the frame selector and its controls (an image hides them), then the panels
+        ev.then(lambda st: (H.frame_range(st), shown_for(st)), state, [res.frame, ctl.video], queue=False,
+                show_progress="hidden", **private).then(on_live, live_ins, live_outs, **drawn)
     res.frame.change(on_live, live_ins, live_outs, **drawn)
     api["view"].click(event(calls.view, "drawing the panels", "state", *names), [state, *inputs], view_outs,
                       api_name="view")

@@ -24,6 +24,7 @@ from ..core.messages import plain
 from ..core.settings import Settings
 from . import controls as C
 from . import panels as P
+from . import video as V
 
 ENCODE_FIELDS = ("model", "model_path", "use", "image", "video", "prompt")  # /encode's names, before the controls
 
@@ -209,14 +210,17 @@ class Handlers:
         return gr.update(**props)
 
     def view(self, st, vals: dict, frame=0) -> View:
-        """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames);
-        answers already made for these settings fill the panels (never runs the LLM)."""
+        """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames, at the
+        panel's width: `components.page.video`); answers already made for these settings fill the panels
+        (never runs the LLM)."""
         s = self.settings(st, vals)
         views, summary = self.logic.view(st, s)
-        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-            P.show_frame(views, self.logic.frame_box(st, int(frame) - 1))
+        box = self.frame_box(st, frame)
+        if box is not None:
+            V.show_frame(views, box)
         cached = self.logic.cached_answers(st, s)
-        return View(P.panel_fields(views, st.n_visual, cached, self.hint), P.reference_md(cached["reference"]),
+        video = isinstance(st, UIState) and st.n_frames > 1
+        return View(P.panel_fields(views, st.n_visual, cached, self.hint, video=video), P.reference_md(cached["reference"]),
                     s.to_string(), summary, token_chips(st.tokens, s.heat))
 
     def live(self, st, vals: dict, *, shown=None, ask=0, raw=0, raw_open=False, auto=False, frame=0) -> Live:
@@ -265,11 +269,16 @@ class Handlers:
         lo, hi = min(pmi), max(pmi)
         return Inspected([(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]], info)
 
-    def click(self, st, frame, x, y) -> tuple:
-        """The clicked pixel in the whole strip's coordinates (a single frame shown: offset by its place)."""
+    def frame_box(self, st, frame) -> tuple[int, int, int, int] | None:
+        """The picked frame's box in the panels' picture (frames in a grid), or None (every frame shown)."""
         if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-            x += self.logic.frame_box(st, int(frame) - 1)[0]
-        return x, y
+            return self.logic.frame_box(st, int(frame) - 1)
+        return None
+
+    def click(self, st, frame, x, y) -> tuple:
+        """The clicked pixel in the whole picture's coordinates (a video's frames in a grid; one frame
+        picked: inside its box, its enlargement undone)."""
+        return V.grid_point(self.frame_box(st, frame), x, y)
 
     @staticmethod
     def frame_range(st) -> dict:

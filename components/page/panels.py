@@ -16,8 +16,9 @@ from mipruner.engine import method_spec
 
 from ..core.logic import MAX_PANELS, label
 from ..core.panel_files import IMAGES
+from . import video as V
 
-PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer
+PANEL_FIELDS = 7  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer, timeline (video)
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
 # 8-frame strip 66-76 ms, JPEG 0.3-3.6 ms (`python -m mipruner.bench slider` counts it); the
 # downloads (Downloads accordion) are PNG.
@@ -34,9 +35,10 @@ class Panel:
     legend: gr.HTML
     answer: gr.Markdown
     patch: gr.HighlightedText | None = None  # the last clicked patch's PMI (not a view output: clicks fill it)
+    timeline: gr.Image | None = None  # a video's tokens kept per frame (`components.page.video`)
 
     def components(self) -> list:
-        return [self.title, self.mask, self.heat, self.pivot, self.legend, self.answer]
+        return [self.title, self.mask, self.heat, self.pivot, self.legend, self.answer, self.timeline]
 
 
 def build_panels(per_row: int = 3) -> list[Panel]:
@@ -50,6 +52,8 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                         mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format=IMAGE_FORMAT,
                                       interactive=False, visible=False, elem_id=f"panel-{i}-mask", height=IMAGE_HEIGHT,
                                       buttons=["download", "fullscreen"]),
+                        timeline=gr.Image(label=V.TIMELINE_LABEL, type="pil", format="png", interactive=False,
+                                          visible=False, elem_id=f"panel-{i}-timeline", buttons=["download"]),
                         heat=gr.Image(label="scores", type="pil", format=IMAGE_FORMAT, interactive=False, visible=False, height=IMAGE_HEIGHT,
                                       elem_id=f"panel-{i}-heat", buttons=["download", "fullscreen"]),
                         pivot=gr.Image(label="pivot word of each patch", type="pil", format=IMAGE_FORMAT,
@@ -61,15 +65,6 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                                                  interactive=False, label="clicked patch"),
                     ))
     return panels
-
-
-def show_frame(views, box: tuple[int, int, int, int]) -> None:
-    """Cut every view's images to one frame of the strip (`box`: x0, y0, x1, y1 in strip pixels)."""
-    for v in views:
-        for name in ("mask", "heatmap", "pivot"):
-            img = getattr(v, name, None)
-            if img is not None:
-                setattr(v, name, IMAGES.cropped(img, box))
 
 
 def patch_beside(tokens, x, y):
@@ -139,9 +134,11 @@ def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
     return {"visible": True, "label": pmi or f"scores: {bar}"}, IMAGES.with_colorbar(v.heatmap, bar), None
 
 
-def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[tuple[dict, object]]:
+def panel_fields(views, n_visual: int, answers: dict | None, hint: str, *,
+                 video: bool = False) -> list[tuple[dict, object]]:
     """(props, value) of all MAX_PANELS x PANEL_FIELDS components for the views of one slider move;
-    props are what a value alone cannot change (visibility, label)."""
+    props are what a value alone cannot change (visibility, label, a video's picture height)."""
+    sized = V.picture_props(video, IMAGE_HEIGHT)
     out: list[tuple[dict, object]] = []
     answers = answers or {"methods": {}}
     hidden = ({"visible": False}, None)
@@ -158,19 +155,21 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
                  f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms"
                  + method_notes(v.selection))
         heat_props, heat, note = heat_field(v)
+        heat_props = {**heat_props, **sized} if heat_props.get("visible") else heat_props
         is_mi = v.pivot is not None
         notes = legend_html(v.legend) if is_mi else ""
         if note:
             notes = f'<div style="font-size:0.85em">{note}</div>' + notes
         out += [({"visible": True}, title),
-                ({"visible": True}, v.mask),
+                ({"visible": True, **sized}, v.mask),
                 (heat_props, heat),
-                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)"}
-                                       if is_mi and v.selection.pmi is None else
-                                       {"label": "pivot word of each patch"} if is_mi else {})},
+                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)",
+                                         **sized} if is_mi and v.selection.pmi is None else
+                                       {"label": "pivot word of each patch", **sized} if is_mi else {})},
                  v.pivot if is_mi else None),
                 ({"visible": bool(notes)}, notes),
-                ({"visible": True}, answer_md(answers["methods"].get(v.method), hint))]
+                ({"visible": True}, answer_md(answers["methods"].get(v.method), hint)),
+                V.timeline_field(v)]
     return out
 
 
@@ -221,4 +220,4 @@ def reference_md(ans: dict | None, partial: str | None = None) -> str:
 
 
 __all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field",
-           "legend_html", "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]
+           "legend_html", "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md"]

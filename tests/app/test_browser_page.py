@@ -109,7 +109,7 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
             assert pm["y"] < vh and pm["y"] + pm["height"] > 0, pm
             assert page.evaluate("document.documentElement.scrollWidth") <= 390
 
-        # a video: a frame selector; one frame shown is a picture of its own, much narrower than the strip
+        # a video: a frame selector; one frame shown is a picture of its own, not the grid of frames
         page.locator("#use").get_by_text("video").click()
         page.wait_for_selector("#video input[type=file]", state="attached")
         page.set_input_files("#video input[type=file]", CLIP["path"])
@@ -122,11 +122,14 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         n_visual = page.evaluate("/-> (\\d+) visual tokens/.exec(document.querySelector('#status').innerText)[1]")
         page.wait_for_function(f"/ {n_visual} tokens kept/.test(document.querySelector('#panel-0-title').innerText)")
         page.wait_for_function(f"document.querySelector('#panel-0-mask img').complete && {natural} > 0")
-        strip = page.evaluate(natural)
+        grid = page.evaluate(natural)
+        height = "document.querySelector('#panel-0-mask img').naturalHeight"
+        rows = page.evaluate(height)
         number = page.locator("#frame input[type=number]")
         number.fill("3")
         number.press("Enter")
-        page.wait_for_function(f"{natural} > 0 && {natural} * 6 < {strip}")
+        page.wait_for_function(f"{natural} > 0 && ({natural} !== {grid} || {height} !== {rows})"
+                               f" && Math.abs({natural} - {height}) <= 1")  # one square frame, not the grid
         page.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
     finally:
         page.close()
