@@ -88,4 +88,6 @@ def test_evs_shows_its_dissimilarity_over_every_frame_and_the_video_controls(han
     again = handlers.view(clip, {**vals, "budget": 20.0})
     assert fields_of(again, 0)[2][1] is heat  # a budget move leaves the map alone (the same picture)
     assert V.shown_for(clip)["visible"] is True and V.shown_for(None)["visible"] is False
-    assert set(video_params()) == {"video_pruning_rate", "per_frame"}
+    shown = set(video_params())  # the video methods' own parameters and the per-frame split, nothing an image uses
+    assert {"video_pruning_rate", "per_frame", "segments", "merge_beta"} <= shown
+    assert not shown & {"lam", "tau", "aggregation", "seed", "layer"}
