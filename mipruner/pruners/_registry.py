@@ -140,6 +140,18 @@ class MethodSpec:
     inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
     encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
     capture: capture_rules.Capturable | None = None  # its own capture conditions (`capture.py`); None: always eager
+    builtin: bool = False  # registered by mipruner's own modules (its selections are trusted, not checked)
+
+    @property
+    def checked(self) -> bool:
+        """Whether its selections are checked against the contract before anything reads them: every
+        method but mipruner's own, whether a plug-in loaded it or a script registered it inline."""
+        return bool(self.origin) or not self.builtin
+
+    @property
+    def source(self) -> str:
+        """Who registered it, for sentences: "plug-in <origin>", or the module of an inline registration."""
+        return f"plug-in {self.origin}" if self.origin else f"module {self.fn.__module__}"
 
     @property
     def needs_text(self) -> bool:
@@ -243,7 +255,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
         METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label,
-                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture))
+                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture,
+                                          builtin=str(getattr(fn, "__module__", "")).split(".")[0] == "mipruner"))
         return fn
 
     return deco
@@ -305,7 +318,7 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     n_v = visual.shape[0]
     k = resolve_budget(budget, n_v)
     sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
-    if spec.origin:  # a plug-in's selection is checked before anything reads it
+    if spec.checked:  # a plug-in's or a script's selection is checked before anything reads it
         check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = spec.name
     return sel
@@ -330,10 +343,11 @@ def check_tensors(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | N
 
 
 class ContractError(ValueError):
-    """A plug-in method's selection breaks the contract (`failure`: what, one sentence)."""
+    """A method's selection breaks the contract (`failure`: what, one sentence); every method but mipruner's
+    own is checked (`MethodSpec.checked`)."""
 
     def __init__(self, spec: "MethodSpec", failure: str):
-        super().__init__(f"{spec.name!r}, a method of plug-in {spec.origin}, broke the selection contract: {failure}")
+        super().__init__(f"{spec.name!r}, a method of {spec.source}, broke the selection contract: {failure}")
         self.failure = failure
 
 
