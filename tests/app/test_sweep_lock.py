@@ -45,13 +45,16 @@ class Forwards:
     """Every module forward in every thread: whether its thread held the lock, and whether another
     thread was inside a forward at the same time. The sweep's first forward waits for `moved`."""
 
-    def __init__(self, lock: ProbeLock, sweep_thread: list, moved: threading.Event, inside: threading.Event):
+    def __init__(self, model, lock: ProbeLock, sweep_thread: list, moved: threading.Event, inside: threading.Event):
+        self.mine = {id(m) for m in model.modules()}  # this model's modules only (not another test's)
         self.lock, self.sweep_thread, self.moved, self.inside = lock, sweep_thread, moved, inside
         self.depth: dict[int, int] = {}
         self.unlocked, self.overlaps, self.sweep_calls, self.view_calls = 0, 0, 0, 0
         self._mu = threading.Lock()
 
     def pre(self, module, args):
+        if id(module) not in self.mine:
+            return
         me = threading.get_ident()
         with self._mu:
             if any(d > 0 for t, d in self.depth.items() if t != me):
@@ -74,6 +77,8 @@ class Forwards:
             assert self.moved.wait(WAIT)
 
     def post(self, module, args, out):
+        if id(module) not in self.mine:
+            return
         with self._mu:
             self.depth[threading.get_ident()] -= 1
 
@@ -112,7 +117,7 @@ def test_a_view_never_runs_beside_the_sweeps_model_call():
             out.append(mipruner.answer(a, view_enc, None, max_new_tokens=2))
 
     out: list = []
-    with Forwards(lock, sweep_thread, moved, inside) as fw:
+    with Forwards(a.model, lock, sweep_thread, moved, inside) as fw:
         t = threading.Thread(target=sweep, daemon=True)
         t.start()
         assert inside.wait(WAIT)  # the sweep is inside its first model call
