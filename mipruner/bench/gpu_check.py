@@ -45,15 +45,12 @@ import torch
 
 from mipruner.pruners import get_pruner, list_pruners
 
+from .floors import device_name
 from .gpu_check_protocol import CELLS
 from .gpu_check_rows import Clock, DeviceFault, check_media, last_line, planned_rows, summary
 from .zoo import FAMILIES, PROMPTS, get_family, make_media
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device.type)
 
 
 def _names(text: str | None, known: list[str], what: str) -> list[str]:
