@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     import transformers
 
-    from .pruners import DTYPES
+    from .cli import DTYPES
     from .zoo import get_family
 
     t_start = time.monotonic()

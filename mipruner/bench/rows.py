@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     import mipruner
     from mipruner.models.llava.random_weights import build_random_llava
 
-    from .pruners import DTYPES
+    from .cli import DTYPES
 
     a = parse_args(argv)
     ad, desc = build_random_llava(vision_layers=a.vision_layers, vision_width=a.vision_width, llm_layers=a.llm_layers,
