@@ -47,11 +47,13 @@ class Layout:
                                Image.fromarray(clear[self.pictures["index"]]))
 
     def base_term(self, a: int) -> np.ndarray:
-        """base * (256 - a) under tokens, base * 256 elsewhere: the fixed half of a blend."""
+        """base * (256 - a) under tokens, the dimmed strip * 256 elsewhere: the fixed half of a blend. Pixels
+        no token covers (outside a centre crop) are dimmed as the masks dim them: the model never read them."""
         if a not in self.blend_base:
             covered = (self.label >= 0)[..., None]
             b16 = self.base.astype(np.uint16)
-            self.blend_base[a] = np.where(covered, b16 * (256 - a), b16 * 256).astype(np.uint16)
+            self.blend_base[a] = np.where(covered, b16 * (256 - a), self.dimmed.astype(np.uint16) * 256
+                                          ).astype(np.uint16)
         return self.blend_base[a]
 
     @property

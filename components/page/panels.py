@@ -81,6 +81,12 @@ def patch_beside(tokens, x, y):
     return gr.update(visible=True, value=tokens, label=f"clicked patch{where}: its PMI with each prompt token")
 
 
+def cleared_patches() -> list:
+    """Updates that forget the last clicks (a new encoding: its patches are not the old picture's): every
+    panel's clicked-patch box hidden and emptied, then the Inspect section's x, y, PMI and patch info emptied."""
+    return [gr.update(visible=False, value=None) for _ in range(MAX_PANELS)] + [None] * 4
+
+
 def legend_html(legend: list[tuple[str, str]] | None) -> str:
     if not legend:
         return ""
@@ -91,7 +97,11 @@ def legend_html(legend: list[tuple[str, str]] | None) -> str:
     return f'<div style="font-size:0.85em">{chips}</div>'
 
 
-def answer_md(ans: dict | None, generated_hint: str) -> str:
+def answer_md(ans: dict | None, generated_hint: str, partial: str | None = None) -> str:
+    """An answer's Markdown: the answer with its sizes and its own time, its failure, the text decoded so far
+    (`partial`, while it streams), or the hint of how it comes."""
+    if ans is None and partial is not None:
+        return f"**Answer** *(generating)*: {partial}"
     if ans is None:
         return f"*{generated_hint}*"
     if "error" in ans:
@@ -184,20 +194,24 @@ def live_updates(fields: list[tuple[dict, object]], shown: list | None) -> tuple
     return out, [props for props, _ in fields]
 
 
-def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool = False) -> list:
+def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool = False,
+                   partial: dict | None = None) -> list:
     """Updates for the answer field of every panel slot (others unchanged). bare: values only (None
-    in unused, hidden slots), for a page whose view already shows these panels: no prop update."""
+    in unused, hidden slots), for a page whose view already shows these panels: no prop update.
+    partial: the text so far of answers still decoding, by method."""
     out = []
     for i in range(MAX_PANELS):
         if i < len(methods):
-            md = answer_md(answers["methods"].get(methods[i]), hint)
+            md = answer_md(answers["methods"].get(methods[i]), hint, (partial or {}).get(methods[i]))
             out.append(md if bare else gr.update(value=md, visible=True))
         else:
             out.append(None if bare else gr.update())
     return out
 
 
-def reference_md(ans: dict | None) -> str:
+def reference_md(ans: dict | None, partial: str | None = None) -> str:
+    if ans is None and partial is not None:
+        return f"**Unpruned reference answer** *(generating)*: {partial}"
     if ans is None:
         return "**Unpruned reference:** *not generated yet*"
     if "error" in ans:
@@ -206,5 +220,5 @@ def reference_md(ans: dict | None) -> str:
             + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · {timing_line(ans)}")
 
 
-__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",
-           "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]
+__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field",
+           "legend_html", "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]

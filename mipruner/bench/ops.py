@@ -12,7 +12,9 @@ For every pre-LLM method (MI at lam 1 and 0.5 counted apart), on random inputs o
              (method, shapes, K, parameters) records a CUDA graph and later calls replay it
              (`mipruner.pruners.capture`); on the CPU there is nothing to capture, so the column
              shows `torch.compile(fullgraph=True)` of the call with `--cpu-backend` (default
-             "none": not timed; "inductor" needs a C++ compiler and minutes per method).
+             "none": not timed; "inductor" needs a C++ compiler and minutes per method), for the
+             methods capturable at that N_V; a call that does not trace as one graph shows
+             "graph break" (its error in the JSON's `captured_error`).
   same       whether the captured call keeps the same tokens (keep and order) as the eager one.
 
 `--batch B` adds, per method, the selections of B items (random inputs of one shape, seeds 0..B-1):
@@ -102,13 +104,22 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
     elif cpu_backend != "none":
         # dynamic=False: the labels share one lambda code object, whose parameters (MI lam 1 then 0.5) must
         # not turn into symbolic floats on the second compile
+        # only the methods that declare themselves one capturable computation here (`capture.capturable`)
         captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend, dynamic=False)
-                          for label, fn in calls.items()}
+                          for (label, name, extra), fn in zip(labels, calls.values())
+                          if capture.capturable(name, n_v, extra)}
     else:
         captured_calls = {}
     # every label's compiled call enters `mipruner.prune`'s one code object: room for one entry per label, in
     # this block only (dynamo's recompile limit, 8 by default, would fail the ninth label under fullgraph)
+    broken = {}  # label -> why its compiled call failed (a graph break under fullgraph): reported, not raised
     with torch._dynamo.config.patch(recompile_limit=len(labels) + 8):
+        for label in list(captured_calls):
+            try:
+                captured_calls[label]()
+            except Exception as e:  # noqa: BLE001  one method's failure is its row's, the others still run
+                broken[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                del captured_calls[label]
         captured = _median_ms(captured_calls, repeats, sync) if captured_calls else {}
         got = {label: fn() for label, fn in captured_calls.items()}
     rows, out = [], []
@@ -118,10 +129,12 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
             s = got[label]
             same = torch.equal(s.keep.cpu(), ref[label].keep.cpu()) and torch.equal(s.order.cpu(), ref[label].order.cpu())
         c = captured.get(label)
-        rows.append([label, str(ops[label]), f"{eager[label]:.2f}", "-" if c is None else f"{c:.2f}",
+        rows.append([label, str(ops[label]), f"{eager[label]:.2f}",
+                     ("graph break" if label in broken else "-") if c is None else f"{c:.2f}",
                      "-" if c is None else f"{eager[label] / c:.1f}", "-" if same is None else ("yes" if same else "NO")])
         out.append(dict(method=label, n_v=n_v, d=dim, n_t=n_text, k=k, ops=ops[label], eager_ms=eager[label],
-                        captured_ms=c, same_tokens=same, device=str(device), dtype=str(dtype).replace("torch.", "")))
+                        captured_ms=c, same_tokens=same, device=str(device), dtype=str(dtype).replace("torch.", ""),
+                        captured_error=broken.get(label)))
     if batch > 1:
         _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, device, dtype, sync)
     how = "CUDA graph replay" if device.type == "cuda" else (f"torch.compile backend={cpu_backend}"

@@ -80,6 +80,11 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         page.wait_for_function("!document.querySelector('#param-lam input[type=range]').disabled")
         page.locator("#param-lam_rule [data-testid='auto-radio-label']").click()
         page.wait_for_function("document.querySelector('#param-lam input[type=range]').disabled")
+        # under auto it shows the value auto applies, the one MI-Pruner's panel title names
+        title = "document.querySelector('#panel-0-title').innerText"
+        page.wait_for_function(f"/lam [0-9.]+ \\(auto/.test({title})")
+        applied = page.evaluate(f"/lam ([0-9.]+) \\(auto/.exec({title})[1]")
+        page.wait_for_function(f"Number(document.querySelector('#param-lam input[type=number]').value) === {applied}")
 
         # a clicked patch: its PMI appears under the panel clicked
         mask = page.locator("#panel-1-mask img")
@@ -94,9 +99,10 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         assert p["x"] < m["x"] + m["width"] and m["x"] < p["x"] + p["width"]  # in its column
         assert "its PMI with each prompt token" in page.locator("#panel-1-patch").inner_text()
 
-        # phone: with a panel on screen, the budget control is on screen too
+        # phone: with a panel on screen, the budget control is on screen too (the sheet's first control)
         if width < 400:
             page.locator("#panel-0-mask").scroll_into_view_if_needed()
+            page.evaluate("document.querySelector('#controls-col').scrollTop = 0")
             vh = page.viewport_size["height"]
             b, pm = box(page, "#budget"), box(page, "#panel-0-mask")
             assert 0 <= b["y"] and b["y"] + b["height"] <= vh, b
@@ -111,6 +117,7 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         page.click("#run")
         page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
         page.wait_for_selector("#frame", state="visible")
+        assert not page.locator("#panel-1-patch").is_visible()  # the picture's clicked patch is forgotten
         natural = "document.querySelector('#panel-0-mask img').naturalWidth"
         n_visual = page.evaluate("/-> (\\d+) visual tokens/.exec(document.querySelector('#status').innerText)[1]")
         page.wait_for_function(f"/ {n_visual} tokens kept/.test(document.querySelector('#panel-0-title').innerText)")
