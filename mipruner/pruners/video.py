@@ -135,8 +135,9 @@ def dissimilarity(visual: torch.Tensor, frames: Frames) -> torch.Tensor:
 
 
 def uniqueness(visual: torch.Tensor, frames: Frames) -> torch.Tensor:
-    """(T,) float32: each frame's mean `dissimilarity` (frame 0: 1, all new)."""
-    return dissimilarity(visual, frames).mean(1)
+    """(T,) float32: each frame's mean `dissimilarity` (frame 0: 1, all new), at least 0: a frame that repeats
+    the previous one gives 1 - cos a rounding error below 0 (-1e-8), which is no weight."""
+    return dissimilarity(visual, frames).clamp_min(0).mean(1)
 
 
 def split_budget(k: int, sizes: Sequence[int], weights: Sequence[float] | None = None) -> list[int]:

@@ -45,7 +45,19 @@ def test_dissimilarity_is_one_minus_cosine_to_the_previous_frame():
     d = dissimilarity(x, fr)
     want = 1 - F.cosine_similarity(x[4:], x[:-4], dim=-1).view(2, 4)
     assert d.shape == (3, 4) and torch.equal(d[0], torch.ones(4)) and torch.equal(d[1:], want)
-    assert torch.equal(uniqueness(x, fr), d.mean(1))
+    assert torch.equal(uniqueness(x, fr), d.clamp_min(0).mean(1))
+
+
+def test_repeated_frames_weigh_nothing_and_split_the_budget():
+    """Frames that repeat the previous one exactly: 1 - cos can round below 0 (here -1.2e-7 on every slot), which
+    must read as 0, never as a negative weight that `split_budget` refuses (found on shapes-events' still frames)."""
+    row = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))[2]  # a row whose cos with itself rounds above 1
+    x = row.repeat(32, 1)  # 8 identical frames of 4 identical tokens
+    fr = frame_slots(torch.arange(8).repeat_interleave(4), 32)
+    assert (dissimilarity(x, fr)[1:].abs() < 1e-6).all()  # on this machine's CPU each rounds to -1.2e-7
+    w = uniqueness(x, fr)
+    assert (w >= 0).all() and w[0] == 1 and (w[1:] < 1e-6).all()
+    assert split_budget(6, [4] * 8, w.tolist()) == [4, 1, 1, 0, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("k,sizes,weights,want", [

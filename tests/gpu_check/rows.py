@@ -1,4 +1,4 @@
-"""The rows of `python -m mipruner.bench gpu-check`: one (family, media) encoding, every method x budget.
+"""The rows of `python -m tests.gpu_check run`: one (family, media) encoding, every method x budget.
 
 Per (family, media): ONE encoding (with the vision encoder's attention, which some methods read),
 the unpruned answer, then
@@ -30,9 +30,9 @@ import torch
 
 import mipruner
 from mipruner.batch import answer_items
-from mipruner.pruners import resolve_budget
+from mipruner.pruners import get_pruner, resolve_budget
 
-from .finite_logits import LogitWatch
+from mipruner.bench.finite_logits import LogitWatch
 
 KEEP_ALL = "keep-all"
 REDRAWS = 3  # unpruned answers drawn again when keep-all differs from the first (see keep_all_row)
@@ -51,7 +51,9 @@ def empty_row(family: str, media: str, method: str, budget, error: str | None = 
 
 
 def planned_rows(family: str, media: str, methods: list[str], shares: list[float], error: str | None = None):
-    """The rows of one (family, media), not yet run: the keep-all anchor, then each method x share."""
+    """The rows of one (family, media), not yet run: the keep-all anchor, then each method x share (a video
+    method, `MethodSpec.video`, on video media only: on an image it does not apply)."""
+    methods = [m for m in methods if media == "video" or not get_pruner(m).video]
     return [empty_row(family, media, m, s, error) for m, s in [(KEEP_ALL, 1.0)] + [(m, s) for m in methods
                                                                                      for s in shares]]
 
@@ -212,7 +214,7 @@ def check_media(adapter, family: str, kind: str, media, prompt: str, methods: li
 
 
 def format_rows(rows: list[dict]) -> str:
-    from .timing import table
+    from mipruner.bench.timing import table
 
     def f(x, d=1):
         return "-" if x is None else f"{x:.{d}f}"

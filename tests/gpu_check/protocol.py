@@ -33,11 +33,10 @@ import torch
 
 import mipruner
 from mipruner.batch import use_decode_path
+from mipruner.bench.efficiency import PROMPT, PeakMemory, make_run, measure_cell
+from mipruner.bench.gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
+from mipruner.bench.prefill import test_image
 from mipruner.pruners import get_pruner, list_pruners
-
-from .efficiency import PROMPT, PeakMemory, make_run, measure_cell
-from .gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
-from .prefill import test_image
 
 MI = ("mi", {"lam": 1.0})
 CELLS = ("select", "latency", "batch", "view", "compiled")  # the cell groups, in the order they run
@@ -47,7 +46,7 @@ GROUP = {"latency": "latency", "throughput": "batch", "view": "view"}  # an eage
 def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]:
     enc = mipruner.encode_for(adapter, image, PROMPT, list_pruners())  # with every signal a method reads
     out = []
-    for m in list_pruners():
+    for m in (m for m in list_pruners() if not get_pruner(m).video):  # an image: the video methods do not apply
         mipruner.select(adapter, enc, m, budget, cache={}, strict=False)  # warm-up
         times = []
         for _ in range(max(3, repeats)):
