@@ -80,7 +80,7 @@ def default_values(param: str) -> str:
     hi = p.high if p.high is not None else max(1, 4 * (p.default or 1))
     if p.kind == "int":
         return ",".join(str(v) for v in sorted({int(v) for v in np.linspace(max(lo, 1 if p.low_open else lo), hi, 4)}))
-    pts = np.linspace(lo, hi, 5)[1 if p.low_open else 0:]
+    pts = np.linspace(lo, hi, 5)[1 if p.low_open else 0:None if not getattr(p, "high_open", False) else -1]
     return ",".join(f"{v:g}" for v in pts)
 
 

@@ -19,6 +19,7 @@ from PIL import Image
 
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, resolve_block
+from ..pruners.video import token_frames
 
 
 @dataclass
@@ -166,6 +167,14 @@ class Encoded:
     def grid(self) -> torch.Tensor:
         """(N_V, 3) (view, row, col) of each visual token (`TokenGeometry.grid`), the `grid=` input of `pool`."""
         return self.geometry.grid()
+
+    @functools.cached_property
+    def frame_index(self) -> torch.Tensor:
+        """(N_V,) int64 video frame of each visual token, -1 for row newlines (`pruners.video.token_frames`), the
+        `frame_index=` input of the video methods and of the per-frame option. Not a video (an image, whose
+        views the geometry may number as frames, or several images): one frame, 0."""
+        frame = self.geometry.frame
+        return token_frames(frame if self.is_video else torch.zeros_like(frame), self.geometry.kind)
 
     @functools.cached_property
     def scoring_tokens(self) -> list[str]:
