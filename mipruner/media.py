@@ -18,10 +18,12 @@ base name only.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -284,3 +286,38 @@ def load_media(source, num_frames: int = 8):
     if is_video_path(source):
         return load_video(source, num_frames)
     return load_image(source)
+
+
+def media_hash(media: Any) -> str:
+    """sha256 of the media's content: file bytes for a path, pixels for images, frames for videos.
+
+    The one media key of the package: the app's encoding cache (`mipruner.session`) and the lmms-eval
+    answer cache (`mipruner.lmms.cache`) both key media by it, so the same media gets the same key in both."""
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, Image.Image):
+            h.update(f"img:{x.mode}:{x.size}".encode())
+            h.update(x.tobytes())
+        elif isinstance(x, np.ndarray):
+            h.update(f"arr:{x.dtype}:{x.shape}".encode())
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, (list, tuple)):
+            h.update(f"list:{len(x)}".encode())
+            for item in x:
+                feed(item)
+        elif isinstance(x, (str, os.PathLike)):
+            path = os.fspath(x)
+            h.update(f"file:{os.path.splitext(path)[1].lower()}".encode())  # the suffix picks image vs video
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        elif hasattr(x, "frames") and hasattr(x, "indices"):  # mipruner.media.Video
+            h.update(f"video:{x.indices}:{x.fps}".encode())
+            feed(list(x.frames))
+        else:
+            raise ValueError(f"unsupported media type {type(x).__name__}: give a path, a PIL image, an "
+                             "array, a list of images or a Video")
+
+    feed(media)
+    return h.hexdigest()

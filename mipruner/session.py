@@ -8,7 +8,6 @@ the same for files the app writes (rendered panels, exports) on disk.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import threading
@@ -22,6 +21,7 @@ from PIL import Image
 
 from . import viz
 from .files import FileBudget  # noqa: F401 - its home was this module
+from .media import media_hash  # noqa: F401 - the one media hasher (the lmms answer cache uses it too)
 
 
 class EncodingKey(NamedTuple):
@@ -36,38 +36,6 @@ class EncodingKey(NamedTuple):
 
 class StaleKeyError(LookupError):
     """The key names no encoding of this session (never encoded, evicted or expired)."""
-
-
-def media_hash(media: Any) -> str:
-    """sha256 of the media's content: file bytes for a path, pixels for images, frames for videos."""
-    h = hashlib.sha256()
-
-    def feed(x: Any) -> None:
-        if isinstance(x, Image.Image):
-            h.update(f"img:{x.mode}:{x.size}".encode())
-            h.update(x.tobytes())
-        elif isinstance(x, np.ndarray):
-            h.update(f"arr:{x.dtype}:{x.shape}".encode())
-            h.update(np.ascontiguousarray(x).tobytes())
-        elif isinstance(x, (list, tuple)):
-            h.update(f"list:{len(x)}".encode())
-            for item in x:
-                feed(item)
-        elif isinstance(x, (str, os.PathLike)):
-            path = os.fspath(x)
-            h.update(f"file:{os.path.splitext(path)[1].lower()}".encode())  # the suffix picks image vs video
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-        elif hasattr(x, "frames") and hasattr(x, "indices"):  # mipruner.media.Video
-            h.update(f"video:{x.indices}:{x.fps}".encode())
-            feed(list(x.frames))
-        else:
-            raise ValueError(f"unsupported media type {type(x).__name__}: give a path, a PIL image, an "
-                             "array, a list of images or a Video")
-
-    feed(media)
-    return h.hexdigest()
 
 
 @dataclass

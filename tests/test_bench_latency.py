@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mipruner.bench.floors import cell_floor, device_figures, kv_bytes, tower_flops, weight_bytes
+from mipruner.bench.floors import cell_floor, device_figures, floor_ratio, kv_bytes, tower_flops, weight_bytes
 from mipruner.bench.latency_report import TARGETS, format_report, goals
 from mipruner.bench.stats import ci_ranks, median_ci, ratio_text
 
@@ -108,6 +108,8 @@ def test_goals_are_ratios_of_the_cells():
         _cell("compiled", "view", "one answer", length=32, total=100.0),
         _cell("compiled", "view", "6 answers", length=32, batch=6, total=130.0),
         _cell("eager", "batch", "generate", batch=32, total=800.0),
+        _cell("eager", "batch", "ours-none", batch=32, total=1000.0),
+        _cell("eager", "batch", "ours-mi", batch=32, total=100.0),
         _cell("compiled", "batch", "generate-static", batch=32, total=600.0),
         _cell("compiled", "batch", "ours-none", batch=32, total=500.0),
         _cell("compiled", "batch", "ours-mi", batch=32, total=150.0),
@@ -120,7 +122,11 @@ def test_goals_are_ratios_of_the_cells():
     assert g["mi_ttft_vs_generate_static"] == 0.25 and g["mi_ttft_vs_floor"] == 2.0
     assert g["decode_vs_weight_floor"] == {"ours-mi": 1.25}  # the longest answer's cells
     assert g["six_answers_vs_one_n2"] == 1.45 and g["six_answers_vs_one_n32"] == 1.3
-    assert g["batch_none_vs_generate"] == 1.2 and g["batch_mi_vs_generate"] == 4.0  # against the best generate
+    # each phase's ours against that phase's generate (one interleaved group), never across phases (800 / 500
+    # would compare cells that did not run interleaved); the goal is the lower phase's ratio
+    assert g["batch_by_phase"]["eager"]["none"] == 0.8 and g["batch_by_phase"]["eager"]["mi"] == 8.0
+    assert g["batch_by_phase"]["compiled"]["none"] == 1.2 and g["batch_by_phase"]["compiled"]["mi"] == 4.0
+    assert g["batch_none_vs_generate"] == 0.8 and g["batch_mi_vs_generate"] == 4.0
     assert g["select_max_ms"] == 2.0 and g["select_over_0_5ms"] == ["cdpruner"]
     assert g["encode_ms_per_image_b1"] == 12.0 and g["encode_ms_per_image_bB"] == 2.0
     assert g["targets"] == TARGETS
@@ -129,7 +135,7 @@ def test_goals_are_ratios_of_the_cells():
 
 
 def test_report_format_names_its_sources_and_intervals():
-    fl = {"ttft_ms": 5.0, "decode_step_ms": 4.5, "decode_weight_ms": 4.0}
+    fl = {"ttft_ms": 5.0, "decode_step_ms": 4.5, "decode_weight_ms": 4.0, "total_ms": 9.5}
     cells = [_cell("compiled", "latency", "generate-static", ttft=40.0, per=8.0, floor=fl),
              _cell("compiled", "latency", "ours-mi", ttft=10.0, per=6.0, floor=fl, budget=64)]
     report = {"device": "NVIDIA H100 80GB HBM3", "dtype": "bf16", "model": "m", "n_visual": 576, "budget": 64,
@@ -140,8 +146,90 @@ def test_report_format_names_its_sources_and_intervals():
     assert "H100 SXM: NVIDIA H100 Tensor Core GPU datasheet" in text and "CUDA events" in text
     assert "10.0 [9.0-11.0]" in text  # a median and its interval
     assert "ours-mi@64" in text and "TTFT/floor" in text and "2.00" in text  # 10 ms against a 5 ms floor
-    assert "n=2 compiled: ours-mi / generate-static: total 1.000 (0.818-1.222), TTFT 0.250" in text
-    assert "mi_ttft_vs_generate_static 0.25 (target <= 0.5)" in text
+    assert ("n=2 compiled: ours-mi / generate-static: total 1.000 (0.818-1.222) [floor 1.000 (ms)], "
+            "TTFT 0.250 (0.205-0.306) [floor 1.000 (ms)]") in text
+    assert "mi_ttft_vs_generate_static 0.25 [floor 1.000 (ms)] (target <= 0.5)" in text
+
+
+def test_floor_of_a_ratio_in_ms_where_known_else_in_flops():
+    dev, cpu = device_figures("NVIDIA H100 80GB HBM3", "bf16"), device_figures("cpu", "fp32")
+    mi, gen = (cell_floor(LLAVA, cpu, "fp32", prompt=p, new_tokens=32) for p in (79, 591))
+    r, basis = floor_ratio(mi, gen, "ttft")
+    assert basis == "FLOPs" and r == round(mi["prefill_flops"] / gen["prefill_flops"], 3) and 0 < r < 1
+    r, basis = floor_ratio(mi, gen, "total")
+    assert basis == "FLOPs" and r == round(mi["total_flops"] / gen["total_flops"], 3)
+    assert mi["total_flops"] > mi["prefill_flops"]  # 31 decoding steps after the prefill
+    mi, gen = (cell_floor(LLAVA, dev, "bf16", prompt=p, new_tokens=32) for p in (79, 591))
+    r, basis = floor_ratio(mi, gen, "total")
+    assert basis == "ms" and r == round(mi["total_ms"] / gen["total_ms"], 3)
+    assert mi["total_ms"] == pytest.approx(mi["ttft_ms"] + 31 * mi["decode_step_ms"])
+    assert floor_ratio(None, gen) == (None, None)
+    # rows of their own lengths (the app's view: the unpruned row and pruned ones), no tower pass
+    view = cell_floor(LLAVA, cpu, "fp32", prompt=600, new_tokens=2, images=0, prompts=[600, 100, 100])
+    one = cell_floor(LLAVA, cpu, "fp32", prompt=600, new_tokens=2, images=0)
+    assert view["prefill_flops"] == one["prefill_flops"] + 2 * cell_floor(LLAVA, cpu, "fp32", 100, 2, images=0)[
+        "prefill_flops"]
+
+
+class MarkClock:
+    """Marks 0, 1, 2, ... in call order: each part's time is the count of marks between its ends."""
+
+    cuda = False
+
+    def __init__(self):
+        self.n = -1
+
+    def mark(self):
+        self.n += 1
+        return float(self.n)
+
+    def ms(self, a, b):
+        return b - a
+
+    def sync(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def tiny_llava():
+    import torch
+
+    from mipruner.bench.zoo import get_family
+
+    adapter, _ = get_family("llava").build(tiny=True, device=torch.device("cpu"), dtype=torch.float32, seed=0)
+    return adapter
+
+
+def test_run_parts_are_timed_between_their_own_marks(tiny_llava):
+    """select_ms is encoded -> selected, not start -> selected (which held the encode): marks start 0,
+    encoded 1, selected 2, first logits 3, end 4."""
+    from mipruner.bench import latency
+    from mipruner.bench import latency_runs as R
+
+    image, prompt = latency.inputs(1, int(tiny_llava.config.vision_config.image_size))[0]
+    r = R.ours(tiny_llava, MarkClock(), 3, "mi", 8, {"lam": 1.0})(image, prompt)
+    assert (r["encode_ms"], r["select_ms"], r["ttft_ms"], r["total_ms"]) == (1.0, 1.0, 3.0, 4.0)
+    r = R.batch(tiny_llava, MarkClock(), 3, "mi", 8, {"lam": 1.0}, 2)(image, prompt)
+    assert (r["encode_ms"], r["select_ms"], r["total_ms"]) == (1.0, 1.0, 4.0)
+
+
+def test_selection_cells_time_the_end_to_end_mi(tiny_llava):
+    """The select cell of MI runs MI as the MI@budget cells do (lambda 1, not "auto"), and says so."""
+    from mipruner.bench import latency
+
+    pairs = latency.inputs(1, int(tiny_llava.config.vision_config.image_size))
+    cells = {c["method"]: c for c in latency.select_cells(tiny_llava, MarkClock(), pairs, 8, 1)}
+    assert cells["mi"]["params"] == dict(latency.MI[1]) == {"lam": 1.0} and cells["mi"]["label"] == "mi lam=1"
+    assert cells["random"]["params"] == {} and cells["random"]["label"] == "random"
+
+
+def test_the_compiled_phase_pads_only_where_something_compiles():
+    import torch
+
+    from mipruner.bench.latency import compiled_path
+
+    assert compiled_path(torch.device("cpu")) == {"bucket": 0, "static_cache": True, "compile": True}
+    assert compiled_path(torch.device("cuda"))["bucket"] == 64
 
 
 def test_a_tiny_run_writes_every_cell(tmp_path, capsys):
@@ -169,6 +257,19 @@ def test_a_tiny_run_writes_every_cell(tmp_path, capsys):
             assert c["compiles_timed"] >= 0 and c["reserved_mb"] is None
     assert not [c for c in cells if c["kind"] == "select"]  # --no-select
     assert report["device_figures"]["source"].startswith("unknown on the CPU")
+    assert report["compiled_path"]["bucket"] == 0  # the CPU: nothing compiles, nothing padded
+    for c in cells:
+        if c["kind"] in ("latency", "batch", "view"):
+            assert c["floor"]["total_flops"] >= c["floor"]["prefill_flops"] > 0
+    for phase in ("eager", "compiled"):  # the prompt is the same with and without the static path: no padding
+        a, b = (next(c for c in cells if (c["phase"], c["method"], c["length"]) == (phase, m, 2))
+                for m in ("ours-none", "ours-mi"))
+        assert a["prompt_tokens"] > b["prompt_tokens"]
+    assert {c["prompt_tokens"] for c in cells if c["method"] == "ours-none" and c["kind"] == "latency"} == {
+        next(c for c in cells if c["method"] == "ours-none")["prompt_tokens"]}
+    view = next(c for c in cells if c["kind"] == "view" and c["batch"] > 1)
+    assert len(view["row_tokens"]) == view["batch"] and view["row_tokens"][0] == view["prompt_tokens"]
+    assert report["goals"]["floors"]["six_answers_vs_one_n2"]["basis"] == "FLOPs"
     assert set(TARGETS) <= set(report["goals"])
     out = capsys.readouterr().out
     assert "device figures: unknown on the CPU" in out and "goals: mi_ttft_vs_generate_static" in out

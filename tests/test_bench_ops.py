@@ -34,3 +34,16 @@ def test_batch_columns_time_one_by_one_against_prune_batch():
         assert by[label]["batched_ms_per_item"] > 0 and by[label]["one_by_one_ms_per_item"] > 0
     assert "batch" not in by["cdpruner"]  # declares no batched call
     assert "3 batched ms/item" in lines[-1]
+
+
+def test_every_pre_llm_method_traces_as_one_graph_in_the_captured_column():
+    """`--cpu-backend eager`: each method's `mipruner.prune` call compiled with fullgraph=True (a graph break
+    raises), pool included, more labels than dynamo's default recompile limit, MI's lambda 1 then 0.5 on one
+    code object; every compiled call keeps the eager tokens."""
+    import mipruner
+
+    torch._dynamo.reset()
+    methods = mipruner.list_pruners("projector") + mipruner.list_pruners("vision")
+    rows = ops.run(36, 8, 3, 4, methods, repeats=1, cpu_backend="eager", log=lambda _: None)
+    assert len(rows) == len(methods) + 1 > 8 and "pool" in {r["method"] for r in rows}
+    assert all(r["captured_ms"] is not None and r["same_tokens"] is True for r in rows), rows

@@ -1,6 +1,7 @@
 """Every flag a command's `--help` offers is described on some docs page (README.md, docs/*.md), and every
 flag of app.py on docs/app.md. The commands: app.py, `python -m mipruner.eval` and its `sweep`, every
-`python -m mipruner.bench` command (from its own table), `mipruner.check_pruner`, `mipruner.lmms` (lmms-eval's
+`python -m mipruner.bench` command (from its own table), the GPU acceptance check `python -m tests.gpu_check
+run`, `mipruner.check_pruner`, `mipruner.lmms` (lmms-eval's
 own command line: its flags are lmms-eval's), `mipruner.lmms.make_tasks`, `mipruner.lmms.table` and
 `mipruner.shapes.train`. A method parameter's generated option (`--dominant-ratio` for `dominant_ratio`:
 mipruner/eval/cli_options.py) counts as described where docs/methods.md names the parameter and
@@ -22,7 +23,8 @@ from .test_docs import PAGES, read
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = [["app.py"], ["-m", "mipruner.eval"], ["-m", "mipruner.eval", "sweep"], ["-m", "mipruner.check_pruner"],
             ["-m", "mipruner.lmms"], ["-m", "mipruner.lmms.make_tasks"], ["-m", "mipruner.lmms.table"],
-            ["-m", "mipruner.shapes.train"], *(["-m", "mipruner.bench", name] for name in BENCH)]
+            ["-m", "mipruner.shapes.train"], *(["-m", "mipruner.bench", name] for name in BENCH),
+            ["-m", "tests.gpu_check", "run"]]
 RULE = "Every method parameter is also an option"  # the sentence of docs/evaluation.md that states the rule
 
 

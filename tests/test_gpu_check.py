@@ -1,4 +1,4 @@
-"""`python -m mipruner.bench gpu-check` on the CPU (tiny random models): every family of the zoo x its
+"""`python -m tests.gpu_check run` on the CPU (tiny random models): every family of the zoo x its
 media x every registered method x 2 budget shares + the keep-all anchor, each row ok; a method that
 raises is recorded with its error and the run goes on (exit code 1); a keep-all answer that differs
 from the unpruned one fails its row; the report's keys; the protocol's cells within its time budget;
@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.bench import gpu_check, zoo
-from mipruner.bench.gpu_check_rows import FIELDS, KEEP_ALL, Clock, check_media
+from mipruner.bench import zoo
 from mipruner.pruners import Selection, list_pruners, register_pruner, unregister_pruner
+
+from tests.gpu_check import check as gpu_check
+from tests.gpu_check.rows import FIELDS, KEEP_ALL, Clock, check_media
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT_KEYS = {"device", "torch", "transformers", "dtype", "tiny", "llm_layers", "command", "rows", "protocol",
@@ -29,7 +31,7 @@ def full_run(tmp_path_factory):
     """The CI command itself, in a subprocess: (exit code, report, stdout)."""
     out = tmp_path_factory.mktemp("gpu_check") / "r.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "mipruner.bench", "gpu-check", "--tiny", "--device", "cpu", "--json",
+    p = subprocess.run([sys.executable, "-m", "tests.gpu_check", "run", "--tiny", "--device", "cpu", "--json",
                         str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return p.returncode, json.loads(out.read_text()), p.stdout + p.stderr
 
@@ -52,7 +54,7 @@ def test_report_schema_and_values(full_run):
     assert report["device"] == "cpu" and report["dtype"] == "fp32" and report["tiny"] is True
     assert report["llm_layers"] is None  # the configs' depth unless --llm-layers
     assert report["torch"] == torch.__version__ and report["protocol"] is None  # off on the CPU unless asked
-    assert report["command"].startswith("python -m mipruner.bench gpu-check --tiny")
+    assert report["command"].startswith("python -m tests.gpu_check run --tiny")
     for r in report["rows"]:
         assert set(r) == set(FIELDS) and r["error"] is None
         assert r["peak_mb"] is None  # CPU: not measured
@@ -177,7 +179,7 @@ def test_media_that_fail_to_encode_fail_their_rows(tiny_llava):
 
 
 def test_protocol_cells_and_time_budget(tiny_llava):
-    from mipruner.bench.gpu_check_protocol import run_protocol
+    from tests.gpu_check.protocol import run_protocol
 
     seen = []
     p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), log=lambda *_: None,
@@ -205,7 +207,7 @@ def test_protocol_cells_and_time_budget(tiny_llava):
 def test_protocol_compiled_phase(tiny_llava):
     """The compiled phase's cells (on the CPU the static path runs, `generate` does not compile), the
     plain path restored afterwards, and a budget below the compile allowance skips the phase's cells."""
-    from mipruner.bench.gpu_check_protocol import run_protocol
+    from tests.gpu_check.protocol import run_protocol
 
     p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), compiled=True,
                      log=lambda *_: None)
@@ -269,9 +271,11 @@ def test_llm_layers_shorten_only_the_llm(name):
 
 
 def test_command_line():
-    from mipruner.bench.__main__ import COMMANDS
+    from mipruner.bench.__main__ import COMMANDS, MOVED
+    from mipruner.bench.__main__ import main as bench_main
 
-    assert "gpu-check" in COMMANDS
+    assert "gpu-check" not in COMMANDS and bench_main(["gpu-check"]) == 2  # it left the package, and says where
+    assert "tests.gpu_check run" in MOVED["gpu-check"]
     with pytest.raises(SystemExit, match="unknown family 'internvl9'"):
         gpu_check.main(["--tiny", "--families", "internvl9"])
     with pytest.raises(SystemExit, match="unknown method 'nosuch'"):

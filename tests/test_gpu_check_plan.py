@@ -9,10 +9,12 @@ import shlex
 
 import pytest
 
-from mipruner.bench import gpu_check, zoo
-from mipruner.bench.gpu_check_rows import planned_rows
+from mipruner.bench import zoo
+
+from tests.gpu_check import check as gpu_check
 from tests.gpu_check.__main__ import main as tools_main
 from tests.gpu_check.plan import H100_S, PROCESS_S, START_S, merge, merge_main, seconds_per_media
+from tests.gpu_check.rows import planned_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100_REPORT = os.path.join(ROOT, "docs", "gpu", "2026-11-25-h100-gpu-check.json")
@@ -21,7 +23,7 @@ H100_REPORT = os.path.join(ROOT, "docs", "gpu", "2026-11-25-h100-gpu-check.json"
 def _plan(capsys, *args):
     assert tools_main(["plan", *args]) == 0
     out = capsys.readouterr().out.splitlines()
-    runs = [x for x in out if x.startswith("python -m mipruner.bench gpu-check")]
+    runs = [x for x in out if x.startswith("python -m tests.gpu_check run")]
     merge_line, = [x for x in out if x.startswith("python -m tests.gpu_check merge")]
     parsed = []
     for line in runs:

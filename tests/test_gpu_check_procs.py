@@ -14,12 +14,14 @@ import textwrap
 import pytest
 import torch
 
-from mipruner.bench import gpu_check, zoo
+from mipruner.bench import zoo
 from mipruner.bench.finite_logits import LogitWatch
-from mipruner.bench.gpu_check_protocol import CELLS, run_protocol
-from mipruner.bench.gpu_check_rows import KEEP_ALL, Clock, check_media
 from mipruner.models.common.random_build import build_model, rotary_in_float32
 from mipruner.pruners import Selection, list_pruners, register_pruner, unregister_pruner
+
+from tests.gpu_check import check as gpu_check
+from tests.gpu_check.protocol import CELLS, run_protocol
+from tests.gpu_check.rows import KEEP_ALL, Clock, check_media
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,7 +50,7 @@ def test_an_aborting_family_costs_only_its_rows(tmp_path):
     plugin.write_text(ABORTING_PLUGIN)
     out = tmp_path / "r.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "mipruner.bench", "gpu-check", "--tiny", "--device", "cpu", "--isolate",
+    p = subprocess.run([sys.executable, "-m", "tests.gpu_check", "run", "--tiny", "--device", "cpu", "--isolate",
                         "family", "--families", "llava,qwen2_vl,qwen3_vl", "--media", "image", "--methods",
                         "gpu_check_abort", "--shares", "0.25", "--plugins", str(plugin), "--json", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -213,7 +215,7 @@ def test_rotary_in_float32_casts_and_keeps_buffers():
 
 
 def test_child_arguments_and_causes():
-    from mipruner.bench.gpu_check_procs import cause, child_args
+    from tests.gpu_check.procs import cause, child_args
 
     a = gpu_check.parse_args(["--tiny", "--device", "cpu", "--methods", "mi,random", "--shares", "0.5", "--cells",
                               "view", "--llm-layers", "3", "--static-cache", "--no-protocol"])

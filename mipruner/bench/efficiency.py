@@ -29,9 +29,7 @@ ViT-L/14-336 + a `--llm-layers` Llama of width 4096): timings are real, answers 
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
-import json
 import statistics
 import time
 
@@ -42,6 +40,7 @@ from mipruner import inllm
 from mipruner.pruners import get_pruner
 from mipruner.pruners.signals import encode_kwargs
 
+from .cli import add_run_options, command_parser, names, parse, write_json
 from .prefill import test_image
 from .timing import table
 
@@ -193,29 +192,20 @@ def parse_budgets(text: str) -> list:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mipruner.bench efficiency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("efficiency", __doc__)
     p.add_argument("--model", default="random", help="'random' (built in memory), a path, hub id or alias")
     p.add_argument("--methods", default="none,mi,random,fastv,dart")
     p.add_argument("--budgets", default="64,128", help="ints are tokens, floats in (0,1] shares")
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=10)
+    add_run_options(p, repeats=30, warmup=10, device=None, dtype="bf16", json_help="write the rows to this JSON file")
     p.add_argument("--new-tokens", type=int, default=32, help="answer length, forced (EOS masked)")
     p.add_argument("--layer", type=int, default=None, help="fastv/dart K (default 2)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--llm-layers", type=int, default=4, help="random model only")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
-    p.add_argument("--json", help="write the rows to this JSON file")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    a = parse(p, argv)
+    methods = names(a.methods)
     for m in methods:
         if m != "none":
             get_pruner(m)  # unknown names fail before the model is built
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype, device = a.torch_dtype, a.device
     t0 = time.perf_counter()
     if a.model == "random":
         from mipruner.models.llava.llava_hf import LlavaAdapter
@@ -234,7 +224,5 @@ def main(argv=None) -> None:
     rows = run_all(ad, methods, parse_budgets(a.budgets), a.repeats, a.warmup, a.new_tokens, params)
     print(f"memory: {PeakMemory(device).kind}")
     print(format_rows(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"model": desc, "device": str(device), "threads": torch.get_num_threads(),
-                       "new_tokens": a.new_tokens, "rows": rows}, f, indent=1)
+    write_json(a.json, {"model": desc, "device": str(device), "threads": torch.get_num_threads(),
+                        "new_tokens": a.new_tokens, "rows": rows})

@@ -5,7 +5,8 @@ sparsity; HBM bandwidth), matched on `torch.cuda.get_device_name`, or given on t
 (`--peak-tflops`, `--bandwidth-gbs`). On the CPU, or an unknown GPU, the floor is unknown unless given.
 The source of the figures is printed with every report.
 
-Floors (`cell_floor`), for a batch of `rows` identical rows of `prompt` LLM tokens:
+Floors (`cell_floor`), for a batch of `rows` identical rows of `prompt` LLM tokens (or rows of their own
+lengths, `prompts`):
 - time to first token: the vision tower on the row's images plus the LLM prefill, as a roofline:
   max(FLOPs / peak FLOP/s, bytes / bandwidth), the bytes being the weights read once (the tower's and
   the LLM's) and the KV cache written. The issue's wording (FLOPs / peak) is the first term; at 79
@@ -15,6 +16,10 @@ Floors (`cell_floor`), for a batch of `rows` identical rows of `prompt` LLM toke
   "weight-bandwidth floor" of the per-token goal).
 FLOPs per row: `mipruner.answer_time.row_prefill_flops` (LLM) and `tower_flops` (a ViT's blocks and the
 projector), both approximations from the configs (norms, softmax and rotary left out).
+
+The floor of a ratio of two cells (`floor_ratio`) is the ratio of their floors: in ms where the device's
+figures are known, else in FLOPs (the compute floor, known on any device). The reports print it beside
+every ratio, so that "0.514x generate's" reads against "floor 0.506".
 """
 from __future__ import annotations
 
@@ -43,6 +48,14 @@ DEVICES = [
      "source": "NVIDIA A100 Tensor Core GPU datasheet (40GB): BF16 312 TFLOP/s dense; HBM2 1,555 GB/s"},
 ]
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def device_name(device) -> str:
+    """torch's CUDA device name ("NVIDIA H100 80GB HBM3"), or the device type ("cpu") elsewhere."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device.type)
 
 
 def device_figures(name: str, dtype: str, peak_tflops: float | None = None,
@@ -97,17 +110,42 @@ def kv_bytes(config, tokens: int, dtype: str) -> float:
 
 
 def cell_floor(config, dev: dict, dtype: str, prompt: int, new_tokens: int, rows: int = 1,
-               images: int = 1) -> dict:
-    """Floors in ms of one cell (module docstring); None where the device's figures are unknown."""
+               images: int = 1, prompts: list[int] | None = None) -> dict:
+    """Floors in ms of one cell (module docstring); None where the device's figures are unknown.
+
+    `prompts`: each row's LLM tokens where the rows differ (the app's view: the unpruned row and the pruned
+    ones; `rows` is then their count), else `rows` rows of `prompt`. `images`: tower passes per row (0 when
+    the cell reads a cached encoding). `total_flops` (the whole answer: the prefill and every decoding step,
+    i.e. each row's prefill FLOPs at prompt + new - 1 tokens) and `prefill_flops` are known on any device:
+    the compute floor of a ratio where the device's figures are not."""
+    prompts = [int(prompt)] * rows if prompts is None else [int(p) for p in prompts]
+    rows = len(prompts)
     w = weight_bytes(config, dtype)
-    flops = rows * (row_prefill_flops(config, prompt) + tower_flops(config, images))
-    ttft_bytes = w["llm"] + w["tower"] + rows * kv_bytes(config, prompt, dtype)
-    ctx = prompt + new_tokens // 2
-    step_bytes = w["llm"] + rows * kv_bytes(config, ctx, dtype)
+    tower = rows * tower_flops(config, images) if images else 0.0
+    flops = sum(row_prefill_flops(config, p) for p in prompts) + tower
+    total_flops = sum(row_prefill_flops(config, p + max(int(new_tokens), 1) - 1) for p in prompts) + tower
+    ttft_bytes = w["llm"] + (w["tower"] if images else 0) + sum(kv_bytes(config, p, dtype) for p in prompts)
+    step_bytes = w["llm"] + sum(kv_bytes(config, p + new_tokens // 2, dtype) for p in prompts)
     peak, bw = dev["peak_flops"], dev["bandwidth"]
     ms = lambda x, rate: (x / rate * 1e3) if rate else None  # noqa: E731
     compute, memory = ms(flops, peak), ms(ttft_bytes, bw)
-    return {"prefill_flops": flops, "ttft_compute_ms": compute, "ttft_memory_ms": memory,
-            "ttft_ms": max(compute, memory) if compute is not None and memory is not None else None,
-            "decode_step_ms": ms(step_bytes, bw), "decode_weight_ms": ms(w["llm"], bw),
+    ttft = max(compute, memory) if compute is not None and memory is not None else None
+    step = ms(step_bytes, bw)
+    return {"prefill_flops": flops, "total_flops": total_flops, "ttft_compute_ms": compute, "ttft_memory_ms": memory,
+            "ttft_ms": ttft, "decode_step_ms": step, "decode_weight_ms": ms(w["llm"], bw),
+            "total_ms": ttft + (max(int(new_tokens), 1) - 1) * step if ttft is not None and step is not None else None,
             "weights_gb": round((w["llm"] + w["tower"]) / 1e9, 3), "llm": type(getattr(config, "text_config", None) or config).__name__}
+
+
+def floor_ratio(a: dict | None, b: dict | None, key: str = "ttft") -> tuple[float | None, str | None]:
+    """The floor of the ratio a / b of two cells' floors (`cell_floor`), for `key` "ttft" or "total":
+    (ratio, "ms") from the device's figures where both are known, else (ratio, "FLOPs") from the compute
+    alone (prefill FLOPs for "ttft", the whole answer's for "total"); (None, None) when a floor is missing."""
+    if not a or not b:
+        return None, None
+    ms_key, flops_key = f"{key}_ms", ("prefill_flops" if key == "ttft" else "total_flops")
+    if a.get(ms_key) and b.get(ms_key):
+        return round(a[ms_key] / b[ms_key], 3), "ms"
+    if a.get(flops_key) and b.get(flops_key):
+        return round(a[flops_key] / b[flops_key], 3), "FLOPs"
+    return None, None

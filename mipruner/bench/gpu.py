@@ -34,8 +34,6 @@ layers of width 64 / 128 (tests and CPU smoke runs: timings then mean nothing).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import torch
@@ -44,6 +42,7 @@ import mipruner
 from mipruner.batch import answer_items, encode_items, use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
+from .cli import add_run_options, command_parser, names, parse, write_json
 from .efficiency import PROMPT, PeakMemory, make_run, measure_cell, parse_budgets
 from .prefill import test_image
 from .timing import table
@@ -276,18 +275,14 @@ def compile_counts(adapter) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m mipruner.bench gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("gpu", __doc__)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     p.add_argument("--methods", default="all", help="'all' (every registered method) or names, e.g. mi:lam=1,random")
     p.add_argument("--budgets", default="64,128,192")
     p.add_argument("--batches", default="1,8,32", help="batch sizes for items per second ('' for none)")
     p.add_argument("--batch-methods", default="mi:lam=1,mi,similarity,random", help="methods of the batched rows")
-    p.add_argument("--repeats", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=10)
+    add_run_options(p, repeats=30, warmup=10, device=None, dtype="bf16", json_help="write every row to this JSON file")
     p.add_argument("--new-tokens", type=int, default=2)
-    p.add_argument("--device", default=None, help="default cuda when available")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--llm-layers", type=int, default=32)
     p.add_argument("--tiny", action="store_true", help="tiny widths (tests, CPU smoke runs)")
     p.add_argument("--static-cache", action="store_true", help="static KV cache + bucketed lengths")
@@ -295,19 +290,14 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--compile", action="store_true", help="compile the packed prefill and the decoding step (implies --static-cache)")
     p.add_argument("--view", action="store_true",
                    help="only the view cells: one answer vs the six answers of one view (six_answers_vs_one)")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", help="write every row to this JSON file")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    shapes = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    a = parse(p, argv)
+    shapes = names(a.shapes)
     for s in shapes:
         if s not in SHAPES:
             raise ValueError(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
     methods, batch_methods = _methods(a.methods), _methods(a.batch_methods)
     batches = [int(b) for b in a.batches.split(",") if b.strip()]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype, device = a.torch_dtype, a.device
     from mipruner.models.llava.random_weights import build_random_llava
 
     out, compiles = [], {}
@@ -344,9 +334,7 @@ def main(argv=None) -> list[dict]:
         out += [dict(r, shape=shape, kind="latency") for r in latency]
         out += [dict(r, shape=shape, kind="throughput") for r in throughput]
         del ad
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": str(device), "dtype": a.dtype, "static_cache": a.static_cache or a.compile,
-                       "compile": a.compile, "bucket": a.bucket, "new_tokens": a.new_tokens, "rows": out,
-                       "compiles": compiles}, f, indent=1)
+    write_json(a.json, {"device": str(device), "dtype": a.dtype, "static_cache": a.static_cache or a.compile,
+                        "compile": a.compile, "bucket": a.bucket, "new_tokens": a.new_tokens, "rows": out,
+                        "compiles": compiles})
     return out

@@ -6,11 +6,13 @@ decoder layers, `--tiny` shrinks it), for each answer length of `--lengths` (2, 
                   MI lambda 1 at `--budget` (64) tokens; plain path
   compiled phase  generate-static (`cache_implementation="static"`: transformers compiles its decoding
                   step on CUDA, the best it offers), ours unpruned and ours MI on our GPU decoding path
-                  (lengths bucketed to 64, static cache, compiled prefill and step; nothing compiled off
-                  CUDA), and the app's view there: one answer vs the six answers of one view
+                  (static cache, compiled prefill and step; lengths bucketed to 64 on CUDA only: off
+                  CUDA nothing compiles and nothing is padded, `compiled_path`), and the app's view
+                  there: one answer vs the six answers of one view
   `--batch B`     items/s of B items: generate (eager and static), ours unpruned, ours MI; and the
                   encode per image at batch 1 and B (`--batch 0`: none; 32 on CUDA, 0 elsewhere)
-  select          every pre-LLM selection at `--budget` of N_V (its median over the timed runs)
+  select          every pre-LLM selection at `--budget` of N_V (its median over the timed runs); MI with
+                  lambda 1, the selection the MI cells time end to end
 Cells are interleaved within the group they are compared in (one answer length: generate, ours, the
 view; or the batch and encode cells): after `--warmup` untimed rounds (every cell sees every image and
 prompt, so every shape compiles there), each of `--repeats` rounds (30 on CUDA, 6 elsewhere) runs every
@@ -20,7 +22,9 @@ runs after the other, so cells of other lengths do not evict each other's static
 (CUDA events), the compile count (dynamo's unique graphs during its warm-up and during its timed runs),
 the memory reserved (CUDA: the peak of `torch.cuda.memory_reserved` during its runs, process-wide, CUDA
 graph pools included) and its floor (`floors.cell_floor` from the device's figures, source printed).
-The goals of issues 40 and 41 are restated against these anchors (`latency_report.goals`).
+Parts of a run are timed between their own marks (`select_ms`: encoded to selected). The goals of
+issues 40 and 41 are restated against these anchors (`latency_report.goals`), each ratio taken between
+cells of one interleaved group and printed with its floor (`floors.floor_ratio`).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from mipruner.batch import use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from . import latency_runs as R
-from .floors import cell_floor, device_figures
+from .floors import cell_floor, device_figures, device_name
 from .latency_report import format_report, goals
 from .prefill import test_image
 from .stats import METHOD, median_ci
@@ -87,14 +91,17 @@ def run_phase(cells: list[dict], pairs: list[tuple], repeats: int, warmup: int, 
 
 def summarize(c: dict) -> dict:
     """A cell's report entry: medians with intervals of its parts, counts, memory."""
-    out = {k: c[k] for k in ("name", "phase", "kind", "method", "budget", "length", "batch", "compiles_warmup",
-                             "compiles_timed", "reserved_mb")}
+    out = {k: c[k] for k in ("name", "phase", "kind", "method", "budget", "length", "batch", "group",
+                             "compiles_warmup", "compiles_timed", "reserved_mb")}
     for key in ("total_ms", "ttft_ms", "decode_ms_per_token", "per_image_ms", "encode_ms", "select_ms"):
         vals = [x[key] for x in c["runs"] if x.get(key) is not None]
         if vals:
             out[key] = median_ci(vals)
-    tokens = sorted(x["prompt_tokens"] for x in c["runs"] if x.get("prompt_tokens") is not None)
-    out["prompt_tokens"] = tokens[len(tokens) // 2] if tokens else None
+    runs = sorted((x for x in c["runs"] if x.get("prompt_tokens") is not None), key=lambda x: x["prompt_tokens"])
+    mid = runs[len(runs) // 2] if runs else {}
+    out["prompt_tokens"] = mid.get("prompt_tokens")
+    if mid.get("row_tokens"):  # rows of differing lengths (the view): those of the median run
+        out["row_tokens"] = list(mid["row_tokens"])
     out["new_tokens"] = sorted({x["new_tokens"] for x in c["runs"] if x.get("new_tokens") is not None})
     return out
 
@@ -133,7 +140,8 @@ def build_cells(adapter, clock, a, budget: int, phase: str) -> list[dict]:
 
 
 def select_cells(adapter, clock, pairs, budget: int, repeats: int) -> list[dict]:
-    """Every pre-LLM selection at `budget` of N_V on one cached encoding (cold cache per call)."""
+    """Every pre-LLM selection at `budget` of N_V on one cached encoding (cold cache per call); MI with the
+    settings of the end-to-end MI cells (`MI`: lambda 1), so the selection timed here is the one timed there."""
     import mipruner
 
     image, prompt = pairs[0]
@@ -141,16 +149,18 @@ def select_cells(adapter, clock, pairs, budget: int, repeats: int) -> list[dict]
     enc = mipruner.encode_for(adapter, image, prompt, methods)
     out = []
     for m in methods:
-        mipruner.select(adapter, enc, m, budget, cache={}, strict=False)
+        params = dict(MI[1]) if m == MI[0] else {}
+        mipruner.select(adapter, enc, m, budget, cache={}, strict=False, **params)
         times = []
         for _ in range(repeats):
             t0 = clock.mark()
-            mipruner.select(adapter, enc, m, budget, cache={}, strict=False)
+            mipruner.select(adapter, enc, m, budget, cache={}, strict=False, **params)
             t1 = clock.mark()
             clock.sync()
             times.append(clock.ms(t0, t1))
-        out.append({"name": f"select {m}", "phase": "eager", "kind": "select", "method": m, "budget": budget,
-                    "n_visual": enc.n_visual, "total_ms": median_ci(times)})
+        label = m + "".join(f" {k}={v:g}" for k, v in params.items())
+        out.append({"name": f"select {label}", "phase": "eager", "kind": "select", "method": m, "label": label,
+                    "params": params, "budget": budget, "n_visual": enc.n_visual, "total_ms": median_ci(times)})
     return out
 
 
@@ -197,7 +207,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     import transformers
 
-    from .gpu_check import DTYPES, device_name
+    from .cli import DTYPES
     from .zoo import get_family
 
     t_start = time.monotonic()
@@ -213,7 +223,8 @@ def main(argv=None) -> int:
               "device_figures": dev, "torch": torch.__version__, "transformers": transformers.__version__,
               "dtype": a.dtype, "model": desc, "n_visual": n_v, "budget": budget, "lengths": a.lengths,
               "repeats": a.repeats, "warmup": a.warmup, "inputs": a.inputs, "interval": METHOD,
-              "timer": "CUDA events" if clock.cuda else "time.perf_counter", "cells": []}
+              "timer": "CUDA events" if clock.cuda else "time.perf_counter", "compiled_path": compiled_path(a.device),
+              "cells": []}
 
     def save():
         report["wall_s"] = round(time.monotonic() - t_start, 1)
@@ -229,7 +240,7 @@ def main(argv=None) -> int:
     for phase in a.phases:
         if phase == "compiled":
             torch.compiler.reset()
-            use_decode_path(adapter, bucket=64, static_cache=True, compile=True)
+            use_decode_path(adapter, **report["compiled_path"])
         ctx = torch.no_grad() if phase == "compiled" else torch.inference_mode()
         with ctx:
             cells = build_cells(adapter, clock, a, budget, phase)
@@ -239,9 +250,10 @@ def main(argv=None) -> int:
                 run_phase(mine, pairs, a.repeats, a.warmup, clock)
                 for c in mine:  # saved after every group: a run stopped by its time limit keeps the groups it ran
                     s = summarize(c)
-                    if s.get("prompt_tokens") and c["kind"] in ("latency", "batch"):
+                    if s.get("prompt_tokens") and c["kind"] in ("latency", "batch", "view"):
                         s["floor"] = cell_floor(adapter.config, dev, a.dtype, s["prompt_tokens"], c["length"],
-                                                rows=c["batch"] if c["kind"] == "batch" else 1)
+                                                rows=c["batch"] if c["kind"] == "batch" else 1,
+                                                images=0 if c["kind"] == "view" else 1, prompts=s.get("row_tokens"))
                     report["cells"].append(s)
                 save()
         if phase == "compiled":
@@ -253,6 +265,13 @@ def main(argv=None) -> int:
     if a.json:
         print(f"report in {a.json}")
     return 0
+
+
+def compiled_path(device: torch.device) -> dict:
+    """The compiled phase's decoding path: our GPU path (static cache, compiled prefill and step). Prompts are
+    padded to 64-token buckets only where something compiles (CUDA), so that compiled shapes are few; on the
+    CPU nothing compiles and no padding is added, so the phase measures the static cache and pruning alone."""
+    return {"bucket": 64 if device.type == "cuda" else 0, "static_cache": True, "compile": True}
 
 
 def _n_visual(adapter, pair) -> int:

@@ -3,7 +3,9 @@
 Every run takes (image, prompt) so that the runs of one cell see varied inputs, and returns its marks:
 `total_ms` (from the request's start: the processor or our encode included), `ttft_ms` (to the first
 token's logits: a LogitsProcessor marks its first call, which comes right after the prefill forward),
-`decode_ms_per_token` ((end - first mark) / (new tokens - 1)), the prompt's LLM tokens and the new tokens.
+`decode_ms_per_token` ((end - first mark) / (new tokens - 1)), the prompt's LLM tokens and the new tokens,
+and the parts between their own marks: `encode_ms` (start to encoded), `select_ms` (encoded to selected:
+the selection alone, not the encode before it).
 On CUDA the marks are CUDA events recorded on the current stream (read after one synchronize at the
 run's end); elsewhere `time.perf_counter`. Runs:
   plain     transformers: the processor, then `model.generate` of the unpruned model (eager: its
@@ -68,7 +70,7 @@ def _result(clock: Clock, t0, first, t1, n: int, prompt_tokens: int, new_tokens:
     per = (clock.ms(first, t1) / (n - 1)) if first is not None and n > 1 else None
     out = {"total_ms": total, "ttft_ms": ttft, "decode_ms_per_token": per, "prompt_tokens": prompt_tokens,
            "new_tokens": new_tokens}
-    out.update({k: clock.ms(t0, v) for k, v in parts.items()})  # e.g. encode_ms: from the start to that mark
+    out.update({k: clock.ms(a, b) for k, (a, b) in parts.items()})  # each part between its own two marks
     return out
 
 
@@ -110,8 +112,8 @@ def ours(adapter, clock: Clock, n: int, method: str, budget, params: dict):
         ans = mipruner.answer(adapter, enc, sel, max_new_tokens=n, cache=cache,
                               logits_processor=[first], **force)
         t1 = clock.mark()
-        return _result(clock, t0, first.first, t1, n, ans.input_tokens, len(ans.token_ids), encode_ms=t_enc,
-                       select_ms=t_sel)
+        return _result(clock, t0, first.first, t1, n, ans.input_tokens, len(ans.token_ids), encode_ms=(t0, t_enc),
+                       select_ms=(t_enc, t_sel))
 
     return run
 
@@ -132,8 +134,8 @@ def batch(adapter, clock: Clock, n: int, method: str, budget, params: dict, size
         got = answer_items(adapter, list(zip(encs, sels)), max_new_tokens=n, max_batch=size,
                            logits_processor=[first], **force)
         t1 = clock.mark()
-        return _result(clock, t0, first.first, t1, n, got[0].input_tokens, len(got[0].token_ids), encode_ms=t_enc,
-                       select_ms=t_sel)
+        return _result(clock, t0, first.first, t1, n, got[0].input_tokens, len(got[0].token_ids),
+                       encode_ms=(t0, t_enc), select_ms=(t_enc, t_sel))
 
     return run
 
@@ -161,7 +163,10 @@ def view(adapter, clock: Clock, n: int, methods: list[str], budget, reference: b
         got = answer_batch(adapter, enc, [None, *sels] if reference else sels, max_new_tokens=n, cache=cache,
                            logits_processor=[first], **force)
         t1 = clock.mark()
-        return _result(clock, t0, first.first, t1, n, got[0].input_tokens, len(got[0].token_ids), select_ms=t_sel)
+        out = _result(clock, t0, first.first, t1, n, got[0].input_tokens, len(got[0].token_ids),
+                      select_ms=(t0, t_sel))
+        out["row_tokens"] = [g.input_tokens for g in got]  # the unpruned row's and the pruned rows' prompts
+        return out
 
     return run
 

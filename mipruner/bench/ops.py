@@ -26,9 +26,7 @@ Cells are timed round-robin (one call of each method per round) after warm-up, w
 """
 from __future__ import annotations
 
-import argparse
 import inspect
-import json
 import statistics
 import time
 
@@ -37,7 +35,8 @@ import torch
 import mipruner
 from mipruner.pruners import capture, get_pruner
 
-from .pruners import DTYPES, make_inputs
+from .cli import add_run_options, command_parser, names, parse, write_json
+from .pruners import make_inputs
 from .timing import table
 
 
@@ -101,15 +100,22 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
     if device.type == "cuda":
         captured_calls = calls
     elif cpu_backend != "none":
-        captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend) for label, fn in calls.items()}
+        # dynamic=False: the labels share one lambda code object, whose parameters (MI lam 1 then 0.5) must
+        # not turn into symbolic floats on the second compile
+        captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend, dynamic=False)
+                          for label, fn in calls.items()}
     else:
         captured_calls = {}
-    captured = _median_ms(captured_calls, repeats, sync) if captured_calls else {}
+    # every label's compiled call enters `mipruner.prune`'s one code object: room for one entry per label, in
+    # this block only (dynamo's recompile limit, 8 by default, would fail the ninth label under fullgraph)
+    with torch._dynamo.config.patch(recompile_limit=len(labels) + 8):
+        captured = _median_ms(captured_calls, repeats, sync) if captured_calls else {}
+        got = {label: fn() for label, fn in captured_calls.items()}
     rows, out = [], []
     for label, _name, _extra in labels:
         same = None
-        if label in captured_calls:
-            s = captured_calls[label]()
+        if label in got:
+            s = got[label]
             same = torch.equal(s.keep.cpu(), ref[label].keep.cpu()) and torch.equal(s.order.cpu(), ref[label].order.cpu())
         c = captured.get(label)
         rows.append([label, str(ops[label]), f"{eager[label]:.2f}", "-" if c is None else f"{c:.2f}",
@@ -157,31 +163,23 @@ def _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, devic
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mipruner.bench ops", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("ops", __doc__)
     p.add_argument("--n-v", type=int, default=576)
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--text", type=int, default=32, help="N_T, prompt tokens")
     p.add_argument("--budget", type=int, default=64)
     p.add_argument("--methods", default=",".join(mipruner.list_pruners("projector") + mipruner.list_pruners("vision")),
                    help="pre-LLM methods (default: all of them)")
-    p.add_argument("--repeats", type=int, default=9, help="timed round-robin rounds (after two warm-up rounds)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
+    add_run_options(p, repeats=9, repeats_help="timed round-robin rounds (after two warm-up rounds)", device="cpu",
+                    dtype="fp32", json_help="also write the rows as JSON to this file")
     p.add_argument("--cpu-backend", default="none", help="on the CPU: torch.compile backend for the captured column "
                    "(none: not timed; eager: dynamo only; inductor)")
     p.add_argument("--batch", type=int, default=1, help="B > 1: also one by one against prune_batch on B items")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--json", help="also write the rows as JSON to this file")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    a = parse(p, argv)
+    methods = names(a.methods)
     for m in methods:
         if get_pruner(m).stage == "llm":
             p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
-    rows = run(a.n_v, a.dim, a.text, a.budget, methods, a.repeats, a.device, DTYPES[a.dtype], a.cpu_backend,
+    rows = run(a.n_v, a.dim, a.text, a.budget, methods, a.repeats, a.device, a.torch_dtype, a.cpu_backend,
                batch=a.batch)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    write_json(a.json, rows)

@@ -26,9 +26,8 @@ import torch
 import mipruner
 from mipruner.pruners import get_pruner, resolve_budget
 
+from .cli import DTYPES
 from .timing import table
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def variants(methods: list[str]) -> list[tuple[str, str, dict]]:

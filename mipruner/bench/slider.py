@@ -17,7 +17,6 @@ the cores and times grow 3-5x; `--threads 1` measures the code rather than the c
 """
 from __future__ import annotations
 
-import argparse
 import io
 import statistics
 import time
@@ -28,6 +27,7 @@ from PIL import Image
 
 from mipruner.models.base import Adapter, Encoded, TokenGeometry
 
+from .cli import add_run_options, command_parser, names, parse
 from .timing import table
 
 GOALS_MS = {"image": 100.0, "video": 300.0}
@@ -128,19 +128,15 @@ def run(cases, methods, repeats: int, dim: int, lam: float, log=print) -> list[d
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m mipruner.bench slider", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("slider", __doc__)
     p.add_argument("--cases", default="image,video", help="comma-separated: image, video")
     p.add_argument("--methods", default="mi,random,similarity")
-    p.add_argument("--repeats", type=int, default=15)
+    add_run_options(p, repeats=15)
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--lam", type=float, default=0.5, help="MI lambda (0.5: the greedy path)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    a = parse(p, argv)
+    cases = names(a.cases)
     for c in cases:
         if c not in CASES:
             p.error(f"unknown case {c!r}; known: {', '.join(CASES)}")
-    run(cases, [m.strip() for m in a.methods.split(",") if m.strip()], a.repeats, a.dim, a.lam)
+    run(cases, names(a.methods), a.repeats, a.dim, a.lam)

@@ -5,17 +5,23 @@ LLaVA-OneVision-qwen2-0.5b) with random weights at its real shape, full depth (S
 Qwen2-0.5B 24 layers, 152,000 vocabulary rows; `mipruner.models.onevision.random_weights.build(shape="0.5B")`), in fp32 as the app
 runs on a CPU, through the engine the app's handlers call (`mipruner.engine.Engine`, as
 `components.core.logic.AppLogic` does):
-  startup   importing torch, transformers, gradio and mipruner, building the model and its engine; on a
-            Space the weights are read from disk instead of drawn (and downloaded once before), and the
-            page is built (`components.page.ui.build_demo`, about a second, not included);
+  startup   a fresh interpreter importing what the app imports at start (gradio where installed, torch,
+            transformers, mipruner: a child process, so this library never imports gradio itself), then
+            building the model and its engine; on a Space the weights are read from disk instead of
+            drawn (and downloaded once before), and the page is built (`components.page.ui.build_demo`,
+            about a second, not included);
   encode    one 640 x 480 photo and a question: the vision tower once (with its attention, as the app
             asks), the prompt embedded (`Engine.encode`);
   unpruned  the unpruned answer (`Engine.generate`, greedy, `--new-tokens`, the app's 32);
   mi_10     MI-Pruner at 10% of the visual tokens: its selection, then its answer;
   view_6    one view of six methods at 10% (`Engine.view`: each selection and its panel drawn): the
             app's four defaults (MI, Random, Similarity, Attention), DivPrune and FastV (in the LLM).
-Each is timed once (a visitor's first request: cold caches), in seconds; peak resident memory by
-`resource.getrusage`. Answers of random weights mean nothing; their token counts are printed.
+Each round takes a new session (nothing cached), encodes, then runs the unpruned answer, MI at 10% and
+the view in an order rotated each round (each step comes first as often). The first round is reported
+as `cold` (a visitor's first request); after `--warmup` untimed rounds (1), `--repeats` timed rounds (3)
+give each step's median (and a 95% interval from 6 runs). MI's ratio to the unpruned answer is printed
+with its floor (the same ratio of their FLOPs). Seconds; peak resident memory by `resource.getrusage`.
+Answers of random weights mean nothing; their token counts are printed.
 --tiny: the same steps on the tiny OneVision (seconds, for tests).
 
 `--params`: the parameters of every suggested model, counted as the GPU check counts them (the model
@@ -124,6 +130,10 @@ def params_table(ids=None) -> list[dict]:
 
 # -- the CPU Space's costs ---------------------------------------------------------------------
 
+STEPS = ("unpruned", "mi_10", "view_6")  # the steps on one encoding, run in a rotated order each round
+APP_IMPORTS = ("gradio", "torch", "transformers", "mipruner")  # what app.py imports at start
+
+
 def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
@@ -132,22 +142,49 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log=_say, save=None) -> dict:
-    """The steps of the module docstring, timed once each; returns the figures (seconds).
-    save(figures): called after each step (a run stopped by a time limit keeps what it measured)."""
-    t0 = time.perf_counter()
-    import gradio  # noqa: F401  (the app's start-up imports it: its time counts)
+def app_imports_s() -> tuple[float, list[str]]:
+    """Seconds a fresh interpreter takes to import what the app imports at start (`APP_IMPORTS`, those
+    installed), and the modules imported. A child process: this library never imports the app's UI library."""
+    import importlib.util
+    import subprocess
+
+    names = [m for m in APP_IMPORTS if importlib.util.find_spec(m) is not None]
+    code = "import time; t = time.perf_counter(); import " + ", ".join(names) + "; print(time.perf_counter() - t)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(r.stdout.strip().splitlines()[-1]), names
+
+
+def rotated(names, r: int) -> list:
+    """`names` starting at the r-th: over len(names) rounds each comes first, last and between once."""
+    names = list(names)
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, warmup: int = 1, repeats: int = 3,
+            log=_say, save=None) -> dict:
+    """The steps of the module docstring; returns the figures (seconds). Each round takes a new session (no
+    cached encoding, selection or answer) and encodes the photo, then runs `STEPS` on that encoding in an
+    order rotated each round. Round 1 is a visitor's first request (`cold`); `warmup` rounds are untimed,
+    then `repeats` rounds give each step's median and interval (`stats.median_ci`; with fewer than 6
+    runs, the median alone and the runs). save(figures): called after each round (a run stopped by a
+    time limit keeps what it measured)."""
+    if warmup < 1 or repeats < 1:
+        raise ValueError("warmup and repeats must be >= 1 (the first round is the cold one)")
     import torch
 
     import mipruner
     from mipruner.engine import Engine
 
     from mipruner.models.onevision.random_weights import build
+    from .floors import cell_floor, device_figures, floor_ratio
+    from .stats import median_ci
     from .zoo import picture
 
     if threads:
         torch.set_num_threads(threads)
-    out: dict = {"tiny": tiny, "threads": torch.get_num_threads(), "dtype": "float32", "new_tokens": new_tokens}
+    out: dict = {"tiny": tiny, "threads": torch.get_num_threads(), "dtype": "float32", "new_tokens": new_tokens,
+                 "warmup": warmup, "repeats": repeats, "steps": ["encode", *STEPS]}
 
     def done(line: str) -> None:
         out["peak_rss_gb"] = round(_rss_gb(), 2)
@@ -155,46 +192,62 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, log
         if save:
             save(out)
 
-    out["imports_s"] = time.perf_counter() - t0
-
+    out["imports_s"], out["imported"] = app_imports_s()
     t = time.perf_counter()
     adapter, desc = build(tiny=tiny, device="cpu", dtype=torch.float32, shape="0.5B")
     engine = Engine(adapter, name="random-llava-onevision-0.5b")
     out["model"], out["params_b"] = desc, round(sum(p.numel() for p in adapter.model.parameters()) / 1e9, 3)
     out["model_s"] = time.perf_counter() - t
-    out["startup_s"] = time.perf_counter() - t0
-    done(f"{desc}: {out['params_b']} B parameters, built in {out['model_s']:.1f} s")
+    out["startup_s"] = out["imports_s"] + out["model_s"]
+    done(f"{desc}: {out['params_b']} B parameters, built in {out['model_s']:.1f} s; a fresh interpreter imports "
+         f"{', '.join(out['imported'])} in {out['imports_s']:.1f} s")
 
-    session = engine.new_session()
+    def step(name, session, key, enc, got):
+        t = time.perf_counter()
+        if name == "unpruned":  # as the page's reference answer
+            ans = engine.generate(session, key, None, max_new_tokens=new_tokens)
+            got.update(unpruned_tokens=len(ans.token_ids), input_tokens=ans.input_tokens)
+        elif name == "mi_10":
+            sel = mipruner.select(adapter, enc, "mi", 0.1)
+            got["mi_10_select_s"] = time.perf_counter() - t
+            ans = mipruner.answer(adapter, enc, sel, max_new_tokens=new_tokens)
+            got.update(mi_10_tokens=len(ans.token_ids), mi_10_kept=int(sel.keep.numel()),
+                       mi_10_input_tokens=ans.input_tokens)
+        else:  # as AppLogic.view: each selection and its panel drawn
+            views = engine.view(session, key, list(SIX), 0.1)
+            got["view_6_methods"] = {v.method: round(v.prune_ms + v.render_ms) for v in views}
+        return time.perf_counter() - t
+
+    runs: dict = {k: [] for k in ("encode", *STEPS, "mi_10_select")}
     with tempfile.TemporaryDirectory() as tmp:  # the app hands the engine an uploaded file's path
         photo = os.path.join(tmp, "photo.png")
         picture(640, 480).save(photo)
-        t = time.perf_counter()
-        key = engine.encode(session, photo, PROMPT, need_attention=True)  # as AppLogic.encode
-        out["encode_s"] = time.perf_counter() - t
-    enc = engine.encoded(session, key)
-    out["n_visual"] = int(enc.n_visual)
-    done(f"encode: {out['encode_s']:.1f} s, {enc.n_visual} visual tokens")
-
-    t = time.perf_counter()
-    ans = engine.generate(session, key, None, max_new_tokens=new_tokens)  # as the page's reference answer
-    out["unpruned_s"], out["unpruned_tokens"] = time.perf_counter() - t, len(ans.token_ids)
-    out["input_tokens"] = ans.input_tokens
-    done(f"unpruned answer: {out['unpruned_s']:.1f} s ({len(ans.token_ids)} new tokens, {ans.input_tokens} input)")
-
-    t = time.perf_counter()
-    sel = mipruner.select(adapter, enc, "mi", 0.1)
-    out["mi_10_select_s"] = time.perf_counter() - t
-    ans = mipruner.answer(adapter, enc, sel, max_new_tokens=new_tokens)
-    out["mi_10_s"], out["mi_10_tokens"] = time.perf_counter() - t, len(ans.token_ids)
-    out["mi_10_kept"] = int(sel.keep.numel())
-    done(f"MI at 10% ({out['mi_10_kept']} tokens): {out['mi_10_s']:.1f} s (selection {out['mi_10_select_s']:.2f} s)")
-
-    t = time.perf_counter()
-    views = engine.view(session, key, list(SIX), 0.1)  # as AppLogic.view: each selection and its panel drawn
-    out["view_6_s"] = time.perf_counter() - t
-    out["view_6_methods"] = {v.method: round(v.prune_ms + v.render_ms) for v in views}
-    done(f"one view of {len(views)} methods: {out['view_6_s']:.1f} s ({out['view_6_methods']} ms)")
+        for r in range(warmup + repeats):
+            session, got = engine.new_session(), {}
+            t = time.perf_counter()
+            key = engine.encode(session, photo, PROMPT, need_attention=True)  # as AppLogic.encode
+            got["encode"] = time.perf_counter() - t
+            enc = engine.encoded(session, key)
+            order = rotated(STEPS, r)
+            for name in order:
+                got[name] = step(name, session, key, enc, got)
+            got["mi_10_select"] = got.pop("mi_10_select_s")
+            if r == 0:
+                out["cold"] = {k: got[k] for k in runs}
+                out["n_visual"] = int(enc.n_visual)
+                out.update({k: got[k] for k in ("unpruned_tokens", "input_tokens", "mi_10_tokens", "mi_10_kept",
+                                                "mi_10_input_tokens", "view_6_methods")})
+                dev = device_figures("cpu", "fp32")  # no figures: the floor of the ratio is its FLOPs'
+                out["mi_10_floor"] = floor_ratio(
+                    cell_floor(adapter.config, dev, "fp32", got["mi_10_input_tokens"], new_tokens, images=0),
+                    cell_floor(adapter.config, dev, "fp32", got["input_tokens"], new_tokens, images=0), "total")[0]
+            if r >= warmup:
+                for k in runs:
+                    runs[k].append(got[k])
+                out["runs"] = runs
+                out.update({f"{k}_s": median_ci(v) for k, v in runs.items()})
+            done(f"round {r + 1}/{warmup + repeats} ({'warm-up' if r < warmup else 'timed'}; "
+                 f"{' -> '.join(order)}): " + ", ".join(f"{k} {got[k]:.2f} s" for k in runs))
     return out
 
 
@@ -204,6 +257,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny OneVision (for tests), not the real shape")
     p.add_argument("--new-tokens", type=int, default=32, help="answer length (the app's default, 32)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds; the first is reported as `cold`")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds, each step's order rotated per round")
     p.add_argument("--json", default=None, help="write the figures here")
     a = p.parse_args(argv)
     if a.params:
@@ -216,14 +271,30 @@ def main(argv=None) -> int:
                   + " | ".join(r[hw] for hw in HARDWARE_GB) + " |")
         result: object = rows
     else:
-        result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads,
-                         save=(lambda got: _write(a.json, got)) if a.json else None)
-        keys = ("startup_s", "encode_s", "unpruned_s", "mi_10_s", "view_6_s")
-        print("| " + " | ".join(keys) + " | peak RSS (GB) |\n|" + "---|" * (len(keys) + 1))
-        print("| " + " | ".join(f"{result[k]:.1f}" for k in keys) + f" | {result['peak_rss_gb']:.1f} |")
+        result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup,
+                         repeats=a.repeats, save=(lambda got: _write(a.json, got)) if a.json else None)
+        print(format_table(result))
     if a.json:
         _write(a.json, result)
     return 0
+
+
+def format_table(result: dict) -> str:
+    """The steps as a Markdown table: the cold (first) run, the timed runs' median [interval] and the ratio of
+    MI at 10% to the unpruned answer (medians) beside its floor (`floors.floor_ratio` in FLOPs)."""
+    from .latency_report import ci
+
+    keys = ("encode", *STEPS)
+    lines = [f"start-up {result['startup_s']:.1f} s (imports {result['imports_s']:.1f} s + model "
+             f"{result['model_s']:.1f} s), peak RSS {result['peak_rss_gb']:.1f} GB; {result['repeats']} timed "
+             f"rounds after {result['warmup']} warm-up (the first is the cold one)",
+             "| | " + " | ".join(f"{k} (s)" for k in keys) + " |", "|" + "---|" * (len(keys) + 1),
+             "| cold (first request) | " + " | ".join(f"{result['cold'][k]:.2f}" for k in keys) + " |",
+             "| median [95% interval] | " + " | ".join(ci(result[f"{k}_s"], 2) for k in keys) + " |"]
+    if result.get("mi_10_floor") is not None:
+        lines.append(f"MI at 10% / unpruned answer: {result['mi_10_s']['median'] / result['unpruned_s']['median']:.3f} "
+                     f"[floor {result['mi_10_floor']:.3f} (FLOPs)]")
+    return "\n".join(lines)
 
 
 def _write(path: str, figures) -> None:

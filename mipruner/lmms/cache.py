@@ -10,8 +10,8 @@ a kill is skipped.
 
 The key of an answer covers everything that decides it: the model (path or hub id, dtype, device
 type), the method configuration (`MethodConfig.key`), the task, split and document id, the
-prompt, a hash of the media's content and the generation length; change any of them and the
-sample is answered anew.
+prompt, the media's content hash (`mipruner.media.media_hash`, which keys the app's encodings too)
+and the generation length; change any of them and the sample is answered anew.
 """
 from __future__ import annotations
 
@@ -19,34 +19,6 @@ import glob
 import hashlib
 import json
 import os
-
-from PIL import Image
-
-
-def media_digest(visuals) -> str:
-    """sha256 of the visuals lmms-eval gives for one document (PIL images, paths, `Video`s)."""
-    h = hashlib.sha256()
-
-    def feed(x):
-        if isinstance(x, Image.Image):
-            h.update(f"img:{x.mode}:{x.size}".encode())
-            h.update(x.tobytes())
-        elif isinstance(x, (list, tuple)):
-            h.update(f"list:{len(x)}".encode())
-            for y in x:
-                feed(y)
-        elif isinstance(x, (str, os.PathLike)):
-            path = os.fspath(x)
-            st = os.stat(path) if os.path.exists(path) else None
-            h.update(f"path:{path}:{st.st_size if st else -1}:{int(st.st_mtime) if st else -1}".encode())
-        elif hasattr(x, "frames") and hasattr(x, "indices"):  # mipruner.media.Video
-            h.update(f"video:{list(x.indices)}:{x.fps}".encode())
-            feed(list(x.frames))
-        else:
-            h.update(f"other:{type(x).__name__}:{x!r}".encode())
-
-    feed(visuals)
-    return h.hexdigest()
 
 
 def answer_key(model_key: str, task: str, split: str, doc_id, prompt: str, media: str, max_new_tokens: int) -> str:

@@ -47,8 +47,9 @@ from PIL import Image
 import mipruner
 
 from ..failures import guarded
+from ..media import media_hash
 from .answer import MethodConfig, answer_encoded, compute_summary
-from .cache import AnswerCache, answer_key, media_digest
+from .cache import AnswerCache, answer_key
 
 log = logging.getLogger("mipruner.lmms")
 _ADAPTERS: dict[tuple, object] = {}  # (pretrained, device, dtype) -> adapter, per process
@@ -95,6 +96,12 @@ def to_media(visuals):
         return visuals[0]  # a path (image or video file) or a mipruner.media.Video
     raise ValueError(f"unsupported visuals for one question: {[type(v).__name__ for v in visuals]} "
                      "(give PIL images, one image or video path, or one mipruner.media.Video)")
+
+
+def media_key(visuals) -> str:
+    """The answer cache's media key: the hash of the media the adapter reads (`to_media`), the same
+    `mipruner.media.media_hash` that keys the app's encodings, so equal media get equal keys in both."""
+    return media_hash(to_media(visuals))
 
 
 class MiPruner(lmms):
@@ -196,7 +203,7 @@ class MiPruner(lmms):
                 visuals = doc_to_visual(self.task_dict[task][split][doc_id])
                 keys, text = [None] * len(self.sweep), None  # without a cache the sweep is this run only
                 if self.cache is not None:
-                    digest = media_digest(visuals)
+                    digest = media_key(visuals)
                     keys = [answer_key(self._key_prefix + c.key(), task, split, doc_id, context, digest, max_new)
                             for c in self.sweep]
                     text = self.cache.get(keys[0])

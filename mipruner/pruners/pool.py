@@ -25,9 +25,12 @@ Visual Token Compression Methods", arXiv:2510.07143, where plain downsampling be
     position each other token of a cell was pooled into (-1 for the kept ones and the dropped newlines),
     which the app draws.
 The cells are laid out on the host from the geometry (host metadata, a few thousand integers) once per
-(grid, K) and memoized on the device (`device_layout`); a call is then one gather, one index_add and one
-division on the device of `visual`: one capturable computation (`capture.Capturable(static=("grid",))`:
-the grid is keyed by its content, not copied into a CUDA graph's buffers).
+(grid, K) and memoized on the device (`device_layout`, shapes fixed by N_V and K); a call is then one
+index_add and one division on the device of `visual`: one capturable computation
+(`capture.Capturable(static=("grid",))`: the grid is keyed by its content, not copied into a CUDA graph's
+buffers). Under a caller's `torch.compile` the memo lookup is one opaque operator (`traced_layout`,
+`mipruner::pool_layout`), so `mipruner.prune("pool", ...)` traces as ONE graph (fullgraph) as every other
+fixed-K method does.
 """
 from __future__ import annotations
 
@@ -117,10 +120,10 @@ _LOCK = threading.Lock()
 
 
 def device_layout(grid: torch.Tensor | None, n: int, k: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """(on (N_on,) the pooled tokens' indices, slot (N_on,) each one's row in `keep` order, counts (K,) float32
-    members per row, keep (K,) ascending, weight (N_V,) float32, merged (N_V,) int64) on `device`; computed
-    on the host once per (grid content, N_V, K, device) and memoized (the grid is host metadata: an
-    encoding's grid lives where its geometry does, on the host, so reading it waits for no device), so a
+    """(slot (N_V,) each token's row in `keep` order, K for a dropped token, counts (K,) float32 members per
+    row, keep (K,) ascending, weight (N_V,) float32, merged (N_V,) int64) on `device`: shapes fixed by (N_V, K).
+    Computed on the host once per (grid content, N_V, K, device) and memoized (the grid is host metadata:
+    an encoding's grid lives where its geometry does, on the host, so reading it waits for no device), so a
     call afterwards (a CUDA-graph replay included) is device work only."""
     key = (content_key(grid), n, k, str(device))
     with _LOCK:
@@ -134,17 +137,37 @@ def device_layout(grid: torch.Tensor | None, n: int, k: int, device: torch.devic
     weight = np.where(on, 1.0 / counts[np.maximum(cell, 0)], 0.0).astype(np.float32)
     rank = np.empty(k, dtype=np.int64)  # cell -> its row in `keep` order
     rank[np.argsort(keep, kind="stable")] = np.arange(k)
+    slot = np.where(on, rank[np.maximum(cell, 0)], k)  # dropped tokens go to row K, which is thrown away
     merged = np.full(n, -1, dtype=np.int64)
     merged[on] = keep[cell[on]]
     merged[keep] = -1  # a kept position is not merged into itself
     host = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    out = (host(np.flatnonzero(on)), host(rank[cell[on]]), host(counts[np.argsort(rank)].astype(np.float32)),
-           host(np.sort(keep)), host(weight), host(merged))
+    out = (host(slot), host(counts[np.argsort(rank)].astype(np.float32)), host(np.sort(keep)), host(weight),
+           host(merged))
     with _LOCK:
         _LAYOUTS[key] = out
         while len(_LAYOUTS) > MAX_LAYOUTS:
             _LAYOUTS.popitem(last=False)
     return out
+
+
+@torch.library.custom_op("mipruner::pool_layout", mutates_args=())
+def traced_layout(grid: torch.Tensor | None, visual: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor, torch.Tensor,
+                                                                                   torch.Tensor]:
+    """`device_layout` as one opaque operator for a caller's `torch.compile`: the memo lookup (host Python, a
+    lock, the grid's content read on the host) is not something dynamo traces, so a compiled pool call holds
+    it as one node whose output shapes are fixed by (N_V, K), and the whole selection stays one graph.
+    `visual` gives N_V and the device. Outputs are copies (an operator's outputs are its own)."""
+    return tuple(t.clone() for t in device_layout(grid, visual.shape[0], k, visual.device))
+
+
+@traced_layout.register_fake
+def _(grid, visual, k):
+    n = visual.shape[0]
+    return (visual.new_empty(n, dtype=torch.long), visual.new_empty(k, dtype=torch.float32),
+            visual.new_empty(k, dtype=torch.long), visual.new_empty(n, dtype=torch.float32),
+            visual.new_empty(n, dtype=torch.long))
 
 
 @register_pruner("pool", stage="projector", label="Pool (downsampling)", score_label="weight in its pooled token",
@@ -156,19 +179,21 @@ def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     if budget >= n:  # keep-all: the unpruned input
         keep = torch.arange(n, device=dev)
         return Selection.from_order(keep, torch.ones(n, device=dev))
+    if torch.compiler.is_compiling():  # a caller's torch.compile: the host lookup as one opaque node
+        return pooled(visual, traced_layout(grid, visual, budget))
     return pooled(visual, device_layout(grid, n, budget, dev))
 
 
 def pooled(visual: torch.Tensor, layout: tuple[torch.Tensor, ...]) -> Selection:
     """The Selection of `visual` pooled by a `device_layout`: device work only (what a CUDA graph records)."""
-    on, slot, counts, keep, weight, merged = layout
+    slot, counts, keep, weight, merged = layout
     budget, dev = keep.shape[0], visual.device
     v = visual.to(torch.float32)
-    sums = torch.zeros(budget, v.shape[-1], dtype=v.dtype, device=dev).index_add(0, slot, v.index_select(0, on))
-    tokens = sums / counts[:, None]
+    sums = torch.zeros(budget + 1, v.shape[-1], dtype=v.dtype, device=dev).index_add(0, slot, v)  # row K: dropped
+    tokens = sums[:budget] / counts[:, None]
     # the memoized tensors are copied: a caller may write into its selection
     return Selection.from_order(keep.clone(), weight.clone(), tokens=tokens.to(visual.dtype),
                                 merged_into=merged.clone())
 
 
-__all__ = ["device_layout", "pooled", "pool_layout", "pool_pruner"]
+__all__ = ["device_layout", "pooled", "pool_layout", "pool_pruner", "traced_layout"]

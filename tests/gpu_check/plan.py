@@ -23,9 +23,10 @@ import argparse
 import json
 import shlex
 
-from mipruner.bench.gpu_check_procs import child_args
-from mipruner.bench.gpu_check_rows import summary
 from mipruner.bench.zoo import get_family
+
+from .procs import child_args
+from .rows import summary
 
 # seconds per (family, media) of the first H100 run (bf16, 13 methods x 2 shares + the anchor, 4 new tokens)
 H100_S = {("llava", "image"): 22.1, ("llava", "images"): 12.6, ("llava", "video"): 17.7,
@@ -93,21 +94,21 @@ def plan(a, s) -> str:
         parts.append(f"gpu-check-{i}.json")
         args = child_args(a, families=",".join(fams), media=media, protocol=False, protocol_only=False,
                           cells="all", budget_s=200.0, json=parts[-1])
-        lines.append(f"python -m mipruner.bench gpu-check {shlex.join(args)}   # about {sum(secs):.0f} s, "
+        lines.append(f"python -m tests.gpu_check run {shlex.join(args)}   # about {sum(secs):.0f} s, "
                      f"{sum(secs) + max(secs):.0f} s with a retry")
     if s.protocol:
         parts.append(f"gpu-check-{len(groups) + 1}.json")
         budget = max(30.0, min(a.budget_s, usable - 2 * PROCESS_S) if a.budget_s != 200.0 else usable - 2 * PROCESS_S)
         args = child_args(a, families="all", media="all", methods="all", shares="0.25,0.1", protocol_only=True,
                           budget_s=budget, json=parts[-1])
-        lines.append(f"python -m mipruner.bench gpu-check {shlex.join(args)}   # about {budget + PROCESS_S:.0f} s")
+        lines.append(f"python -m tests.gpu_check run {shlex.join(args)}   # about {budget + PROCESS_S:.0f} s")
     lines.append(f"python -m tests.gpu_check merge {' '.join(parts)} --json gpu-check.json")
     return "\n".join(lines)
 
 
 def merge(reports: list[dict], files: list[str]) -> dict:
     """One report of several parts (see the module docstring)."""
-    from mipruner.bench.gpu_check_protocol import goals
+    from .protocol import goals
 
     if not reports:
         raise SystemExit("merge needs at least one report")

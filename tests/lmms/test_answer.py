@@ -131,3 +131,28 @@ def test_sweep_expansion_and_config_merge(tmp_path, monkeypatch):
         merged = yaml.safe_load(f)
     assert [r["include_path"] for r in merged] == [["/x", TASKS_DIR], [TASKS_DIR]]
     assert json.loads(os.environ[SWEEP_ENV]) == ["method=mi,budget=8", "method=random,budget=8"]
+
+
+def test_the_answer_cache_and_the_app_key_the_same_media_alike(tmp_path):
+    """One media hasher: lmms-eval's visuals for a document and the same media given to the app's engine get
+    the same content key (a path and the image it holds differ from each other, in both alike)."""
+    import numpy as np
+    from PIL import Image
+
+    from mipruner.engine import Engine
+    from mipruner.lmms.model import media_key
+    from mipruner.media import Video
+    from mipruner.models.common.dummy import DummyAdapter
+
+    rng = np.random.default_rng(0)
+    pics = [Image.fromarray(rng.integers(0, 255, (32, 48, 3), dtype=np.uint8)) for _ in range(2)]
+    path = tmp_path / "a.png"
+    pics[0].save(path)
+    engine = Engine(DummyAdapter())
+    s = engine.new_session()
+    app = {name: engine.encode(s, media, "what is this?").media
+           for name, media in (("image", pics[0]), ("images", pics), ("path", str(path)))}
+    assert app == {"image": media_key([pics[0]]), "images": media_key(pics), "path": media_key(str(path))}
+    assert len(set(app.values())) == 3
+    video = Video(frames=pics, indices=[0, 5], fps=2.0, total_frames=10)
+    assert media_key([video]) == mipruner.media.media_hash(video) != media_key(pics)

@@ -233,3 +233,18 @@ def test_more_extreme_shapes(families, fam, size):
     assert bool((g.box[:, 0] >= 0).all() & (g.box[:, 1] >= 0).all() & (g.box[:, 2] <= w).all() & (g.box[:, 3] <= h).all())
     if fam == "llava_next":  # one newline token per row of the unpadded canvas
         assert g.kind.count("newline") == g.grids[1][0]
+
+
+def test_internvl_and_onevision_processors_are_built_by_their_own_constructor(families):
+    """The adapters' processors are transformers' classes, built by their `__init__` (no `object.__new__`): the
+    attributes that constructor derives from the tokenizer are there and equal the official processor's."""
+    import transformers as tf
+
+    for fam, cls, names in (("internvl", tf.InternVLProcessor, ("image_seq_length", "image_token_id",
+                                                                "start_image_token_id", "end_image_token_id")),
+                            ("llava_onevision", tf.LlavaOnevisionProcessor, ("num_image_tokens", "image_token_id",
+                                                                             "video_token_id", "vision_aspect_ratio"))):
+        ad, official = families[fam]
+        assert isinstance(ad.processor, cls) and type(ad.processor).__init__ is cls.__init__
+        assert {n: getattr(ad.processor, n) for n in names} == {n: getattr(official, n) for n in names}
+        assert ad.processor.get_attributes() == ["image_processor", "tokenizer", "video_processor"]

@@ -35,7 +35,7 @@ from ..paths import assert_paths_close
 N_V, K = 576, 64
 FIXED_K = [("mi", {"lam": 1.0}), ("mi", {"lam": 0.5}), ("mi_attention", {}), ("mi_adaptive", {}),
            ("cdpruner", {}), ("divprune", {}), ("vispruner", {}), ("visionzip", {}), ("attention", {}),
-           ("similarity", {}), ("random", {})]
+           ("similarity", {}), ("random", {}), ("pool", {})]
 
 
 def _inputs(name: str, n: int = N_V, device=TEST_DEVICE) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -221,7 +221,7 @@ def test_capturability_is_declared_by_each_method_at_registration():
         register_pruner("_test_bad", capture=True)(lambda visual, text, budget: None)
 
 
-def test_pool_is_one_graph_under_torch_compile_after_its_memoized_layout():
+def test_pool_is_one_graph_under_torch_compile_with_its_layout_as_one_operator():
     from mipruner.pruners import pool
 
     torch._dynamo.reset()
@@ -233,10 +233,19 @@ def test_pool_is_one_graph_under_torch_compile_after_its_memoized_layout():
     layout = pool.device_layout(grid, N_V, K, V.device)
     assert pool.device_layout(grid.clone(), N_V, K, V.device) is layout  # memoized per grid content and K
     assert pool.device_layout(grid, N_V, K - 1, V.device) is not layout
+    assert all(t.shape[0] in (N_V, K) for t in layout)  # shapes fixed by (N_V, K): a graph's outputs are static
     counter = CompileCounter()
     # the call is the memo's lookup (host Python, which a CUDA graph's replay skips) and then `pooled`'s device work
     traced = torch.compile(lambda V: pool.pooled(V, layout), fullgraph=True, backend=counter)(V)
     assert counter.frame_count == 1 and counter.op_count > 0
+    # the whole `prune` call with its grid, the lookup held as one opaque operator (a graph break raises)
+    torch._dynamo.reset()
+    whole = CompileCounter()
+    fn = lambda V, g: mipruner.prune("pool", visual=V, budget=K, grid=g)  # noqa: E731
+    got = torch.compile(fn, fullgraph=True, backend=whole)(V, grid)
+    assert whole.frame_count == 1 and torch.equal(got.keep, eager.keep) and torch.equal(got.tokens, eager.tokens)
+    lay = pool.traced_layout(grid, V, K)  # the operator's outputs are copies of the memo's
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(lay, layout))
     assert torch.equal(traced.keep, eager.keep) and torch.equal(traced.order, eager.order)
     assert torch.equal(traced.merged_into, eager.merged_into)
     torch.testing.assert_close(traced.tokens, eager.tokens, atol=0, rtol=4 * EPS32)
@@ -244,7 +253,8 @@ def test_pool_is_one_graph_under_torch_compile_after_its_memoized_layout():
     assert torch.equal(mipruner.prune("pool", visual=V, budget=K, grid=grid).scores, eager.scores)
 
 
-BATCHABLE = [(n, p) for n, p in FIXED_K if get_pruner(n).capture.batch] + [("pool", {}), ("mi_adaptive", {"lam": 1.0})]
+BATCHABLE = [(n, p) for n, p in FIXED_K if get_pruner(n).capture.batch]
+BATCHABLE += [x for x in (("pool", {}), ("mi_adaptive", {"lam": 1.0})) if x not in BATCHABLE]
 
 
 def _items(name: str, b: int = BATCH, n: int = BATCH_N) -> list[dict]:

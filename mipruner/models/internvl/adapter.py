@@ -10,13 +10,14 @@ images are several such blocks; a video is one block per frame, "Frame{i}: <img>
 newlines. <img>, </img> and the "Frame{i}: " words are text tokens; only <IMG_CONTEXT> rows are visual.
 
 Inputs: hub checkpoints name a video processor whose class needs torchvision, so `AutoProcessor`
-cannot be built here. The adapter assembles transformers' `InternVLProcessor` from the checkpoint's
-tokenizer, image processor (GotOcr2, the PIL backend) and processor_config.json without its `__init__`
-(`_processor`), and calls its own `__call__` for images and videos, so input ids and pixel values are
-the processor's. Its video slot holds `_Frames`, which hands over frames prepared as
-`InternVLVideoProcessor` prepares them: sampled by its `sample_frames` rule (`frame_indices`), each
-resized to its size (PIL bicubic where transformers uses torchvision's: pixels differ by interpolation
-rounding), rescaled and normalised with its settings.
+cannot be built here. The adapter builds transformers' `InternVLProcessor` with its own constructor
+from the checkpoint's tokenizer, image processor (GotOcr2, the PIL backend) and
+processor_config.json (`_processor`), and calls its own `__call__` for images and videos, so input
+ids and pixel values are the processor's. Its video slot holds `PreparedFrames`
+(`common/video_slot.py`), which hands over frames prepared as `InternVLVideoProcessor` prepares
+them: sampled by its `sample_frames` rule (`frame_indices`), each resized to its size (PIL bicubic
+where transformers uses torchvision's: pixels differ by interpolation rounding), rescaled and
+normalised with its settings.
 
 Attention (need_attention=True). InternViT puts a [CLS] in front of every view; the "default" feature
 strategy drops it before the pixel shuffle, so it never reaches the LLM. `has_cls` is True and
@@ -32,8 +33,6 @@ SparseVLM read the decoder through `llm_inputs` (positions 0..L-1, as the model'
 """
 from __future__ import annotations
 
-import re
-
 import torch
 
 from ...media import MediaError, Video
@@ -44,6 +43,7 @@ from ..common.patch_layout import Layout
 from ..common.signals import Record
 from ..common.hub_files import read_chat_template, read_json
 from ..common.sampled_video import SampledVideo, frames_asked, video_pixels
+from ..common.video_slot import build_processor
 
 # InternVLVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -71,33 +71,18 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
     return torch.arange(shift, total, total / k).int().tolist()
 
 
-class _Frames:
-    """The processor's video slot: frames already sampled, resized and normalised (F, 3, H, W)."""
-
-    def __call__(self, videos, **kwargs):
-        from transformers.feature_extraction_utils import BatchFeature
-
-        return BatchFeature({"pixel_values_videos": torch.stack(list(videos))})
-
-
 def _processor(ip, tok, pcfg: dict, chat_template):
-    """transformers' InternVLProcessor on the checkpoint's parts, `_Frames` in its video slot."""
+    """transformers' InternVLProcessor built by its own constructor on the checkpoint's parts, frames the adapter
+    prepares in its video slot (`common.video_slot`)."""
     from transformers import InternVLProcessor
 
-    p = object.__new__(InternVLProcessor)
     names = ("start_image_token", "end_image_token", "context_image_token", "video_token")
     missing = [n for n in names if getattr(tok, n, None) is None]
     if missing:
         raise ValueError(f"the tokenizer does not name InternVL's special tokens {missing} (tokenizer_config.json's "
                          "extra_special_tokens); is this an InternVL '-hf' checkpoint?")
-    p.__dict__.update(
-        image_processor=ip, tokenizer=tok, video_processor=_Frames(), chat_template=chat_template,
-        image_seq_length=int(pcfg.get("image_seq_length", 256)), start_image_token=tok.start_image_token,
-        end_image_token=tok.end_image_token, start_image_token_id=tok.convert_tokens_to_ids(tok.start_image_token),
-        end_image_token_id=tok.convert_tokens_to_ids(tok.end_image_token), image_token=tok.context_image_token,
-        video_token=tok.video_token, image_token_id=tok.convert_tokens_to_ids(tok.context_image_token))
-    p.multimodal_pattern = re.compile(f"(?P<image>{re.escape(p.image_token)})|(?P<video>{re.escape(p.video_token)})")
-    return p
+    return build_processor(InternVLProcessor, image_processor=ip, tokenizer=tok,
+                           image_seq_length=int(pcfg.get("image_seq_length", 256)), chat_template=chat_template)
 
 
 class InternVLAdapter(SampledVideo, C.ProcessorAdapter):

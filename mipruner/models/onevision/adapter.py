@@ -15,9 +15,9 @@ centred padding; several images: undo the pad to square; pooled tokens: the unio
 
 Inputs: hub checkpoints name a video processor whose class needs torchvision, so `AutoProcessor`
 cannot be built here. Images go through transformers' own `LlavaOnevisionProcessor.__call__` on an
-instance assembled from the checkpoint's tokenizer, image processor and processor_config.json
-(`_processor`: its `__init__` only fails on the missing video processor class), so input ids, pixel
-values, image sizes and `batch_num_images` are exactly the processor's. Videos: frames sampled as
+instance built by its own constructor from the checkpoint's tokenizer, image processor and
+processor_config.json (`_processor`, `common/video_slot.py`), so input ids, pixel values, image
+sizes and `batch_num_images` are exactly the processor's. Videos: frames sampled as
 transformers' `BaseVideoProcessor.sample_frames` (`frame_indices`: the checkpoint's num_frames or fps
 when its video config samples, else `default_frames` = 8 by the same rule), each
 resized to the video processor's size (PIL bicubic,
@@ -46,6 +46,7 @@ from . import layout as L
 from ..common.hub_files import read_chat_template, read_json
 from ..common.patch_layout import Layout, token_attention
 from ..common.sampled_video import SampledVideo, frames_asked, video_pixels
+from ..common.video_slot import build_processor
 
 # LlavaOnevisionVideoProcessor's class defaults (transformers 5.x)
 VIDEO_DEFAULTS = dict(size={"height": 384, "width": 384}, resample=3, do_rescale=True, rescale_factor=1 / 255,
@@ -66,22 +67,18 @@ def frame_indices(total: int, video_fps: float, s: dict, default: int) -> list[i
 
 
 def _processor(ip, tok, pcfg: dict, model_config, chat_template):
-    """transformers' LlavaOnevisionProcessor on the checkpoint's parts, without a video processor."""
+    """transformers' LlavaOnevisionProcessor built by its own constructor on the checkpoint's parts (its video slot:
+    `common.video_slot.PreparedFrames`; the adapter expands video placeholders itself, `_encode_video`)."""
     from transformers import LlavaOnevisionProcessor
 
     g = int(model_config.vision_config.image_size) // int(model_config.vision_config.patch_size)
-    p = object.__new__(LlavaOnevisionProcessor)
-    image_token = getattr(tok, "image_token", None) or pcfg.get("image_token", "<image>")
-    video_token = getattr(tok, "video_token", None) or pcfg.get("video_token", "<video>")
-    p.__dict__.update(
-        image_processor=ip, tokenizer=tok, video_processor=None, chat_template=chat_template,
+    return build_processor(
+        LlavaOnevisionProcessor, image_processor=ip, tokenizer=tok, chat_template=chat_template,
         num_image_tokens=pcfg.get("num_image_tokens") or g * g,
         vision_feature_select_strategy=pcfg.get("vision_feature_select_strategy")
         or model_config.vision_feature_select_strategy,
         vision_aspect_ratio=pcfg.get("vision_aspect_ratio") or model_config.vision_aspect_ratio,
-        image_token=image_token, video_token=video_token,
-        image_token_id=tok.convert_tokens_to_ids(image_token), video_token_id=tok.convert_tokens_to_ids(video_token))
-    return p
+        image_token=pcfg.get("image_token", "<image>"), video_token=pcfg.get("video_token", "<video>"))
 
 
 class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):

@@ -1,4 +1,4 @@
-"""The rows of `python -m mipruner.bench gpu-check`: one (family, media) encoding, every method x budget.
+"""The rows of `python -m tests.gpu_check run`: one (family, media) encoding, every method x budget.
 
 Per (family, media): ONE encoding (with the vision encoder's attention, which some methods read),
 the unpruned answer, then
@@ -32,7 +32,7 @@ import mipruner
 from mipruner.batch import answer_items
 from mipruner.pruners import resolve_budget
 
-from .finite_logits import LogitWatch
+from mipruner.bench.finite_logits import LogitWatch
 
 KEEP_ALL = "keep-all"
 REDRAWS = 3  # unpruned answers drawn again when keep-all differs from the first (see keep_all_row)
@@ -212,7 +212,7 @@ def check_media(adapter, family: str, kind: str, media, prompt: str, methods: li
 
 
 def format_rows(rows: list[dict]) -> str:
-    from .timing import table
+    from mipruner.bench.timing import table
 
     def f(x, d=1):
         return "-" if x is None else f"{x:.{d}f}"

@@ -2,7 +2,7 @@
 
 A device-side assert or an illegal address ends a CUDA process (or leaves its CUDA context unusable,
 so every later kernel fails), and a `try` around a row cannot catch an abort. So the parent runs
-`python -X faulthandler -m mipruner.bench gpu-check --child --families F ...` per family, streams
+`python -X faulthandler -m tests.gpu_check run --child --families F ...` (from the repository root) per family, streams
 its output, and reads its report (saved before every row, with the row in flight). When the child
 dies (a signal, or exit code 3 after a CUDA fault it caught), the parent keeps the rows it finished
 and runs the family's unfinished media once more with CUDA_LAUNCH_BLOCKING=1 (each kernel
@@ -24,8 +24,9 @@ import sys
 import tempfile
 import time
 
-from .gpu_check_rows import planned_rows
-from .zoo import get_family
+from mipruner.bench.zoo import get_family
+
+from .rows import planned_rows
 
 RETRY_ENV = {"CUDA_LAUNCH_BLOCKING": "1"}
 
@@ -58,10 +59,15 @@ def _plugins_env() -> dict:
     return {plugins.ENV: ",".join(loaded)} if loaded else {}
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+
 def spawn(args: list[str], env_extra: dict, log) -> tuple[int, list[str], float]:
-    """Run one child gpu-check; its output streamed to `log`. (exit code, last lines, seconds)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **_plugins_env(), **env_extra)
-    cmd = [sys.executable, "-X", "faulthandler", "-m", "mipruner.bench", "gpu-check", *args]
+    """Run one child gpu-check; its output streamed to `log`. (exit code, last lines, seconds). The checkout
+    goes first on the child's PYTHONPATH, so `-m tests.gpu_check` resolves from any working folder."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path, **_plugins_env(), **env_extra)
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "tests.gpu_check", "run", *args]
     t0 = time.monotonic()
     tail: collections.deque = collections.deque(maxlen=60)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

@@ -33,11 +33,10 @@ import torch
 
 import mipruner
 from mipruner.batch import use_decode_path
+from mipruner.bench.efficiency import PROMPT, PeakMemory, make_run, measure_cell
+from mipruner.bench.gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
+from mipruner.bench.prefill import test_image
 from mipruner.pruners import get_pruner, list_pruners
-
-from .efficiency import PROMPT, PeakMemory, make_run, measure_cell
-from .gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
-from .prefill import test_image
 
 MI = ("mi", {"lam": 1.0})
 CELLS = ("select", "latency", "batch", "view", "compiled")  # the cell groups, in the order they run

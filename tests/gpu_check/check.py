@@ -1,15 +1,15 @@
-"""`python -m mipruner.bench gpu-check`: every family x media x registered method on one device, one report.
+"""`python -m tests.gpu_check run`: every family x media x registered method on one device, one report.
 
 For each family of `mipruner.bench.zoo` (random weights at the real 7B / 2B-3B shapes; `--tiny`: a
 few small layers, for CPU smoke runs) and each medium it takes (image; several images; a video of
 8 frames), ONE encoding, then the keep-all anchor and every registered method (pre-LLM and in-LLM)
 at two budgets given as shares of that encoding's N_V (`--shares`, default 0.25 and 0.1: K =
 max(1, floor(share * N_V + 0.5)), so budgets scale with the shape): select, answer one by one, answer
-batched as the app does (rows and columns: `mipruner/bench/gpu_check_rows.py`). A failing row is
+batched as the app does (rows and columns: `tests/gpu_check/rows.py`). A failing row is
 recorded with its error and the run goes on; a row whose logits hold NaN or inf fails.
 
 `--isolate family` (the default on CUDA; `auto`) runs each family in its own process
-(`gpu_check_procs.py`): a CUDA fault or an abort costs that family's unfinished rows, each marked
+(`tests/gpu_check/procs.py`): a CUDA fault or an abort costs that family's unfinished rows, each marked
 with the cause, and the other families still run; the failed family's unfinished media are tried
 once more with CUDA_LAUNCH_BLOCKING=1. `--isolate none` (the default on the CPU) runs everything in
 this process, freeing each model (and torch.compile's caches) before the next family.
@@ -17,7 +17,7 @@ this process, freeing each model (and torch.compile's caches) before the next fa
 `--protocol` (default: on on CUDA, off on the CPU) then, after every row, times the paper's protocol
 of `bench gpu` on a LLaVA-1.5 model (its own process when isolated), within `--budget-s` seconds
 (default 200): 5 timed runs after 2 warm-ups per cell, cells in priority order, a cell started only
-when its estimate fits the budget left (`mipruner/bench/gpu_check_protocol.py`). `--cells` picks the
+when its estimate fits the budget left (`tests/gpu_check/protocol.py`). `--cells` picks the
 cells (select, latency, batch, view, compiled); `--protocol-only` runs no rows.
 
 The report is rewritten after every row and protocol cell, so a command stopped at a time limit still
@@ -43,17 +43,14 @@ import time
 
 import torch
 
+from mipruner.bench.floors import device_name
+from mipruner.bench.zoo import FAMILIES, PROMPTS, get_family, make_media
 from mipruner.pruners import get_pruner, list_pruners
 
-from .gpu_check_protocol import CELLS
-from .gpu_check_rows import Clock, DeviceFault, check_media, last_line, planned_rows, summary
-from .zoo import FAMILIES, PROMPTS, get_family, make_media
+from .protocol import CELLS
+from .rows import Clock, DeviceFault, check_media, last_line, planned_rows, summary
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device.type)
 
 
 def _names(text: str | None, known: list[str], what: str) -> list[str]:
@@ -67,7 +64,7 @@ def _names(text: str | None, known: list[str], what: str) -> list[str]:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m mipruner.bench gpu-check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m tests.gpu_check run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny random models (CPU smoke runs; timings mean nothing)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
@@ -102,7 +99,7 @@ def parse_args(argv):
                    help="family: each family in its own process (a CUDA fault or abort costs only its rows; one retry "
                         "with CUDA_LAUNCH_BLOCKING=1); none: one process; auto (default): family on CUDA, none elsewhere")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one family's process (gpu_check_procs)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one family's process (procs.py)
     return p.parse_args(argv)
 
 
@@ -128,7 +125,7 @@ def new_report(a, s) -> dict:
 
     return {"device": device_name(s.device), "torch": torch.__version__, "transformers": transformers.__version__,
             "dtype": s.dtype, "tiny": bool(a.tiny), "llm_layers": a.llm_layers,
-            "command": "python -m mipruner.bench gpu-check " + " ".join(sys.argv[1:] if a.command is None else a.command),
+            "command": "python -m tests.gpu_check run " + " ".join(sys.argv[1:] if a.command is None else a.command),
             "shares": s.shares, "new_tokens": a.new_tokens, "static_cache": bool(a.static_cache),
             "methods": s.methods, "families": [], "rows": [], "protocol": None}
 
@@ -153,7 +150,7 @@ def run(a, log=print) -> dict:
                 json.dump(report, f, indent=1)
 
     if s.isolate == "family" and not a.child:
-        from .gpu_check_procs import run_isolated
+        from .procs import run_isolated
 
         run_isolated(a, s, report, save, log)
         save()
@@ -237,7 +234,7 @@ def _fault_rows(in_flight: dict, s, name: str, later: list[str], cause: str) -> 
 
 
 def _protocol(adapter, a, s, log, progress) -> dict:
-    from .gpu_check_protocol import run_protocol
+    from .protocol import run_protocol
 
     try:
         return run_protocol(adapter, budget_s=a.budget_s, repeats=a.repeats, warmup=a.warmup, log=log,
