@@ -9,7 +9,7 @@ Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user
   generate          plain transformers: the processor, then `model.generate(**inputs)` of the
                     unpruned model (dynamic cache, no compile): the baseline every row is put against
   none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
-  <method> x budget every registered method (or `--methods`) at 64 / 128 / 192 kept tokens
+  <method> x budget every registered image method (or `--methods`) at 64 / 128 / 192 kept tokens
 Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded with one
 vision-tower call (`mipruner.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
 are encoded one by one), selected one by one, and answered as ONE batch
@@ -259,8 +259,8 @@ def format_throughput(rows: list[dict]) -> str:
 
 def _methods(text: str) -> list[tuple[str, dict]]:
     names = [m.strip() for m in text.split(",") if m.strip()]
-    if names == ["all"]:
-        names = list_pruners()
+    if names == ["all"]:  # the image methods: a video method does not apply to the image the bench gives
+        names = [m for m in list_pruners() if not get_pruner(m).video]
     return [parse_method(m) for m in names if m != "none"]
 
 
