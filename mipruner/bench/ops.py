@@ -12,7 +12,8 @@ For every pre-LLM method (MI at lam 1 and 0.5 counted apart), on random inputs o
              (method, shapes, K, parameters) records a CUDA graph and later calls replay it
              (`mipruner.pruners.capture`); on the CPU there is nothing to capture, so the column
              shows `torch.compile(fullgraph=True)` of the call with `--cpu-backend` (default
-             "none": not timed; "inductor" needs a C++ compiler and minutes per method).
+             "none": not timed; "inductor" needs a C++ compiler and minutes per method), except for
+             the video methods, whose frame table is host work (static in a CUDA graph): "-".
   same       whether the captured call keeps the same tokens (keep and order) as the eager one.
 
 `--batch B` adds, per method, the selections of B items (random inputs of one shape, seeds 0..B-1):
@@ -110,8 +111,10 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
     elif cpu_backend != "none":
         # dynamic=False: the labels share one lambda code object, whose parameters (MI lam 1 then 0.5) must
         # not turn into symbolic floats on the second compile
+        # the video methods lay their frame table out on the host (`pruners.video.frame_slots`, memoized per
+        # frame_index: static in a CUDA graph, outside any fullgraph trace): not compiled, "-" in the column
         captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend, dynamic=False)
-                          for label, fn in calls.items()}
+                          for (label, name, _), fn in zip(labels, calls.values()) if not get_pruner(name).video}
     else:
         captured_calls = {}
     # every label's compiled call enters `mipruner.prune`'s one code object: room for one entry per label, in
