@@ -117,3 +117,14 @@ def test_latency_video_report_carries_the_ratios(tmp_path):
     assert lat["generate"]["prompt_tokens"] == lat["ours-none"]["prompt_tokens"]
     assert rep["video"]["4"]["ttft"]["evs_ttft_vs_none"] == round(
         lat["ours-" + latency_video.label("evs")]["ttft_ms"]["median"] / lat["ours-none"]["ttft_ms"]["median"], 3)
+
+
+def test_ops_video_rows_of_an_image_method_per_frame(tmp_path):
+    """`--per-frame even`: an image method runs with its per-frame budgets on the video's layout."""
+    out = tmp_path / "ops.json"
+    ops.main(["--video-frames", "8", "--video-family", "qwen2_5_vl", "--tiny", "--repeats", "1",
+              "--methods", "evs,mi,random", "--per-frame", "even", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == [f"evs vpr={V.RATE:g}", "mi lam=1 per_frame=even",
+                                           "mi lam=0.5 per_frame=even", "random per_frame=even"]
+    assert len({r["k"] for r in rows}) == 1 and all(r["ops"] > 0 for r in rows)

@@ -41,19 +41,22 @@ from .pruners import make_inputs
 from .timing import table
 
 
-def variants(methods: list[str], video: bool = False) -> list[tuple[str, str, dict]]:
+def variants(methods: list[str], video: bool = False, per_frame: str = "off") -> list[tuple[str, str, dict]]:
     """(label, pruner name, extra parameters): MI at lam 1 and lam 0.5 apart; on a video (`video`), EVS at the
-    rate of the latency cells (`video.RATE`)."""
+    rate of the latency cells (`video.RATE`) and every other method with `per_frame` (its per-frame budgets:
+    off, even or uniqueness) where that is not "off"."""
     from .video import RATE
 
     out = []
     for m in methods:
         if video and m == "evs":
             out.append((f"evs vpr={RATE:g}", "evs", {"video_pruning_rate": RATE}))
-        elif m == "mi":
-            out += [("mi lam=1", "mi", {"lam": 1.0}), ("mi lam=0.5", "mi", {"lam": 0.5})]
-        else:
-            out.append((m, m, {}))
+            continue
+        mine = [("mi lam=1", "mi", {"lam": 1.0}), ("mi lam=0.5", "mi", {"lam": 0.5})] if m == "mi" else [(m, m, {})]
+        if video and per_frame != "off" and not get_pruner(m).video:
+            mine = [(f"{label} per_frame={per_frame}", name, {**extra, "per_frame": per_frame})
+                    for label, name, extra in mine]
+        out += mine
     return out
 
 
@@ -94,13 +97,13 @@ def _median_ms(calls: dict, repeats: int, sync) -> dict[str, float]:
 
 def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: int, device="cpu",
         dtype=torch.float32, cpu_backend: str = "none", log=print, batch: int = 1, data: dict | None = None,
-        video: dict | None = None) -> list[dict]:
+        video: dict | None = None, per_frame: str = "off") -> list[dict]:
     """The table above on random inputs of N_V = n_v (`data`: given inputs instead, e.g. a video's; `video`:
     its layout, `video.Layout.as_dict()`, recorded in every row)."""
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     data = make_inputs(n_v, dim, n_text, 0, True, device, dtype) if data is None else data
-    labels = variants(methods, video is not None)
+    labels = variants(methods, video is not None, per_frame)
     calls = {label: _call(name, data, k, extra) for label, name, extra in labels}
     with capture.disabled():
         ops = {label: top_level_ops(fn) for label, fn in calls.items()}
@@ -188,7 +191,7 @@ def run_video(a, p) -> list[dict]:
         data = V.inputs(lay, a.text, attention=bool(mipruner.signals_for(methods).attention), device=a.device,
                         dtype=a.torch_dtype)
         rows += run(lay.n_visual, lay.hidden, a.text, V.retained(lay), methods, a.repeats, a.device, a.torch_dtype,
-                    a.cpu_backend, batch=1, data=data, video=lay.as_dict())
+                    a.cpu_backend, batch=1, data=data, video=lay.as_dict(), per_frame=a.per_frame)
     write_json(a.json, rows)
     return rows
 
@@ -212,6 +215,8 @@ def main(argv=None) -> None:
                    "video ones")
     p.add_argument("--video-family", default="qwen2_5_vl", help="qwen2_5_vl or llava_onevision")
     p.add_argument("--tiny", action="store_true", help="with --video-frames: the family's tiny config (tests)")
+    p.add_argument("--per-frame", default="off", choices=("off", "even", "uniqueness"),
+                   help="with --video-frames: the image methods of --methods with this per-frame budget split")
     a = parse(p, argv)
     if a.video_frames:
         return run_video(a, p)
