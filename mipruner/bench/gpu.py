@@ -9,7 +9,7 @@ Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user
   generate          plain transformers: the processor, then `model.generate(**inputs)` of the
                     unpruned model (dynamic cache, no compile): the baseline every row is put against
   none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
-  <method> x budget every registered method (or `--methods`) at 64 / 128 / 192 kept tokens
+  <method> x budget every registered image method (or `--methods`) at 64 / 128 / 192 kept tokens
 Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded with one
 vision-tower call (`mipruner.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
 are encoded one by one), selected one by one, and answered as ONE batch

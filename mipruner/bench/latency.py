@@ -140,14 +140,15 @@ def build_cells(adapter, clock, a, budget: int, phase: str) -> list[dict]:
 
 
 def select_cells(adapter, clock, pairs, budget: int, repeats: int) -> list[dict]:
-    """Every pre-LLM selection at `budget` of N_V on one cached encoding (cold cache per call); MI with the
-    settings of the end-to-end MI cells (`MI`: lambda 1), so the selection timed here is the one timed there.
-    A video method, not applicable to this image, gets no cell."""
+    """Every pre-LLM image selection (the video methods: `--video-frames`) at `budget` of N_V on one cached
+    encoding (cold cache per call); MI with the settings of the end-to-end MI cells (`MI`: lambda 1), so the
+    selection timed here is the one timed there."""
     import mipruner
     from mipruner.pruners.video import NotApplicable
 
     image, prompt = pairs[0]
-    methods = [m for m in list_pruners() if get_pruner(m).stage != "llm"]
+    # the video methods select along time and do not apply to an image: `--video-frames` times them
+    methods = [m for m in list_pruners() if get_pruner(m).stage != "llm" and not get_pruner(m).video]
     enc = mipruner.encode_for(adapter, image, prompt, methods)
     methods = [m for m in methods if enc.is_video or not get_pruner(m).video]  # a video method needs a video
     out = []
@@ -191,6 +192,16 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--json", help="write the report here (rewritten after every group of cells)")
+    p.add_argument("--video-frames", default=None, help="e.g. 8,16,32: the video cells instead "
+                   "(mipruner.bench.latency_video: the video methods' selection against the prefill they save, "
+                   "EVS's time to first token)")
+    p.add_argument("--video-family", default="qwen2_5_vl", help="with --video-frames: qwen2_5_vl or llava_onevision")
+    p.add_argument("--video-size", default=None, help="with --video-frames: the frames' WxH (default 448x336, "
+                   "112x84 with --tiny); the processor decides the tokens")
+    p.add_argument("--vision-layers", type=int, default=None, metavar="N", help="with --video-frames: the tower's "
+                   "first N blocks only (CPU proxy; default: all)")
+    p.add_argument("--ttft-frames", default=None, help="with --video-frames: the frame counts of the time-to-first-"
+                   "token cells (default: the first of --video-frames; 0: none)")
     a = p.parse_args(argv)
     a.device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = a.device.type == "cuda"
@@ -200,6 +211,13 @@ def parse_args(argv):
     a.phases = [x.strip() for x in a.phases.split(",") if x.strip()]
     a.batch = (32 if cuda else 0) if a.batch is None else a.batch
     a.repeats = (30 if cuda else 6) if a.repeats is None else a.repeats
+    if a.video_frames:  # one video per frame count: one warm-up round by default
+        from .video import parse_frames, parse_size
+
+        a.video_frames, a.video_size = parse_frames(a.video_frames), parse_size(a.video_size)
+        a.ttft_frames = a.video_frames[:1] if a.ttft_frames is None else [
+            int(x) for x in a.ttft_frames.split(",") if x.strip()]
+        a.warmup = 1 if a.warmup is None else a.warmup
     a.warmup = a.inputs if a.warmup is None else a.warmup
     if not a.lengths or min(a.lengths) < 1 or set(a.phases) - {"eager", "compiled"} or a.inputs < 1 or a.repeats < 1:
         raise SystemExit("--lengths must be positive, --phases of eager,compiled, --inputs and --repeats >= 1")
@@ -217,6 +235,8 @@ def main(argv=None) -> int:
     from .zoo import get_family
 
     t_start = time.monotonic()
+    if a.video_frames:
+        return main_video(a, argv, t_start)
     adapter, desc = get_family("llava").build(tiny=a.tiny, device=a.device, dtype=DTYPES[a.dtype], seed=a.seed,
                                               llm_layers=a.llm_layers)
     clock = R.Clock(a.device)
@@ -268,6 +288,33 @@ def main(argv=None) -> int:
         save()
     save()
     print(format_report(report))
+    if a.json:
+        print(f"report in {a.json}")
+    return 0
+
+
+def main_video(a, argv, t_start) -> int:
+    """`--video-frames`: the video report (`latency_video`)."""
+    import transformers
+
+    from . import latency_video as LV
+
+    dev = device_figures(device_name(a.device), a.dtype, a.peak_tflops, a.bandwidth_gbs)
+    report = {"command": "python -m mipruner.bench latency " + " ".join(argv), "device": dev["device"],
+              "device_figures": dev, "torch": torch.__version__, "transformers": transformers.__version__,
+              "dtype": a.dtype, "lengths": a.lengths[:1], "repeats": a.repeats, "warmup": a.warmup, "interval": METHOD,
+              "timer": "CUDA events" if a.device.type == "cuda" else "time.perf_counter",
+              "threads": torch.get_num_threads(), "cells": []}
+
+    def save():
+        report["wall_s"] = round(time.monotonic() - t_start, 1)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(report, f, indent=1)
+
+    LV.run(a, report, dev, R.Clock(a.device), save, run_phase, summarize)
+    save()
+    print(LV.format_video(report))
     if a.json:
         print(f"report in {a.json}")
     return 0

@@ -14,7 +14,8 @@ For every pre-LLM method (MI at lam 1 and 0.5 counted apart), on random inputs o
              shows `torch.compile(fullgraph=True)` of the call with `--cpu-backend` (default
              "none": not timed; "inductor" needs a C++ compiler and minutes per method), for the
              methods capturable at that N_V; a call that does not trace as one graph shows
-             "graph break" (its error in the JSON's `captured_error`).
+             "graph break" (its error in the JSON's `captured_error`); the video methods, whose frame
+             table is host work (static in a CUDA graph), are not compiled: "-".
   same       whether the captured call keeps the same tokens (keep and order) as the eager one.
 
 `--batch B` adds, per method, the selections of B items (random inputs of one shape, seeds 0..B-1):
@@ -42,14 +43,22 @@ from .pruners import make_inputs
 from .timing import table
 
 
-def variants(methods: list[str]) -> list[tuple[str, str, dict]]:
-    """(label, pruner name, extra parameters): MI at lam 1 and lam 0.5 apart."""
+def variants(methods: list[str], video: bool = False, per_frame: str = "off") -> list[tuple[str, str, dict]]:
+    """(label, pruner name, extra parameters): MI at lam 1 and lam 0.5 apart; on a video (`video`), EVS at the
+    rate of the latency cells (`video.RATE`) and every other method with `per_frame` (its per-frame budgets:
+    off, even or uniqueness) where that is not "off"."""
+    from .video import RATE
+
     out = []
     for m in methods:
-        if m == "mi":
-            out += [("mi lam=1", "mi", {"lam": 1.0}), ("mi lam=0.5", "mi", {"lam": 0.5})]
-        else:
-            out.append((m, m, {}))
+        if video and m == "evs":
+            out.append((f"evs vpr={RATE:g}", "evs", {"video_pruning_rate": RATE}))
+            continue
+        mine = [("mi lam=1", "mi", {"lam": 1.0}), ("mi lam=0.5", "mi", {"lam": 0.5})] if m == "mi" else [(m, m, {})]
+        if video and per_frame != "off" and not get_pruner(m).video:
+            mine = [(f"{label} per_frame={per_frame}", name, {**extra, "per_frame": per_frame})
+                    for label, name, extra in mine]
+        out += mine
     return out
 
 
@@ -89,11 +98,14 @@ def _median_ms(calls: dict, repeats: int, sync) -> dict[str, float]:
 
 
 def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: int, device="cpu",
-        dtype=torch.float32, cpu_backend: str = "none", log=print, batch: int = 1) -> list[dict]:
+        dtype=torch.float32, cpu_backend: str = "none", log=print, batch: int = 1, data: dict | None = None,
+        video: dict | None = None, per_frame: str = "off") -> list[dict]:
+    """The table above on random inputs of N_V = n_v (`data`: given inputs instead, e.g. a video's; `video`:
+    its layout, `video.Layout.as_dict()`, recorded in every row)."""
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    data = make_inputs(n_v, dim, n_text, 0, True, device, dtype)
-    labels = variants(methods)
+    data = make_inputs(n_v, dim, n_text, 0, True, device, dtype) if data is None else data
+    labels = variants(methods, video is not None, per_frame)
     calls = {label: _call(name, data, k, extra) for label, name, extra in labels}
     with capture.disabled():
         ops = {label: top_level_ops(fn) for label, fn in calls.items()}
@@ -107,7 +119,7 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
         # only the methods that declare themselves one capturable computation here (`capture.capturable`)
         captured_calls = {label: torch.compile(fn, fullgraph=True, backend=cpu_backend, dynamic=False)
                           for (label, name, extra), fn in zip(labels, calls.values())
-                          if capture.capturable(name, n_v, extra)}
+                          if capture.capturable(name, n_v, extra) and not get_pruner(name).video}
     else:
         captured_calls = {}
     # every label's compiled call enters `mipruner.prune`'s one code object: room for one entry per label, in
@@ -134,12 +146,14 @@ def run(n_v: int, dim: int, n_text: int, k: int, methods: list[str], repeats: in
                      "-" if c is None else f"{eager[label] / c:.1f}", "-" if same is None else ("yes" if same else "NO")])
         out.append(dict(method=label, n_v=n_v, d=dim, n_t=n_text, k=k, ops=ops[label], eager_ms=eager[label],
                         captured_ms=c, same_tokens=same, device=str(device), dtype=str(dtype).replace("torch.", ""),
-                        captured_error=broken.get(label)))
+                        captured_error=broken.get(label), **({"video": video} if video else {})))
     if batch > 1:
         _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, device, dtype, sync)
     how = "CUDA graph replay" if device.type == "cuda" else (f"torch.compile backend={cpu_backend}"
                                                              if cpu_backend != "none" else "not timed on the CPU")
-    log(f"N_V={n_v}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
+    where = (f"{video['family']} video of {video['frames']} frames: {video['token_frames']} frames of "
+             f"{video['per_frame']} tokens + {video['outside']} of no frame; ") if video else ""
+    log(f"{where}N_V={n_v}  d={dim}  N_T={n_text}  K={k}  {device} {str(dtype).replace('torch.', '')}  "
         f"(torch threads {torch.get_num_threads()}, {repeats} round-robin rounds; captured: {how})")
     head = ["method", "aten ops", "eager ms", "captured ms", "speed-up", "same tokens"]
     if batch > 1:
@@ -175,21 +189,48 @@ def _batch_columns(labels, rows, out, n_v, dim, n_text, k, batch, repeats, devic
                    batched_same_tokens=same)
 
 
+def run_video(a, p) -> list[dict]:
+    """`--video-frames`: the table for each frame count of `--video-family`'s video (mipruner.bench.video)."""
+    from . import video as V
+
+    methods = names(a.methods) if a.methods else list(V.METHODS)
+    adapter, _ = V.build(a.video_family, tiny=a.tiny, device="meta", llm_layers=1)  # the layout reads the config only
+    rows = []
+    for frames in V.parse_frames(a.video_frames):
+        lay = V.layout(adapter, a.video_family, frames, a.tiny)
+        data = V.inputs(lay, a.text, attention=bool(mipruner.signals_for(methods).attention), device=a.device,
+                        dtype=a.torch_dtype)
+        rows += run(lay.n_visual, lay.hidden, a.text, V.retained(lay), methods, a.repeats, a.device, a.torch_dtype,
+                    a.cpu_backend, batch=1, data=data, video=lay.as_dict(), per_frame=a.per_frame)
+    write_json(a.json, rows)
+    return rows
+
+
 def main(argv=None) -> None:
     p = command_parser("ops", __doc__)
     p.add_argument("--n-v", type=int, default=576)
     p.add_argument("--dim", type=int, default=4096)
     p.add_argument("--text", type=int, default=32, help="N_T, prompt tokens")
     p.add_argument("--budget", type=int, default=64)
-    p.add_argument("--methods", default=",".join(mipruner.list_pruners("projector") + mipruner.list_pruners("vision")),
-                   help="pre-LLM methods (default: all of them)")
+    p.add_argument("--methods", default=None, help="pre-LLM methods (default: all of them; with --video-frames "
+                   "the video ones)")
     add_run_options(p, repeats=9, repeats_help="timed round-robin rounds (after two warm-up rounds)", device="cpu",
                     dtype="fp32", json_help="also write the rows as JSON to this file")
     p.add_argument("--cpu-backend", default="none", help="on the CPU: torch.compile backend for the captured column "
                    "(none: not timed; eager: dynamo only; inductor)")
     p.add_argument("--batch", type=int, default=1, help="B > 1: also one by one against prune_batch on B items")
+    p.add_argument("--video-frames", default=None, help="e.g. 8,16,32: a video of each frame count instead of "
+                   "--n-v / --dim (mipruner.bench.video): N_V, frames and d as the family's processor and config "
+                   "give them; budget: EVS's retained tokens at q = 0.75 (--budget ignored); default methods: the "
+                   "video ones")
+    p.add_argument("--video-family", default="qwen2_5_vl", help="qwen2_5_vl or llava_onevision")
+    p.add_argument("--tiny", action="store_true", help="with --video-frames: the family's tiny config (tests)")
+    p.add_argument("--per-frame", default="off", choices=("off", "even", "uniqueness"),
+                   help="with --video-frames: the image methods of --methods with this per-frame budget split")
     a = parse(p, argv)
-    methods = names(a.methods)
+    if a.video_frames:
+        return run_video(a, p)
+    methods = names(a.methods or ",".join(mipruner.list_pruners("projector") + mipruner.list_pruners("vision")))
     for m in methods:
         if get_pruner(m).stage == "llm":
             p.error(f"{m!r} selects inside the LLM: time it with `python -m mipruner.bench efficiency`")
