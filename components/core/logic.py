@@ -19,6 +19,7 @@ from mipruner.answer_time import own_timing
 from mipruner.engine import MethodView, method_spec, method_specs
 from mipruner.export import selection_to_json
 from mipruner.media import is_video_path
+from mipruner.models.common.generation import GenerationConfig
 from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from ..hosting.hub import ModelHub
@@ -270,12 +271,10 @@ class AppLogic:
                  progress=None) -> dict:
         """{"reference": answer | None, "methods": {name: answer}}; run=False only reads the cache."""
         engine, enc = self._current(state)
-        n = max_new_tokens or self.max_new_tokens
-        if not math.isfinite(float(n)):
-            raise UserError(f"max new tokens must be a finite number, got {n}")
-        n = int(n)
-        if n < 1:
-            raise UserError(f"max new tokens must be >= 1, got {n}")
+        try:  # checked once, here: the engine gets the number as a GenerationConfig checked it
+            n = GenerationConfig(max_new_tokens=max_new_tokens or self.max_new_tokens).max_new_tokens
+        except ValueError as e:
+            raise UserError(str(e).replace("max_new_tokens", "max new tokens")) from None
         budget = _budget(settings, enc.n_visual)
         todo = [None, *list(settings.methods)[:MAX_PANELS]]
         out: dict = {"reference": None, "methods": {}}

@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     from PIL import Image
 
     from mipruner.models.common.embeds_rows import batch_inputs, engine_rows
+    from mipruner.models.common.generation import GenerationConfig
     from mipruner.models.common.path import PLAIN
     from mipruner.models.llava.random_weights import build_random_llava
 
@@ -82,7 +83,8 @@ def main(argv=None) -> int:
         return out.tolist()
 
     def run_ours():
-        return [x.token_ids for x in engine_rows(ad, rows, a.new_tokens, None, PLAIN, min_new_tokens=a.new_tokens)]
+        config = GenerationConfig(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens)
+        return [x.token_ids for x in engine_rows(ad, rows, config, None, PLAIN)]
 
     runs = {"generate": run_generate, "ours": run_ours}
     times: dict = {k: [] for k in runs}
@@ -105,7 +107,7 @@ def main(argv=None) -> int:
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     same = sum(x == y for x, y in zip(answers["ours"], answers["generate"]))
-    total = sum(r[0].state["input_ids"].numel() for r in rows)
+    total = sum(r[0].prompt_tokens for r in rows)
     what = "peak allocated" if cuda else "largest tensor"
     print(f"{desc}; batch {a.batch} unpruned rows ({total} prompt tokens), {a.new_tokens} new tokens, "
           f"{a.repeats} interleaved repeats, {ad.device}")
