@@ -20,17 +20,7 @@ from PIL import Image
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, resolve_block
 from .common.request import RequestState
-
-
-@dataclass(frozen=True)
-class Abilities:
-    """What an adapter can do beyond the contract, declared once per class (`Adapter.abilities`), never
-    probed. batch_decoding: `generate_batch` answers several (encoding, keep) rows as one batch through
-    the decoding engine (and the adapter has the bucketed / compiled decoding paths); batch_encoding:
-    `encode_batch` runs several items' vision towers as one call."""
-
-    batch_decoding: bool = False
-    batch_encoding: bool = False
+from .common.state import Abilities
 
 
 @dataclass

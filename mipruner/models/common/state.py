@@ -1,4 +1,4 @@
-"""An adapter's decoding state, declared in one object (`Adapter.decode_state`): the decoding path it
+"""An adapter's declared abilities (`Abilities`) and its decoding state, declared in one object (`Adapter.decode_state`): the decoding path it
 answers on (`common/path.py`'s DecodePath, chosen by `choose`: `Adapter.use_decode_path`; read-only
 otherwise), the declared bucket set (`Buckets`: the only shapes the compiled path compiles), the compiled
 functions, one per (function, shape) (`common/decode.DecodeEngine.compiled`), the static caches
@@ -16,6 +16,17 @@ from .path import PLAIN, DecodePath, round_up
 def static_slots(width: int, max_new_tokens: int, bucket: int) -> int:
     """The static cache's slots: the batch's (bucketed) width + new tokens, rounded up to the bucket."""
     return round_up(int(width) + int(max_new_tokens), max(int(bucket), 1))
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """What an adapter can do beyond the contract, declared once per class (`Adapter.abilities`), never
+    probed. batch_decoding: `generate_batch` answers several (encoding, keep) rows as one batch through
+    the decoding engine (and the adapter has the bucketed / compiled decoding paths); batch_encoding:
+    `encode_batch` runs several items' vision towers as one call."""
+
+    batch_decoding: bool = False
+    batch_encoding: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,4 +105,4 @@ class DecodeState:
         return {k: len(v) for k, v in sorted(self.shapes.items())}
 
 
-__all__ = ["Buckets", "DecodeState", "static_slots"]
+__all__ = ["Abilities", "Buckets", "DecodeState", "static_slots"]
