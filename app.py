@@ -64,8 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cached encodings of all sessions together, least recently used dropped first (default 1024; "
                         "env MIPRUNER_CACHE_MB)")
     p.add_argument("--files-mb", type=int, default=int(os.environ.get("MIPRUNER_FILES_MB", 1024)),
-                   help="rendered panels and exports kept on disk, oldest removed first (default 1024; "
-                        "env MIPRUNER_FILES_MB)")
+                   help="uploads, rendered panels and exports kept on disk: an upload that does not fit is refused, "
+                        "the oldest panels and exports are removed first (default 1024; env MIPRUNER_FILES_MB)")
     p.add_argument("--plugins", default=None,
                    help="modules or .py files registering more methods, comma-separated, imported at start-up "
                         "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
@@ -104,7 +104,17 @@ def model_policy(args: argparse.Namespace):
                        model_dirs=_list(args.model_dirs), trusted=(args.model,))
 
 
-def build(args: argparse.Namespace):
+def file_budget(args: argparse.Namespace):
+    """The cap on Gradio's files (uploads, rendered panels, exports), in a folder of this app's own."""
+    from gradio.utils import get_upload_folder
+
+    from mipruner.session import FileBudget
+
+    os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "gradio-mipruner"))
+    return FileBudget([get_upload_folder()], args.files_mb << 20)
+
+
+def build(args: argparse.Namespace, files=None):
     import torch
 
     from gradio.utils import get_upload_folder
@@ -115,11 +125,9 @@ def build(args: argparse.Namespace):
     from components.hosting.policy import is_hosted
     from components.hosting.spaces_gpu import gpu
     from components.page.ui import build_demo
-    from mipruner.session import FileBudget
     from mipruner.plugins import freeze, load_for_cli
 
-    # Gradio's files (uploads, rendered panels, exports) in a folder of this app's own, kept under --files-mb
-    os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "gradio-mipruner"))
+    files = files or file_budget(args)  # Gradio's files in a folder of this app's own, kept under --files-mb
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     hub = ModelHub(args.model, device=args.device, dtype=dtype, policy=model_policy(args),
                    cache_bytes=args.cache_mb << 20)
@@ -130,7 +138,6 @@ def build(args: argparse.Namespace):
     notes = " ".join(([hub.startup_message] if fell_back else []) + list(problems))
     hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
-    files = FileBudget([get_upload_folder()], args.files_mb << 20)
     warm = warm_up(args, hub)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes, warm=warm)
@@ -174,12 +181,16 @@ def hardware_note(hub) -> str:
 
 
 def main(argv=None) -> None:
+    from components.hosting.uploads import upload_app_kwargs
     from components.page.ui import launch_kwargs
 
     args = parse_args(argv)
-    demo = build(args)
+    files = file_budget(args)
+    demo = build(args, files)
+    # uploads are admitted under --files-mb (components/hosting/uploads.py): a full cap refuses them
     demo.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, share=args.share,
                                                    state_session_capacity=args.max_sessions,
+                                                   app_kwargs=upload_app_kwargs(files),
                                                    **launch_kwargs(args.max_file_size))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from .pruners._registry import ContractError
+from .pruners.video import NotApplicable
 
 T = TypeVar("T")
 
@@ -21,15 +22,20 @@ def sentence(method: str | None, exc: BaseException) -> str:
     """One line saying that `method` failed and why."""
     if isinstance(exc, ContractError):
         return str(exc).splitlines()[0]
+    if isinstance(exc, NotApplicable):  # a video method on an image: not a failure, a fact about the input
+        return f"{method!r} does not apply here: {(str(exc).strip().splitlines() or [''])[0]}"
     text = (str(exc).strip().splitlines() or [""])[0]
     what = f"{method!r}" if method else "the unpruned answer"
     return f"{what} failed: {type(exc).__name__}{': ' + text if text else ''}"
 
 
 def guarded(method: str | None, fn: Callable[[], T], reraise: tuple = ()) -> tuple[T | None, str | None]:
-    """(fn(), None), or (None, the sentence) when fn raises an Exception other than those in `reraise`."""
+    """(fn(), None), or (None, the sentence) when fn raises an Exception other than those in `reraise`; a
+    `NotApplicable` (a video method on an image) always costs only its own result."""
     try:
         return fn(), None
+    except NotApplicable as exc:
+        return None, sentence(method, exc)
     except reraise:
         raise
     except Exception as exc:  # noqa: BLE001: a method may raise anything; it costs only its own result

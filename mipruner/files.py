@@ -1,5 +1,7 @@
 """`FileBudget`: keeps the folders the app writes files into (rendered panels, exports, a sweep's unpacked
-set while it runs) under one byte cap on disk, oldest files first. `mipruner.session` offers it too."""
+set while it runs, visitors' uploads) under one byte cap on disk, oldest files first; an upload is admitted
+only when it fits (`admit`) and is never removed while young (`uploaded`), so a flood of uploads is refused
+instead of evicting what other visitors are using. `mipruner.session` offers it too."""
 from __future__ import annotations
 
 import contextlib
@@ -8,13 +10,17 @@ import threading
 import time
 
 
+class FilesFull(ValueError):
+    """What is asked for does not fit under the cap beside what is on disk and held."""
+
+
 class FileBudget:
     """Keeps folders the app writes files into (rendered panels, exports) under `max_bytes`:
     past it, the files modified longest ago go first (never one younger than `min_age_s`, which a
     page may still be fetching). `maybe_prune` scans at most every `interval_s` seconds."""
 
     def __init__(self, roots, max_bytes: int, *, interval_s: float = 10.0, min_age_s: float = 30.0,
-                 clock=time.time):
+                 upload_age_s: float = 900.0, clock=time.time):
         if not max_bytes > 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
         self.roots = [os.fspath(r) for r in roots]
@@ -23,6 +29,38 @@ class FileBudget:
         self._lock = threading.Lock()
         self.removed = 0  # files removed since start
         self.held = 0  # bytes of folders outside the roots counted under the cap while they exist (`hold`)
+        self.upload_age_s = upload_age_s  # an upload younger than this is never pruned
+        self._uploads: dict[str, float] = {}  # real path -> when it was uploaded (`uploaded`)
+
+    def uploaded(self, paths) -> None:
+        """Mark `paths` as visitors' uploads: `prune` leaves each alone for `upload_age_s` seconds."""
+        now = self.clock()
+        with self._lock:
+            for p in paths:
+                self._uploads[os.path.realpath(os.fspath(p))] = now
+            if len(self._uploads) > 4096:  # forget the old ones (prunable again) so the table stays small
+                for p in sorted(self._uploads, key=self._uploads.get)[:len(self._uploads) - 4096]:
+                    del self._uploads[p]
+
+    def total(self) -> int:
+        """Bytes on disk under the roots plus those held."""
+        return sum(f[1] for f in self.usage()) + self.held
+
+    @contextlib.contextmanager
+    def admit(self, nbytes: int):
+        """Count `nbytes` (an upload on its way to disk) under the cap for the block, without removing
+        anything: FilesFull when they do not fit beside what is on disk and held."""
+        nbytes = int(nbytes)
+        with self._lock:
+            used = sum(f[1] for f in self.usage()) + self.held
+            if used + nbytes > self.max_bytes:
+                raise FilesFull(f"{nbytes:,} bytes do not fit: {used:,} of {self.max_bytes:,} are in use")
+            self.held += nbytes
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.held -= nbytes
 
     @contextlib.contextmanager
     def hold(self, nbytes: int):
@@ -60,9 +98,12 @@ class FileBudget:
         with self._lock:
             files = sorted(self.usage())
             total, now, gone = sum(f[1] for f in files) + self.held, self.clock(), 0
+            self._uploads = {p: t for p, t in self._uploads.items() if now - t < self.upload_age_s}
             for mtime, size, path in files:
                 if total <= self.max_bytes or now - mtime < self.min_age_s:
                     break
+                if os.path.realpath(path) in self._uploads:  # a visitor's recent upload stays
+                    continue
                 try:
                     os.remove(path)
                 except OSError:
@@ -86,4 +127,4 @@ class FileBudget:
         return self.prune()
 
 
-__all__ = ["FileBudget"]
+__all__ = ["FileBudget", "FilesFull"]

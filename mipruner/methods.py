@@ -49,11 +49,15 @@ def encode_for(adapter, media, prompt: str, methods: Iterable[str] = (), *, text
 _BLOCK_INPUTS = ("attention", "keys", "attention_heads")
 
 
-def _inputs(spec: MethodSpec, encoded: Encoded, cache: dict | None) -> dict:
+def _inputs(spec: MethodSpec, encoded: Encoded, cache: dict | None, params: dict | None = None) -> dict:
     """The encoding-derived keyword inputs (attention, keys, ...) method `spec` takes; attention, keys and
-    per-head attention of the encoder block it declares (`encoder_layer`)."""
+    per-head attention of the encoder block it declares (`encoder_layer`); `frame_index` too when its bound
+    `params` ask for per-frame budgets (`pruners/per_frame.py`)."""
     kw = {}
-    for name in spec.inputs:
+    names = spec.inputs
+    if (params or {}).get("per_frame", "off") != "off" and "frame_index" not in names:
+        names = (*names, "frame_index")
+    for name in names:
         if name == "cache":
             if cache is not None:
                 kw["cache"] = cache.setdefault(spec.name, {})
@@ -103,7 +107,7 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
         sel.method = method
     else:
         sel = run_pre_llm(spec, encoded.visual, encoded.scoring_text if spec.needs_text else None, budget,
-                          _inputs(spec, encoded, cache), kw)
+                          _inputs(spec, encoded, cache, kw), kw)
     if note is not None:
         sel.extras.update(lam=kw["lam"], lam_note=note)
     # its prefill compute (`mipruner.compute`), when the model has a decoder to count
@@ -137,7 +141,7 @@ def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, 
     for idx in by_params.values():
         items = [{"visual": encodings[i].visual,
                   "text": encodings[i].scoring_text if spec.needs_text else None,
-                  **_inputs(spec, encodings[i], caches[i])} for i in idx]  # a cache serves an item run alone
+                  **_inputs(spec, encodings[i], caches[i], resolved[i])} for i in idx]  # a cache serves an item run alone
         for i, sel in zip(idx, run_batch(spec, items, budget, resolved[idx[0]])):
             if notes[i] is not None:
                 sel.extras.update(lam=resolved[i]["lam"], lam_note=notes[i])

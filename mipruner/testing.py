@@ -43,6 +43,7 @@ from .pruners.signals import Signals, encode_kwargs
 
 N_V, D, N_T = 48, 16, 5
 HEADS, D_F = 3, 24  # heads of the random per-head attention; width of the random pre-projector features
+FRAMES = 4  # frames of the random video (frame_index) given to the video methods and the per-frame option
 SCORE_LABEL_CHARS = 60  # a colour bar's caption
 
 
@@ -62,7 +63,8 @@ def meta_default():
 def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device="cpu") -> dict:
     """Random inputs for a pre-LLM method: visual (n, D), text (N_T, D), and the vision encoder's
     attention / keys ([CLS] first) when it reads them, per-head attention (HEADS, n+1, n+1) and
-    pre-projector features (n, D_F) when it takes them."""
+    pre-projector features (n, D_F) when it takes them, and `frame_index` (n,) (FRAMES frames of n / FRAMES
+    tokens) when it accepts it (the video methods; every other pre-LLM method's per-frame option)."""
     g = torch.Generator().manual_seed(seed)
     kw = dict(visual=torch.randn(n, D, generator=g), text=torch.randn(N_T, D, generator=g))
     if spec.needs_attention or {"attention", "keys"} & set(spec.needs):
@@ -72,7 +74,10 @@ def tensor_inputs(spec, n: int = N_V, seed: int = 0, dtype=torch.float32, device
         kw["attention_heads"] = torch.softmax(torch.randn(HEADS, n + 1, n + 1, generator=g) * 3, dim=-1)
     if "features" in spec.inputs and spec.signals.features:
         kw["features"] = torch.randn(n, D_F, generator=g)
-    return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}  # a bf16 model's outputs are all bf16
+    kw = {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}  # a bf16 model's outputs are all bf16
+    if "frame_index" in spec.accepts:  # a video of FRAMES frames (EVS; every method's per-frame option)
+        kw["frame_index"] = (torch.arange(n, device=device) * FRAMES) // n
+    return kw
 
 
 def _fixed_seed(spec) -> dict:
@@ -288,21 +293,29 @@ def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> lis
     return out
 
 
-def embedded_encoding(model: str = "shapes-llava", device=None, signals=None):
+def embedded_encoding(model: str = "shapes-llava", device=None, signals=None, video: bool = False):
     """(adapter, encoding) of a red square on noise with attention (and `signals`: what a method asks for
-    more, `MethodSpec.signals`), on the embedded model."""
+    more, `MethodSpec.signals`), on the embedded model; `video`: a 4-frame clip of the square moving
+    (what a video method, `MethodSpec.video`, is checked on)."""
     from PIL import Image
 
+    from .media import Video
     from .models import load
 
     adapter = load(model, device=device or "cpu")
     rng = np.random.default_rng(0)
-    arr = np.zeros((112, 112, 3), dtype=np.uint8)
-    arr[..., 2] = 200
-    arr[..., :2] = rng.integers(0, 40, size=(112, 112, 2), dtype=np.uint8)
-    arr[20:60, 30:70] = (255, 0, 0)
+
+    def picture(shift: int) -> Image.Image:
+        arr = np.zeros((112, 112, 3), dtype=np.uint8)
+        arr[..., 2] = 200
+        arr[..., :2] = rng.integers(0, 40, size=(112, 112, 2), dtype=np.uint8)
+        arr[20:60, 30 + shift:70 + shift] = (255, 0, 0)
+        return Image.fromarray(arr)
+
+    media = Video(frames=[picture(8 * i) for i in range(4)], indices=[0, 1, 2, 3], fps=4.0, total_frames=4) \
+        if video else picture(0)
     kw = encode_kwargs(Signals.of(True, signals))
-    return adapter, adapter.encode(Image.fromarray(arr), "What colour is the square?", **kw)
+    return adapter, adapter.encode(media, "What colour is the square?", **kw)
 
 
 def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "shapes-llava",
@@ -319,7 +332,7 @@ def check_pruner(name: str, *, adapter=None, encoded=None, model: str | None = "
         out += tensor_failures(name, device or "cpu")
     if encoded is None and (model is not None or spec.stage == "llm"):
         try:
-            adapter, encoded = embedded_encoding(model or "shapes-llava", device, spec.signals)
+            adapter, encoded = embedded_encoding(model or "shapes-llava", device, spec.signals, video=spec.video)
         except ValueError as e:  # e.g. it asks for an encoder block the model does not have
             return out + [f"the encoding it asks for (encoder_layer={spec.encoder_layer}) failed: {e}"]
     if encoded is not None:

@@ -78,6 +78,20 @@ def test_the_readme_test_command_is_the_one_ci_runs():
     assert steps(readme) == steps(ci)
 
 
+def test_ci_runs_pytest_in_a_new_temp_folder_as_a_fresh_machine_does():
+    """Every pytest run of .ci/run gets a new --basetemp inside a new `mktemp -d` folder, named like a fresh
+    machine's first runs (pytest-0, pytest-1): a test that depends on the temp folder's name fails on CI too."""
+    ci = read(os.path.join(ROOT, ".ci", "run"))
+    lines = [ln.strip() for ln in ci.splitlines() if not ln.lstrip().startswith("#")]
+    made = [ln for ln in lines if re.match(r'CI_TMP="\$\(mktemp -d\)"$', ln)]
+    opts = [ln for ln in lines if ln.startswith("export PYTEST_ADDOPTS=")]
+    runs = [i for i, ln in enumerate(lines) if "python3 -m pytest" in ln]
+    assert made and len(opts) == len(runs) >= 2, (made, opts, runs)
+    for n, (opt, run) in enumerate(zip(opts, runs)):
+        assert opt.endswith(f'--basetemp=$CI_TMP/pytest-of-$(id -un)/pytest-{n}"'), opt
+        assert lines.index(opt) < run and all(not (lines.index(opt) < i < run) or i == run for i in runs), opt
+
+
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_relative_links_reach_a_file_and_a_heading(page):
     bad = []

@@ -123,7 +123,7 @@ SELECT_FAMILIES = ["llava", "qwen2_vl"]  # a [CLS] tower and a merged one withou
 @pytest.mark.parametrize("fam", SELECT_FAMILIES)
 @pytest.mark.parametrize("name", list_pruners())
 def test_select_contract_in_low_precision(models, fam, dtype, name):
-    ad, enc = models(fam, dtype, "image")
+    ad, enc = models(fam, dtype, "video" if get_pruner(name).video else "image")  # a video method reads a clip
     assert enc.visual.dtype == dtype
     assert select_failures(name, ad, enc) == []
     sel = mipruner.select(ad, enc, name, 5)

@@ -23,6 +23,8 @@ from mipruner.testing import meta_default
 from mipruner.testing import tensor_inputs as _tensor_inputs
 
 from .conftest import TEST_DEVICE
+from mipruner.media import Video
+
 from .models.tiny_llava import save_tiny, scene
 
 N_V, K = 40, 20  # K > D (16, the width of mipruner.testing.tensor_inputs): CDPruner's kernel runs out of rank and its fallback runs too
@@ -89,16 +91,25 @@ def test_prune_creates_no_tensor_off_the_inputs_device(name, chunked, monkeypatc
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_both(tmp_path_factory):
     ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("meta") / "llava")), device=TEST_DEVICE)
     enc = ad.encode(scene(square=(8, 8, 40, 40)), "What colour is the square?", need_attention=True)
-    return ad, enc
+    frames = [scene(square=(8 + 6 * i, 8, 40 + 6 * i, 40), seed=i) for i in range(4)]
+    clip = ad.encode(Video(frames=frames, indices=[0, 1, 2, 3], fps=4.0, total_frames=4),
+                     "What colour is the square?", need_attention=True)
+    return ad, enc, clip
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_both):
+    return tiny_both[:2]
 
 
 @pytest.mark.parametrize("name", list_pruners())
-def test_select_creates_no_tensor_off_the_inputs_device(tiny, name):
-    ad, enc = tiny
+def test_select_creates_no_tensor_off_the_inputs_device(tiny_both, name):
+    ad, image, clip = tiny_both
     spec = get_pruner(name)
+    enc = clip if spec.video else image  # a video method (EVS) reads a clip
     budget = 5
     ref = mipruner.select(ad, enc, name, budget)
     with meta_default():
@@ -110,6 +121,28 @@ def test_select_creates_no_tensor_off_the_inputs_device(tiny, name):
         assert torch.allclose(sel.scores.cpu(), ref.scores.cpu(), equal_nan=True)
     if spec.stage != "llm":  # pre-LLM selections live on the device of the encoding's visual tokens
         assert got.keep.device == enc.visual.device
+
+
+@pytest.mark.parametrize("name", [n for n in PRE_LLM if not get_pruner(n).video] + ["evs"])
+def test_video_selection_creates_no_tensor_off_the_inputs_device(tiny_both, name):
+    """EVS and every method's per-frame option on a clip, the frame tables laid out afresh under the meta
+    default (the memo emptied first), select the same tokens on the inputs' device."""
+    from mipruner.pruners import video
+
+    ad, _, clip = tiny_both
+    runs = [{"video_pruning_rate": 0.0}, {"video_pruning_rate": 0.5}] if name == "evs" else \
+        [{"per_frame": "even"}, {"per_frame": "uniqueness"}]
+    for params in runs:
+        ref = mipruner.select(ad, clip, name, 9, **params)
+        with video._LOCK:
+            video._TABLES.clear()
+        with meta_default():
+            got = mipruner.select(ad, clip, name, 9, **params)
+        assert got.keep.device == clip.visual.device and torch.equal(got.keep, ref.keep)
+        assert torch.equal(got.order, ref.order) and torch.equal(got.scores, ref.scores)
+        for key, value in got.extras.items():
+            if isinstance(value, torch.Tensor):
+                assert value.device.type != "meta" and torch.equal(value, ref.extras[key]), key
 
 
 def test_the_meta_default_catches_a_tensor_made_without_device():

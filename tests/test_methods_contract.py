@@ -13,16 +13,76 @@ from mipruner.pruners.selection import selection_failures
 from mipruner.testing import select_failures, spec_failures
 
 from .conftest import TEST_DEVICE
+from mipruner.media import Video
+
 from .models.tiny_llava import save_tiny, scene
 
 ALL = mipruner.list_pruners()
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def loaded(tmp_path_factory):
     ad = mipruner.load(save_tiny("llava", str(tmp_path_factory.mktemp("contract") / "llava")), device=TEST_DEVICE)
     enc = ad.encode(scene(square=(8, 8, 40, 40)), "What colour is the square?", need_attention=True)
-    return ad, enc
+    frames = [scene(square=(8 + 6 * i, 8, 40 + 6 * i, 40), seed=i) for i in range(4)]
+    clip = ad.encode(Video(frames=frames, indices=[0, 1, 2, 3], fps=4.0, total_frames=4),
+                     "What colour is the square?", need_attention=True)
+    return ad, enc, clip
+
+
+@pytest.fixture
+def model(loaded, request):
+    """(adapter, encoding): an image, or a 4-frame clip for a video method (`MethodSpec.video`, EVS)."""
+    ad, enc, clip = loaded
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    return ad, clip if name is not None and get_pruner(name).video else enc
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if get_pruner(n).video])
+def test_a_video_method_on_an_image_is_a_sentence(loaded, name):
+    ad, enc, _ = loaded
+    with pytest.raises(ValueError, match="1 frame"):
+        mipruner.select(ad, enc, name, 5)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if get_pruner(n).stage != "llm" and not get_pruner(n).video])
+@pytest.mark.parametrize("split", ["even", "uniqueness"])
+def test_per_frame_on_a_clip_is_each_frame_alone(loaded, name, split):
+    """select(..., per_frame=split) on a clip = the method run on each frame's rows alone at its share, joined."""
+    from mipruner.pruners.per_frame import frame_budgets
+    from mipruner.pruners.video import frame_slots
+
+    ad, _, clip = loaded
+    k = clip.n_visual // 3
+    sel = mipruner.select(ad, clip, name, k, per_frame=split, cache={}, **({"seed": 0} if name == "random" else {}))
+    frames = frame_slots(clip.frame_index, clip.n_visual, clip.visual.device)
+    budgets, _ = frame_budgets(clip.visual, frames, k, split)
+    assert sel.extras["frame_budgets"].tolist() == budgets and sum(budgets) == k
+    spec = get_pruner(name)
+    want = []
+    for t, kt in enumerate(budgets):
+        if not kt:
+            continue
+        idx = frames.index[t]
+        kw = {"text": clip.scoring_text} if spec.needs_text else {}
+        for inp in spec.inputs:
+            x = getattr(clip, inp) if inp != "cache" else None
+            if inp in ("attention", "keys") and x is not None:  # the [CLS] row first, then the frame's rows
+                rows = torch.cat([torch.zeros(1, dtype=torch.long, device=idx.device), idx + 1]) \
+                    if x.shape[0] == clip.n_visual + 1 else idx
+                x = x[rows][:, rows] if inp == "attention" else x[rows]
+            elif inp == "cls" and x is not None:
+                x = x[t:t + 1] if x.shape[0] == frames.count else x
+            elif x is not None:
+                x = x[idx]
+            if inp != "cache":
+                kw[inp] = x
+        part = mipruner.prune(name, visual=clip.visual[idx], budget=kt, **kw)
+        want += idx[part.keep].tolist()
+    assert sel.keep.tolist() == sorted(want)
+    assert sel.budget == k or (spec.adaptive and 1 <= sel.budget <= k)
+    ans = mipruner.answer(ad, clip, sel, max_new_tokens=2)
+    assert ans.visual_tokens == sel.budget
 
 
 def test_every_stage_is_registered():
@@ -41,8 +101,10 @@ def test_select_contract(model, name, budget):
     sel = mipruner.select(ad, enc, name, budget, cache={})
     k = budget if isinstance(budget, int) else round(budget * n)
     n_prefix = 0 if sel.prefix is None else sel.prefix.shape[0]  # rows with no position (VisionZip's [CLS])
-    assert selection_failures(sel, n=n, k=k) == []  # the checks `mipruner.testing` runs on a plug-in
-    assert sel.method == name and sel.keep.shape == (k - n_prefix,) and sel.budget == k
+    adaptive = mipruner.get_pruner(name).adaptive  # FastVID may keep fewer, the budget its cap
+    assert selection_failures(sel, n=n, k=k, adaptive=adaptive) == []  # the checks `mipruner.testing` runs on a plug-in
+    assert sel.method == name and (sel.budget == k or adaptive and 1 <= sel.budget <= k)
+    assert sel.keep.shape == (sel.budget - n_prefix,)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -79,7 +79,8 @@ def probe_video(path: str) -> int:
 
 
 def budget_of(value, unit: str, n_visual: int):
-    """The pruners' budget from the UI: tokens (int, at most N_V) or a percentage (share)."""
+    """The pruners' budget from the UI: tokens (int, in [1, N_V]) or a percentage (share); out of range in
+    either unit: a UserError (a sentence naming the budget)."""
     if value is None:
         raise UserError("set a budget")
     try:
@@ -98,7 +99,10 @@ def budget_of(value, unit: str, n_visual: int):
     k = int(round(float(value)))
     if k < 1:
         raise UserError(f"budget in tokens must be at least 1, got {value:g}")
-    return min(k, n_visual) if n_visual else k
+    if n_visual and k > n_visual:
+        raise UserError(f"budget in tokens must be at most {n_visual} (the visual tokens of this encoding), "
+                        f"got {value:g}")
+    return k
 
 
 @contextlib.contextmanager

@@ -24,7 +24,8 @@ from mipruner.engine import TEXT_MODES, method_spec, parameters
 from mipruner.eval import sweep as sweeps
 
 from .logic import UIState, UserError, user_errors
-from .sweep_queue import Deadline, Pace, SweepLimits, SweepQueue, minutes, steps_of
+from .messages import plain, short
+from .sweep_queue import ITEMS, Deadline, Pace, SweepLimits, SweepQueue, minutes, steps_line, steps_of
 
 MAX_ITEMS = SweepLimits().max_items  # a local app's sweep: at most this many questions (hosted: SweepLimits)
 MAX_VALUES = 12
@@ -79,27 +80,68 @@ def default_values(param: str) -> str:
     hi = p.high if p.high is not None else max(1, 4 * (p.default or 1))
     if p.kind == "int":
         return ",".join(str(v) for v in sorted({int(v) for v in np.linspace(max(lo, 1 if p.low_open else lo), hi, 4)}))
-    pts = np.linspace(lo, hi, 5)[1 if p.low_open else 0:]
+    pts = np.linspace(lo, hi, 5)[1 if p.low_open else 0:None if not getattr(p, "high_open", False) else -1]
     return ",".join(f"{v:g}" for v in pts)
+
+
+# the Sweep area's fields by their labels on the page (components/page/sweep.py): what a sentence names
+METHODS, VALUES, BUDGET, QUESTION_SET = "Methods", "Values", "Budget when another parameter is swept", "Question set"
+
+
+@contextlib.contextmanager
+def _field(label: str):
+    """A ValueError in the block (a value the library refused) as one sentence naming the field `label`."""
+    try:
+        yield
+    except (ValueError, TypeError, OverflowError) as e:
+        raise UserError(f"{label}: {plain(e)}") from None
+
+
+def _not_a_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
+def check_values(param: str, values: str) -> None:
+    """UserError naming Values when `values` ("a,b,c") are not values of `param`."""
+    if param == "budget":
+        bad = next((t.strip() for t in str(values or "").split(",") if t.strip() and _not_a_number(t.strip())), None)
+        if bad is not None:
+            raise UserError(f"{VALUES}: {short(bad, 20)} is not a number (budgets are token counts, or shares in "
+                            "(0, 1])")
+    if param in sweeps.sweepable():
+        with _field(VALUES):
+            sweeps.parse_values(param, values or "")
 
 
 def make_sweep(methods, param: str, values: str, budget, page_params: dict, text_mode: str,
                max_new_tokens: int) -> "sweeps.Sweep":
     """The sweep from the area's fields and the page's settings (parameters left at their defaults
-    are not fixed, so the paper's lambda rule and Random's three seeds apply)."""
+    are not fixed, so the paper's lambda rule and Random's three seeds apply). A field's bad value is
+    one sentence that names the field by its label."""
     methods = tuple(methods or ())
     if not methods:
-        raise UserError("choose at least one method to sweep")
+        raise UserError(f"{METHODS}: choose at least one method to sweep")
+    check_values(param, values)
+    budget = budget if budget else 16
+    if param != "budget":
+        if isinstance(budget, str) and _not_a_number(budget):
+            raise UserError(f"{BUDGET}: {short(budget, 20)} is not a number")
+        with _field(BUDGET):
+            sweeps.parse_value("budget", budget)
     defaults = {n: p.default for n, p in parameters().items()}
     fixed = {k: v for k, v in page_params.items() if k != param and v != defaults.get(k)}
     if param == "lam":
         fixed.pop("lam_rule", None)  # sweeping lam means lam as given
     with user_errors("preparing the sweep", ""):
-        sw = sweeps.Sweep(methods=methods, param=param, values=values or "", budget=budget if budget else 16,
+        sw = sweeps.Sweep(methods=methods, param=param, values=values or "", budget=budget,
                           params=fixed, text_mode=text_mode if param != "text_mode" else "question",
                           max_new_tokens=int(max_new_tokens or 8))
     if len(sw.values) > MAX_VALUES:
-        raise UserError(f"at most {MAX_VALUES} values in the app (the headless command takes any number)")
+        raise UserError(f"{VALUES}: at most {MAX_VALUES} values in the app (the headless command takes any number)")
     return sw
 
 
@@ -112,12 +154,12 @@ def question_set(name: str, n, seed, zip_path: str | None = None, questions: str
     try:
         n = int(n or 0)
     except (TypeError, ValueError, OverflowError):
-        raise UserError("n_items must be a whole number") from None
+        raise UserError(f"{ITEMS} must be a whole number") from None
     if not 1 <= n <= limits.max_items:
-        raise UserError(f"n_items must be in [1, {limits.max_items}] on this server, got {n}")
+        raise UserError(f"{ITEMS} must be in [1, {limits.max_items}] on this server, got {n}")
     if name != SETS[-1]:
         if name not in sweeps.GENERATED:
-            raise UserError(f"question_set must be one of {', '.join(SETS)}, got {str(name)[:40]!r}")
+            raise UserError(f"{QUESTION_SET} must be one of {', '.join(SETS)}, got {str(name)[:40]!r}")
         with user_errors("reading the question set", "use a smaller set"):
             items = sweeps.generated_set(name, n=n, seed=int(seed or 0))
         yield items, f"{name} (seed {int(seed or 0)})"
@@ -156,7 +198,8 @@ def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: s
         yield "done", state.results[key], True
         return
     steps = steps_of(sw, len(items))
-    limits.check(len(items), steps, pace.estimate(engine.model_name, steps) if pace else None)
+    limits.check(len(items), steps, pace.estimate(engine.model_name, steps) if pace else None,
+                 counted=steps_line(sw, len(items)))
     stop = threading.Event()
     with _RUNNING_LOCK:
         if session_id in _RUNNING:

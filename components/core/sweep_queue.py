@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from .logic import UserError
 
+ITEMS = "Items"  # the Sweep area's label of the number of items (components/page/sweep.py)
+
 
 @dataclass(frozen=True)
 class SweepLimits:
@@ -36,13 +38,15 @@ class SweepLimits:
             return cls(max_items=100, max_steps=2000, max_seconds=300.0, max_set_bytes=200 << 20, max_waiting=8)
         return cls()
 
-    def check(self, n_items: int, steps: int, estimate_s: float | None) -> None:
-        """UserError (one sentence) when a sweep of `n_items` items and `steps` model steps is too large here."""
+    def check(self, n_items: int, steps: int, estimate_s: float | None, *, counted: str = "") -> None:
+        """UserError (one sentence) when a sweep of `n_items` items and `steps` model steps is too large here.
+        counted: how `steps` was counted (`steps_line`), said in the sentence."""
         if n_items > self.max_items:
-            raise UserError(f"n_items: this server sweeps at most {self.max_items} items per call, got {n_items}")
+            raise UserError(f"{ITEMS}: this server sweeps at most {self.max_items} items per call, got {n_items}")
         if self.max_steps is not None and steps > self.max_steps:
-            raise UserError(f"this sweep needs {steps:,} model steps (items x (1 + methods x values)); this server "
-                            f"runs at most {self.max_steps:,} per call: use fewer items, methods or values")
+            how = f" ({counted})" if counted else ""
+            raise UserError(f"this sweep needs {steps:,} model steps{how}; this server runs at most "
+                            f"{self.max_steps:,} per call: use fewer items, methods or values")
         if self.max_seconds is not None and estimate_s is not None and estimate_s > self.max_seconds:
             raise UserError(f"this sweep would take about {minutes(estimate_s)} at this model's measured speed; "
                             f"this server runs at most {minutes(self.max_seconds)} per call: use fewer items, "
@@ -53,12 +57,27 @@ def minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def step_terms(sw) -> tuple[int, int]:
+    """(encodings, pruned answers) of sweep `sw` per item; with the one unpruned answer, an item's steps."""
+    pruned = sum(len(sw.values if sw.varies(m) else sw.values[:1]) * len(sw.seeds_of(m)) for m in sw.methods)
+    return (len(sw.values) if sw.param == "text_mode" else 1), pruned  # one encoding per text mode
+
+
 def steps_of(sw, n_items: int) -> int:
     """Model steps of sweep `sw` over `n_items` items: encodings plus answers (an upper bound: equal
     selections share one answer)."""
-    answers = 1 + sum(len(sw.values if sw.varies(m) else sw.values[:1]) * len(sw.seeds_of(m)) for m in sw.methods)
-    encodings = len(sw.values) if sw.param == "text_mode" else 1  # one per text mode
-    return n_items * (encodings + answers)
+    encodings, pruned = step_terms(sw)
+    return n_items * (encodings + 1 + pruned)
+
+
+def steps_line(sw, n_items: int) -> str:
+    """How `steps_of` counts, in words whose figures multiply to it: "100 items x (1 encoding + 1 unpruned
+    answer + 25 pruned answers: methods x values, x 3 seeds for Random)"."""
+    encodings, pruned = step_terms(sw)
+    seeded = [m for m in sw.methods if len(sw.seeds_of(m)) > 1]
+    seeds = f", x {len(sw.seeds_of(seeded[0]))} seeds for {', '.join(seeded)}" if seeded else ""
+    return (f"{n_items:,} item{'s' * (n_items != 1)} x ({encodings} encoding{'s' * (encodings != 1)} + 1 unpruned "
+            f"answer + {pruned} pruned answer{'s' * (pruned != 1)}: methods x values{seeds})")
 
 
 class Pace:
@@ -158,4 +177,4 @@ class Deadline:
         return self.expired or self.stop.is_set()
 
 
-__all__ = ["Deadline", "Pace", "SweepLimits", "SweepQueue", "minutes", "steps_of"]
+__all__ = ["ITEMS", "Deadline", "Pace", "SweepLimits", "SweepQueue", "minutes", "step_terms", "steps_line", "steps_of"]

@@ -62,7 +62,8 @@ def param_widget(p, **extra):
     if p.low is not None and p.high is not None and (p.kind == "float" or p.high - p.low <= 1000):
         lo = p.low + (p.step or 0.01) if p.low_open else p.low
         step = p.step or (1 if p.kind == "int" else (p.high - p.low) / 100)
-        return gr.Slider(lo, p.high, value=p.default, step=step, precision=0 if p.kind == "int" else None, **kw)
+        hi = p.high - (p.step or 0.01) if p.high_open else p.high
+        return gr.Slider(lo, hi, value=p.default, step=step, precision=0 if p.kind == "int" else None, **kw)
     return gr.Number(value=p.default, precision=0 if p.kind == "int" else None,
                      minimum=p.low, maximum=p.high, **kw)
 

@@ -6,21 +6,26 @@ NaN in a whole-number box), becomes its generic "the upstream Gradio app has rai
 `guard_inputs` makes each input's conversion failures a `gr.Error` that names the input;
 `plain_errors` does the same for the handlers: a `UserError` shows its message, anything else is
 logged with its traceback on the server and shown as a plain sentence.
+
+`guard_inputs` is also the one place where every event's file inputs are checked, whatever the payload's
+shape (`components.core.file_access`): a request opens only files in Gradio's upload cache or the app's
+assets, and a missing file and one outside those folders get the same sentence.
 """
 from __future__ import annotations
 
 import functools
 import logging
 import math
-import os
-import re
 
 import gradio as gr
 
+from ..core.file_access import ASSETS_DIR, file_problem, real_roots
 from ..core.logic import UserError
 from ..core.messages import input_problem, plain, short
 
-_URL = re.compile(r"^[a-z][a-z0-9+.-]*://", re.I)
+# every component whose payload names files on the server
+FILE_INPUTS = tuple(getattr(gr, n) for n in ("Image", "Video", "File", "Gallery", "Audio", "Model3D", "UploadButton",
+                                             "ImageEditor", "MultimodalTextbox", "ImageSlider") if hasattr(gr, n))
 
 log = logging.getLogger("mipruner.app")
 
@@ -62,12 +67,13 @@ def guard_inputs(components: dict, blocks: gr.Blocks | None = None) -> None:
         """Gradio's own checks of a payload (a file's path, a choice, a number's range) run outside the hook
         above or raise its own wording: the same checks run here first, each failure a sentence naming the
         input; anything else Gradio refuses while reading the inputs becomes a plain sentence too."""
+        roots = file_roots(blocks)
         for i, comp in enumerate(block_fn.inputs):
             if getattr(comp, "stateful", False) or i >= len(inputs):
                 continue
             current = state[comp._id] if state is not None and comp._id in state else comp
             name = names.get(comp._id) or getattr(comp, "label", None) or "an input"
-            problem = payload_problem(name, current, inputs[i])
+            problem = payload_problem(name, current, inputs[i], roots)
             if problem:
                 raise gr.Error(problem, print_exception=False)
         try:
@@ -76,31 +82,34 @@ def guard_inputs(components: dict, blocks: gr.Blocks | None = None) -> None:
             raise
         except Exception:  # noqa: BLE001 - e.g. a file path Gradio may not serve: logged, not shown
             log.warning("an input could not be read", exc_info=True)
-            raise gr.Error("An input file could not be read: upload the file (gradio_client: handle_file) and try "
-                           "again.", print_exception=False) from None
+            files = [names.get(c._id) or getattr(c, "label", None) or "a file input"
+                     for c, v in zip(block_fn.inputs, inputs) if isinstance(c, FILE_INPUTS) and v is not None]
+            raise gr.Error(f"{files[0] if len(files) == 1 else 'An input file'}: it could not be read; upload the file "
+                           "(gradio_client: handle_file) and try again.", print_exception=False) from None
 
     blocks.preprocess_data = preprocess_data
+
+
+def file_roots(blocks=None) -> tuple[str, ...]:
+    """The folders a request's files may be in, as real paths: Gradio's upload cache (the folder its
+    upload route writes to, and the one `GRADIO_TEMP_DIR` names now) and the app's assets."""
+    from gradio.utils import get_upload_folder
+
+    app = getattr(blocks, "server_app", None)
+    return real_roots([getattr(app, "uploaded_file_dir", None), get_upload_folder(), ASSETS_DIR])
 
 
 def _choices(comp) -> list:
     return [c[1] if isinstance(c, (tuple, list)) else c for c in (getattr(comp, "choices", None) or [])]
 
 
-def payload_problem(name: str, comp, payload) -> str | None:
-    """Why `payload` (as sent, before Gradio reads it) cannot be the input `name` (a component), or None."""
+def payload_problem(name: str, comp, payload, roots=None) -> str | None:
+    """Why `payload` (as sent, before Gradio reads it) cannot be the input `name` (a component), or None.
+    roots: the folders a file may be in (`file_roots`; default: those of the running app)."""
     if payload is None:
         return None
-    if isinstance(comp, (gr.Image, gr.Video, gr.File)):
-        for p in payload if isinstance(payload, list) else [payload]:
-            path = p.get("path") if isinstance(p, dict) else p if isinstance(p, str) else None
-            url = p.get("url") if isinstance(p, dict) else None
-            if (isinstance(path, str) and _URL.match(path)) or (not path and url):
-                return (f"{name}: this server does not fetch files from the web; upload the file instead "
-                        "(gradio_client: handle_file with a local path)")
-            if isinstance(path, str) and path and not os.path.isfile(path):
-                return (f"{name}: the file {short(os.path.basename(path), 40)} was never uploaded to this server; "
-                        "upload it first (gradio_client: handle_file)")
-        return None
+    if isinstance(comp, FILE_INPUTS):
+        return file_problem(name, payload, file_roots() if roots is None else roots)
     dropdown_free = isinstance(comp, gr.Dropdown) and getattr(comp, "allow_custom_value", False)
     if isinstance(comp, (gr.Radio, gr.CheckboxGroup, gr.Dropdown)) and not dropdown_free:
         choices = _choices(comp)
@@ -141,4 +150,4 @@ def plain_errors(doing: str):
     return wrap
 
 
-__all__ = ["guard_inputs", "payload_problem", "plain_errors"]
+__all__ = ["FILE_INPUTS", "file_roots", "guard_inputs", "payload_problem", "plain_errors"]

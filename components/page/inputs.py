@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from ..core.examples import load_examples
+from ..core.examples import EXAMPLES_DIR, load_examples
 
 
 @dataclass
@@ -42,6 +42,9 @@ def build_inputs(hub) -> Inputs:
     quiet = dict(api_visibility="private", queue=False, show_progress="hidden")
     examples = load_examples()
     if examples:
+        # served from the package as they are, never copied into the upload cache (which the files cap
+        # prunes): a thumbnail or an example loaded into an input is the file under assets/examples
+        gr.set_static_paths([EXAMPLES_DIR])
         # two columns (a thumbnail, the prompt) fit a phone: a video shows its poster, and a click
         # loads the file into its own input and sets "use" (which shows its tab)
         table = gr.Dataset(components=["image", "textbox"], headers=["", "prompt"], type="index", elem_id="examples",

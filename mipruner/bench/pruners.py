@@ -49,7 +49,8 @@ HEADS, D_VISION = 16, 1024  # the synthetic per-head attention's heads and featu
 def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, device="cpu", dtype=torch.float32,
                 heads: bool = False, features: bool = False) -> dict:
     """Random inputs of the shapes an encoding gives (docs/plugins.md): visual, text, and when asked the
-    attention / keys ([CLS] first), per-head attention and pre-projector features."""
+    attention / keys ([CLS] first), per-head attention and pre-projector features; `frame_index`, the tokens
+    as `video_frames(n)` equal frames, for the video methods (EVS)."""
     g = torch.Generator().manual_seed(seed)
     kw = {"visual": torch.randn(n, d, generator=g), "text": torch.randn(n_t, d, generator=g)}
     if need_attention or heads:
@@ -59,7 +60,15 @@ def make_inputs(n: int, d: int, n_t: int, seed: int, need_attention: bool, devic
             kw["attention_heads"] = per_head
     if features:
         kw["features"] = torch.randn(n, D_VISION, generator=g)
-    return {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
+    kw = {k: v.to(device=device, dtype=dtype) for k, v in kw.items()}
+    frames = video_frames(n)  # the video methods (EVS) read the tokens as frames; the others ignore it
+    kw["frame_index"] = torch.arange(n, device=device) * frames // n
+    return kw
+
+
+def video_frames(n: int) -> int:
+    """Frames of the synthetic video of n tokens: the largest of 8, 6, 4, 3, 2 that divides n (equal frames), else 1."""
+    return next((f for f in (8, 6, 4, 3, 2) if n % f == 0), 1)
 
 
 def _calls(data: dict, k: int, methods: list[str]) -> list[tuple[str, object]]:

@@ -19,6 +19,7 @@ from PIL import Image
 
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, resolve_block
+from ..pruners.video import token_frames
 from .common.request import RequestState
 from .common.state import Abilities
 
@@ -176,6 +177,14 @@ class Encoded:
         return self.geometry.grid()
 
     @functools.cached_property
+    def frame_index(self) -> torch.Tensor:
+        """(N_V,) int64 video frame of each visual token, -1 for row newlines (`pruners.video.token_frames`), the
+        `frame_index=` input of the video methods and of the per-frame option. Not a video (an image, whose
+        views the geometry may number as frames, or several images): one frame, 0."""
+        frame = self.geometry.frame
+        return token_frames(frame if self.is_video else torch.zeros_like(frame), self.geometry.kind)
+
+    @functools.cached_property
     def scoring_tokens(self) -> list[str]:
         return [t for t, m in zip(self.text_tokens, self.text_mask.tolist()) if m]
 
@@ -274,15 +283,8 @@ class Adapter(abc.ABC):
         if not isinstance(cls.abilities, Abilities):
             raise TypeError(f"{cls.__name__}.abilities must be an Abilities, got {type(cls.abilities).__name__}")
 
-    @property
-    def batch_decoding(self) -> bool:
-        """Whether `generate_batch` answers several rows as one batch (`abilities`)."""
-        return self.abilities.batch_decoding
-
-    @property
-    def batch_encoding(self) -> bool:
-        """Whether `encode_batch` runs several items' towers as one call (`abilities`)."""
-        return self.abilities.batch_encoding
+    batch_decoding = property(lambda self: self.abilities.batch_decoding)  # read-only, from `abilities`
+    batch_encoding = property(lambda self: self.abilities.batch_encoding)
 
     @functools.cached_property
     def decode_state(self):
@@ -309,10 +311,9 @@ class Adapter(abc.ABC):
     def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False,
                         buckets=None) -> "Adapter":
         """Answer on this decoding path from now on (`mipruner/models/common/path.py`): all zero/False is the
-        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. `buckets`: the
-        declared shapes the compiled path compiles (`common.state.Buckets`; others run eagerly), None:
-        each shape on its first use. Only an adapter whose `abilities` declare `batch_decoding` has any
-        other path (ValueError). Returns the adapter."""
+        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. `buckets`: the shapes
+        that compile (`common.state.Buckets`; others run eagerly; None: each on its first use). Only an adapter
+        whose `abilities` declare `batch_decoding` has another path (ValueError). Returns the adapter."""
         if not self.abilities.batch_decoding and not (bucket == 0 and not static_cache and not compile):
             raise ValueError(f"the {self.family or type(self).__name__!r} adapter has no "
                              "batched decoder: it only decodes on the plain path")

@@ -18,6 +18,8 @@ Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
   None when they carry no meaning (Random's are random draws), so nothing should colour by them.
 - `inputs`: the encoding-derived keywords its function takes (attention, keys, ..., cache), read from
   its signature once, here at registration, so no call inspects a signature again.
+- `video`: it selects along time (EVS; reads `frame_index`, needs 2+ frames), so it has no per-frame option;
+  every other pre-LLM method gets the registry's `per_frame` Param (`per_frame.py`), which `run_pre_llm` consumes;
 - `capture`: whether (and under which conditions) its selection is one capturable computation, a
   `capture.Capturable` it declares itself (None: it always runs eagerly); on CUDA `prune` then replays it
   as a CUDA graph, and `batched.prune_batch` runs B equal-shape inputs as one call when it allows that.
@@ -34,8 +36,6 @@ and validated parameters, and trust them.
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -45,6 +45,8 @@ from ..registry import DuplicateNameError, did_you_mean
 from ._table import METHODS
 from . import capture as capture_rules  # the inputs' values checked once; on CUDA a selection is a graph replay
 from .selection import Selection, check_matrix, resolve_budget, selection_failures
+from .param import Param
+from .per_frame import PER_FRAME, run as run_frames
 from .signals import SIGNAL_INPUTS, Signals, check_layer
 
 # name -> MethodSpec (`_table.py`). `mipruner.plugins` adds its lazy discovery of installed plug-ins as a
@@ -53,72 +55,7 @@ from .signals import SIGNAL_INPUTS, Signals, check_layer
 STAGES = ("projector", "vision", "llm")
 NEEDS = ("text", "attention", "keys", "attention_heads", "features", "cls", "adapter")
 # Keyword arguments that are inputs drawn from the encoding, not user parameters.
-INPUTS = ("attention", "keys", "attention_heads", "features", "cls", "grid", "cache")
-
-
-@dataclass(frozen=True)
-class Param:
-    """One method parameter: its default, its range (numbers) or choices (strings), a one-line doc.
-
-    kind: "float", "int" or "choice". low/high bound numbers (None: unbounded); low_open excludes
-    `low`. code: its key in the app's settings string (default: the name). step: the UI's slider step.
-    """
-
-    name: str
-    default: Any
-    kind: str
-    doc: str
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    choices: tuple = ()
-    code: str = ""
-    step: float | None = None
-
-    def __post_init__(self):
-        if self.kind not in ("float", "int", "choice"):
-            raise ValueError(f"Param {self.name!r}: kind must be float, int or choice, got {self.kind!r}")
-        if self.kind == "choice" and not self.choices:
-            raise ValueError(f"Param {self.name!r}: a choice needs choices")
-        if not self.code:
-            object.__setattr__(self, "code", self.name)
-        self.validate(self.default)
-
-    def validate(self, value: Any) -> Any:
-        """`value` converted to the parameter's type, or ValueError naming the parameter and its range."""
-        if self.kind == "choice":
-            if value not in self.choices:
-                raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
-            return value
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{self.name} must be {'an int' if self.kind == 'int' else 'a number'}, got {value!r}")
-        if self.kind == "int":
-            if not float(value).is_integer():
-                raise ValueError(f"{self.name} must be an int, got {value!r}")
-            value = int(value)
-        else:
-            value = float(value)
-            if math.isnan(value):
-                raise ValueError(f"{self.name} must be a number, got nan")
-        lo_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        hi_ok = self.high is None or value <= self.high
-        if not (lo_ok and hi_ok and (self.kind == "int" or math.isfinite(value))):
-            lo = "-inf" if self.low is None else self.low
-            hi = "inf" if self.high is None else self.high
-            raise ValueError(f"{self.name} must be in {'(' if self.low_open else '['}{lo}, {hi}], got {value}")
-        return value
-
-    @classmethod
-    def real(cls, name: str, default: float, low: float | None, high: float | None, doc: str, **kw) -> "Param":
-        return cls(name, default, "float", doc, low=low, high=high, **kw)
-
-    @classmethod
-    def integer(cls, name: str, default: int, low: int | None, high: int | None, doc: str, **kw) -> "Param":
-        return cls(name, default, "int", doc, low=low, high=high, **kw)
-
-    @classmethod
-    def choice(cls, name: str, default: str, choices: tuple[str, ...], doc: str, **kw) -> "Param":
-        return cls(name, default, "choice", doc, choices=tuple(choices), **kw)
+INPUTS = ("attention", "keys", "attention_heads", "features", "cls", "grid", "frame_index", "cache")
 
 
 @dataclass(frozen=True)
@@ -140,6 +77,12 @@ class MethodSpec:
     inputs: tuple[str, ...] = ()  # the INPUTS its function takes, from its signature at registration
     encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
     capture: capture_rules.Capturable | None = None  # its own capture conditions (`capture.py`); None: always eager
+    video: bool = False  # selects along time (reads frame_index, needs 2+ frames); no per-frame option
+    @property
+    def accepts(self) -> tuple[str, ...]:
+        """The encoding inputs it accepts: those its function takes, and `frame_index` for the per-frame option."""
+        extra = "per_frame" in self.param_names and "frame_index" not in self.inputs
+        return (*self.inputs, *(("frame_index",) if extra else ()))
 
     @property
     def needs_text(self) -> bool:
@@ -185,7 +128,8 @@ class MethodSpec:
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
                     params: tuple[Param, ...] = (), label: str = "", is_mi: bool = False,
                     answer: Callable | None = None, score_label: str | None = "score", adaptive: bool = False,
-                    encoder_layer: int | None = None, capture: "capture_rules.Capturable | None" = None):
+                    encoder_layer: int | None = None, capture: "capture_rules.Capturable | None" = None,
+                    video: bool = False):
     """Decorator registering `fn` as method `name`.
 
     Pre-LLM methods (stage "projector"/"vision"): `fn(visual, text, budget, *, <inputs>, <params>)`;
@@ -201,6 +145,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
     capture: a `capture.Capturable` when the selection is one capturable computation (no host sync, no
     data-dependent Python control flow) under its stated conditions: on CUDA it is then replayed as a CUDA
     graph, and with `batch` B equal-shape inputs run as one batched call (`batched.prune_batch`).
+    video: it selects along time (takes `frame_index`); every other pre-LLM method gets `per_frame.PER_FRAME`.
     """
 
     def deco(fn: Callable[..., Selection]) -> Callable[..., Selection]:
@@ -217,6 +162,10 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         if stage == "llm" and answer is None:
             raise ValueError(f"{name!r}: an in-LLM method needs answer=")
         sig = inspect.signature(fn)
+        if PER_FRAME.name in sig.parameters or any(p.name == PER_FRAME.name for p in params):
+            raise ValueError(f"{name!r}: 'per_frame' is the registry's option of every pre-LLM method, not its own")
+        if video and (stage == "llm" or "frame_index" not in sig.parameters):
+            raise ValueError(f"{name!r}: video=True is for a pre-LLM method that takes frame_index=")
         positional = ("adapter", "encoded", "budget") if stage == "llm" else ("visual", "text", "budget")
         declared = {p.name: p for p in params}
         for k, p in sig.parameters.items():
@@ -241,8 +190,9 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
             raise ValueError(f"{name!r}: encoder_layer={layer} names the block of its attention/keys, but it reads "
                              "neither (name them in needs= or take them as keywords)")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
-                                          doc[0] if doc else "", is_mi, answer, score_label=score_label,
+        full = tuple(params) + ((PER_FRAME,) if stage != "llm" and not video else ())
+        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), full, label or name,
+                                          doc[0] if doc else "", is_mi, answer, score_label=score_label, video=video,
                                           adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture))
         return fn
 
@@ -265,11 +215,10 @@ def get_pruner(name: str) -> MethodSpec:
 
 
 def all_params() -> dict[str, Param]:
-    """Every registered parameter by name (one definition per name), in registration order."""
+    """Every registered parameter by name (one definition per name), in registration order; `per_frame` last."""
     out: dict[str, Param] = {}
-    for spec in METHODS.values():
-        for p in spec.params:
-            out.setdefault(p.name, p)
+    for p in sorted((p for spec in METHODS.values() for p in spec.params), key=lambda p: p.name == "per_frame"):
+        out.setdefault(p.name, p)
     return out
 
 
@@ -288,10 +237,10 @@ def prune(name: str, *, visual: torch.Tensor, text: torch.Tensor | None = None,
     if spec.stage == "llm":
         raise ValueError(f"{name!r} selects inside the LLM: use mipruner.select(adapter, encoded, {name!r}, budget)")
     inputs = {k: v for k, v in params.items() if k in INPUTS}
-    bad_inputs = sorted(k for k in inputs if k not in spec.inputs)
+    bad_inputs = sorted(k for k in inputs if k not in spec.accepts)
     if bad_inputs:
         raise TypeError(f"prune({name!r}) got unknown keyword argument(s) {bad_inputs}; "
-                        f"{name!r} accepts {sorted((*spec.inputs, *spec.param_names))}")
+                        f"{name!r} accepts {sorted((*spec.accepts, *spec.param_names))}")
     kw = spec.bind({k: v for k, v in params.items() if k not in INPUTS})
     return run_pre_llm(spec, visual, text, budget, inputs, kw)
 
@@ -304,7 +253,17 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     check_tensors(spec, visual, text)
     n_v = visual.shape[0]
     k = resolve_budget(budget, n_v)
-    sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **inputs), kw)
+    split, kw = kw.get("per_frame", "off"), {n: v for n, v in kw.items() if n != "per_frame"}
+    if split != "off":  # each frame alone, its share of the budget (`per_frame.py`)
+        def one_frame(v: torch.Tensor, kk: int, inp: dict) -> Selection:
+            part = capture_rules.run(spec, kk, dict(visual=v, text=text, **inp), kw)
+            if spec.origin:  # a plug-in's selection of each frame is checked before it is joined
+                check_plugin_selection(spec, part, v.shape[0], kk, v.device)
+            return part
+        sel = run_frames(one_frame, visual, k, inputs, split, own=spec.inputs)
+    else:
+        own = {n: inputs[n] for n in spec.inputs if n in inputs}  # frame_index only where the function takes it
+        sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **own), kw)
     if spec.origin:  # a plug-in's selection is checked before anything reads it
         check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = spec.name

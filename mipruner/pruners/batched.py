@@ -84,10 +84,11 @@ def run_batch(spec: MethodSpec, items: Sequence[dict], budget, kw: dict) -> list
     groups that the method allows as one call (module doc), the others one by one (`run_pre_llm`)."""
     out: list[Selection | None] = [None] * len(items)
     groups: dict[tuple, list[int]] = {}
-    rule = spec.capture
+    rule = None if kw.get("per_frame", "off") != "off" else spec.capture  # per frame: one item at a time
+    kw_fn = {n: v for n, v in kw.items() if n != "per_frame"}  # the registry's option, never the function's
     for i, item in enumerate(items):
         n_v = item["visual"].shape[0] if isinstance(item.get("visual"), torch.Tensor) else 0
-        if rule is not None and rule.batch and n_v and capture.capturable(spec, n_v, kw):
+        if rule is not None and rule.batch and n_v and capture.capturable(spec, n_v, kw_fn):
             groups.setdefault(_group_key(item, rule.static), []).append(i)
     stacked_ids = {i for g in groups.values() if len(g) > 1 for i in g}
     for i in (i for i in range(len(items)) if i not in stacked_ids):  # alone: the path of `prune`
@@ -105,7 +106,7 @@ def run_batch(spec: MethodSpec, items: Sequence[dict], budget, kw: dict) -> list
         for n in ("visual", "text"):
             if isinstance(stacked.get(n), torch.Tensor):
                 check_finite(n, stacked[n])
-        sel = capture.run(spec, k, stacked, kw, fn=_stacked(spec), label=f"batch{len(idx)}:")
+        sel = capture.run(spec, k, stacked, kw_fn, fn=_stacked(spec), label=f"batch{len(idx)}:")
         leaves, rest = _split_leaves(sel)
         for j, i in enumerate(idx):
             one = _join(leaves, rest, j)
@@ -127,10 +128,10 @@ def prune_batch(name: str, *, visual: Sequence[torch.Tensor], text: Sequence[tor
         raise ValueError(f"{name!r} selects inside the LLM: use mipruner.select(adapter, encoded, {name!r}, budget)")
     b = len(visual)
     inputs = {k: v for k, v in params.items() if k in INPUTS}
-    bad = sorted(k for k in inputs if k not in spec.inputs)
+    bad = sorted(k for k in inputs if k not in spec.accepts)
     if bad:
         raise TypeError(f"prune_batch({name!r}) got unknown keyword argument(s) {bad}; "
-                        f"{name!r} accepts {sorted((*spec.inputs, *spec.param_names))}")
+                        f"{name!r} accepts {sorted((*spec.accepts, *spec.param_names))}")
     for k, v in {"text": text, **inputs}.items():
         if v is not None and len(v) != b:
             raise ValueError(f"{k} has {len(v)} items for {b} visual inputs: pass one per item")

@@ -78,7 +78,7 @@ def test_a_sweep_above_the_hosted_bound_is_refused_with_a_sentence(hosted):
     from gradio_client.exceptions import AppError
 
     client = client_of(hosted[0])
-    with pytest.raises(AppError, match=r"^n_items must be in \[1, 100\] on this server, got 101$"):
+    with pytest.raises(AppError, match=r"^Items must be in \[1, 100\] on this server, got 101$"):
         submit_sweep(client, n=101).result(timeout=60)
     with pytest.raises(AppError, match=r"model steps .* at most 2,000 per call: use fewer items, methods or values"):
         submit_sweep(client, ("mi", "random", "similarity"), "2,4,8,16,32,64", n=100).result(timeout=60)

@@ -38,9 +38,9 @@ def test_examples_are_shipped_with_prompts():
 
 def test_budget_units():
     assert budget_of(10, "%", 196) == pytest.approx(0.1)
-    assert budget_of(500, "tokens", 196) == 196  # clamped to N_V in the UI
+    assert budget_of(196, "tokens", 196) == 196 and budget_of(500, "tokens", 0) == 500  # N_V unknown: the view checks
     assert budget_of(12.4, "tokens", 196) == 12
-    for bad in [(0, "%"), (101, "%"), (0, "tokens"), (None, "%")]:
+    for bad in [(0, "%"), (101, "%"), (0, "tokens"), (None, "%"), (197, "tokens"), (10_000, "tokens")]:
         with pytest.raises(UserError):
             budget_of(bad[0], bad[1], 196)
 

@@ -88,23 +88,36 @@ def test_size_cap_refuses_before_any_download(fake_hub):
     assert loaded == [EMBEDDED, "llava-hf/llava-1.5-7b-hf", "cached/offline-model"]
 
 
-def test_allow_list_and_local_folders(fake_hub, tmp_path):
-    (tmp_path / "models" / "mine").mkdir(parents=True)
-    (tmp_path / "secret").mkdir()
+def _allow_list_notes(fake_hub, base):
+    """The notes a visitor gets for each name, with the allowed folder under `base`."""
+    (base / "models" / "mine").mkdir(parents=True)
+    (base / "secret").mkdir()
     loaded = []
     policy = ModelPolicy(allow=("llava-hf/*", "Qwen/Qwen2-VL-2B-Instruct"), max_bytes=30 * GB,
-                         model_dirs=(str(tmp_path / "models"),))
+                         model_dirs=(str(base / "models"),))
     h = hub_with(policy, loaded)
-    notes = {n: h.get(n)[1] for n in ("Qwen/Qwen2-VL-72B-Instruct", str(tmp_path / "secret"),
-                                      str(tmp_path / "models" / ".." / "secret"), "../secret", "bad id!",
-                                      str(tmp_path / "models" / "mine"), "llava-hf/llava-1.5-7b-hf", EMBEDDED)}
+    notes = {n: h.get(n)[1] for n in ("Qwen/Qwen2-VL-72B-Instruct", str(base / "secret"),
+                                      str(base / "models" / ".." / "secret"), "../secret", "bad id!",
+                                      str(base / "models" / "mine"), "llava-hf/llava-1.5-7b-hf", EMBEDDED)}
+    return notes, loaded
+
+
+# the visitor's own path is quoted up to 60 characters (components.core.messages.short): folders of several
+# depths put that cut before, at and after the end of the base folder, whatever pytest's temp folder is
+@pytest.mark.parametrize("depth", [0, 1, 2, 5, 9])
+def test_allow_list_and_local_folders(fake_hub, tmp_path, depth):
+    from components.core.messages import short
+
+    base = tmp_path.joinpath(*["d"] * depth)
+    notes, loaded = _allow_list_notes(fake_hub, base)
     assert ("this server only loads these models: llava-hf/*, Qwen/Qwen2-VL-2B-Instruct"
             in notes["Qwen/Qwen2-VL-72B-Instruct"])
-    for n in (str(tmp_path / "secret"), str(tmp_path / "models" / ".." / "secret"), "../secret"):
+    for n in (str(base / "secret"), str(base / "models" / ".." / "secret"), "../secret"):
         assert "only from the folders it was started with" in notes[n], n
-        assert str(tmp_path) not in notes[n].replace(repr(n), "")  # the folders are not named to visitors
+        rest = notes[n].replace(short(n), "").replace(repr(n), "")  # what the note says besides the visitor's input
+        assert str(base / "models") not in rest and str(tmp_path) not in rest, rest  # the folders are not named
     assert "neither a model id" in notes["bad id!"]
-    assert loaded == [EMBEDDED, str(tmp_path / "models" / "mine"), "llava-hf/llava-1.5-7b-hf"]
+    assert loaded == [EMBEDDED, str(base / "models" / "mine"), "llava-hf/llava-1.5-7b-hf"]
     assert notes[EMBEDDED] == ""
     no_dirs = ModelPolicy()
     assert "no models from local folders" in no_dirs.refusal("/etc")

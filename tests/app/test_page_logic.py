@@ -12,6 +12,7 @@ from components.core.logic import AppLogic, UserError
 from components.core.settings import Settings
 from components.page import controls as C
 from components.page import panels as P
+from components.core.file_access import not_uploaded, real_roots
 from components.page.guards import payload_problem
 from mipruner.engine import parameters
 
@@ -72,10 +73,15 @@ def test_payloads_are_checked_with_the_field_named(tmp_path):
     assert payload_problem("image", img, {"path": "https://example.com/a.png"}).startswith(
         "image: this server does not fetch files from the web")
     assert payload_problem("image", img, {"url": "https://example.com/a.png", "path": None}).startswith("image: ")
-    assert "'a.png' was never uploaded" in payload_problem("image", img, {"path": str(tmp_path / "a.png")})
-    real = tmp_path / "b.png"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    roots = real_roots([cache])
+    real, outside = cache / "b.png", tmp_path / "c.png"
     Image.new("RGB", (4, 4)).save(real)
-    assert payload_problem("image", img, {"path": str(real)}) is None
+    Image.new("RGB", (4, 4)).save(outside)
+    assert payload_problem("image", img, {"path": str(real)}, roots) is None  # in the upload cache
+    missing = payload_problem("image", img, {"path": str(cache / "a.png")}, roots)
+    assert missing == payload_problem("image", img, {"path": str(outside)}, roots) == not_uploaded("image")
     methods = gr.CheckboxGroup(["mi", "random"])
     assert payload_problem("methods", methods, ["mi"]) is None
     msg = payload_problem("methods", methods, ["mi", "z" * 1000])

@@ -65,7 +65,7 @@ def test_make_sweep_from_the_page():
         SL.make_sweep(["mi"], "tau", "0,0.1", 16, PAGE, "question", 4)
     with pytest.raises(UserError, match="takes"):
         SL.make_sweep(["random"], "lam", "0.5", 16, PAGE, "question", 4)
-    with pytest.raises(UserError, match=r"n_items must be in \[1, 500\]"):
+    with pytest.raises(UserError, match=r"^Items must be in \[1, 500\]"):
         SL.question_set("pope", SL.MAX_ITEMS + 1, 1).__enter__()
     with pytest.raises(UserError, match="upload a zip"):
         SL.question_set(SL.SETS[-1], 5, 1).__enter__()

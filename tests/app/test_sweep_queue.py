@@ -35,9 +35,9 @@ def test_a_sweep_is_counted_in_model_steps():
 
 def test_hosted_bounds_refuse_with_a_sentence_and_local_ones_do_not():
     assert HOSTED.max_set_bytes <= 256 << 20 and HOSTED.max_seconds <= 600
-    with pytest.raises(UserError, match=r"^n_items: this server sweeps at most 100 items per call, got 101$"):
+    with pytest.raises(UserError, match=r"^Items: this server sweeps at most 100 items per call, got 101$"):
         HOSTED.check(101, 10, None)
-    with pytest.raises(UserError, match=r"needs 2,001 model steps .* at most 2,000 per call: use fewer items"):
+    with pytest.raises(UserError, match=r"needs 2,001 model steps.* at most 2,000 per call: use fewer items"):
         HOSTED.check(50, 2001, None)
     with pytest.raises(UserError, match=r"about 10 min at this model's measured speed; this server runs at most "
                                         r"5 min per call"):
