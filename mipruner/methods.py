@@ -163,11 +163,13 @@ def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max
     config = GenerationConfig.of(max_new_tokens, config, **gen)
     spec = get_pruner(selection.method) if selection is not None and selection.method else None
     if spec is not None and spec.stage == "llm":
-        if config.extra or config.eos_token_id is not None or config.logits_processor or config.pad_token_id is not None:
-            raise ValueError(f"an in-LLM method ({selection.method}) answers with max_new_tokens and min_new_tokens only")
+        if config != GenerationConfig(**config.answer_kwargs()):
+            raise ValueError(f"an in-LLM method ({selection.method}) answers with max_new_tokens and "
+                             "min_new_tokens only")
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
         return spec.answer(adapter, encoded, selection, cache=sub, **config.answer_kwargs())
-    return adapter.generate(encoded, keep=selection, config=config, **({} if positions is None else {"positions": positions}))
+    model_kw = {} if positions is None else {"positions": positions}
+    return adapter.generate(encoded, keep=selection, config=config, **model_kw)
 
 
 __all__ = ["answer", "encode_for", "needs_attention", "select", "select_batch", "signals_for"]
