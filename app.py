@@ -141,8 +141,8 @@ def build(args: argparse.Namespace, files=None):
     warm = warm_up(args, hub)
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
                      notes=notes, warm=warm)
-    logic.sweep_limits = SweepLimits.for_server(is_hosted(args.host, args.share))  # hosted: small, timed sweeps
-    demo = build_demo(logic, auto_answers=hub.default == hub.fallback)
+    demo = build_demo(logic, auto_answers=hub.default == hub.fallback,
+                      sweep_limits=SweepLimits.for_server(is_hosted(args.host, args.share)))  # hosted: small, timed
     if warm is not None:
         warm.start()
     return demo

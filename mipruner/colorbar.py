@@ -3,7 +3,8 @@ a `ScalarMappable`, Agg canvas; never pyplot), so a heatmap's colours read as va
 
 `mipruner.viz.scores_heatmap` records the range its colours span in the image's `info`
 ("vmin", "vmax", "cmap"; `pmi_heatmap` also "label"); `with_colorbar(img, label)` appends the
-matching bar: on the right of a picture, under a wide strip of frames. Bars are memoised by
+matching bar: on the right of a picture, under a wide strip of frames, and under a grid of frames (a
+video on the page; the heatmap's info "colorbar": "below"), whose frames then keep the panel's width. Bars are memoised by
 (range, label, size, colormap): a slider move that leaves a method's scores alone costs a paste.
 Text is sized from the picture so it stays readable when the page shrinks the picture to a panel.
 """
@@ -72,7 +73,8 @@ def colorbar(vmin: float, vmax: float, label: str, length: int, font: int, cmap:
 
 def with_colorbar(img: Image.Image, label: str, *, vmin: float | None = None, vmax: float | None = None,
                   cmap: str | None = None) -> Image.Image:
-    """`img` with its colour bar: on the right (pictures) or underneath (strips wider than WIDE:1).
+    """`img` with its colour bar: on the right (pictures) or underneath (strips wider than WIDE:1, and
+    pictures whose info says "colorbar": "below": a grid of frames).
 
     The range and colormap default to what `viz.scores_heatmap` stored in `img.info`; a heatmap
     without them raises ValueError (there is nothing to read its colours against).
@@ -84,14 +86,15 @@ def with_colorbar(img: Image.Image, label: str, *, vmin: float | None = None, vm
         raise ValueError("the heatmap's value range is unknown: pass vmin= and vmax=, or render it with "
                          "mipruner.viz.scores_heatmap / pmi_heatmap")
     W, H = img.size
-    f = font_px(W, H)
-    wide = W > WIDE * H
+    below = img.info.get("colorbar") == "below" and not W > WIDE * H
+    f = font_px(W, H) if not below else max(9, round(0.045 * W))  # along the bar: the width
+    wide = below or W > WIDE * H
     bar = colorbar(float(vmin), float(vmax), label, W if wide else H, f, cmap,
                    "horizontal" if wide else "vertical")
     out = Image.new("RGB", (W, H + bar.height) if wide else (W + bar.width, H), "white")
     out.paste(img.convert("RGB"), (0, 0))
     out.paste(bar, (0, H) if wide else (W, 0))
-    out.info.update({k: v for k, v in img.info.items() if k in ("vmin", "vmax", "cmap")}, label=label)
+    out.info.update({k: v for k, v in img.info.items() if k in ("vmin", "vmax", "cmap", "colorbar")}, label=label)
     return out
 
 

@@ -35,7 +35,7 @@ from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
-from . import viz
+from . import viz, viz_video
 from .answer_cache import answer_key
 from .batch import answer_batch_guarded
 from .compute import attach_compute
@@ -237,7 +237,7 @@ class Engine:
         e = self.entry(session, key)
         with session.lock:
             if e.layout is None:
-                e.layout = viz.build_layout(e.encoded)
+                e.layout = viz_video.video_layout(e.encoded)  # a video: its frames in a grid
             return e.layout
 
     # -- prune / view
@@ -307,9 +307,9 @@ class Engine:
             return e.answers.get(akey)
 
     def generate(self, session: Session, key: EncodingKey, method: str | None, budget=None,
-                 params: dict | None = None, max_new_tokens: int = 64):
-        """The model's answer on the kept tokens (method=None: unpruned reference), cached per
-        (encoding, method, budget, the params that method accepts, max_new_tokens)."""
+                 params: dict | None = None, max_new_tokens: int = 64, **gen):
+        """The answer on the kept tokens (method=None: unpruned), cached per (encoding, method, budget, its
+        params, max_new_tokens); gen: `mipruner.answer`'s (the app's streams: a logits_processor that watches)."""
         e = self._ensure(session, key, [] if method is None else [method])
         enc = e.encoded
         akey = answer_key(enc.n_visual, method, budget, params, max_new_tokens)
@@ -318,7 +318,7 @@ class Engine:
                 return e.answers[akey]
             sel = None if method is None else self._prune(e, method, budget, params or {})
         with self._model_lock:
-            ans = mipruner.answer(self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache)
+            ans = mipruner.answer(self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache, **gen)
         with session.lock:
             e.answers[akey] = ans
         self._account(session, key)

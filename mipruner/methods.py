@@ -102,7 +102,7 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
         k = resolve_budget(budget, encoded.n_visual)
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
         sel = spec.fn(adapter, encoded, k, cache=sub, **kw)
-        if spec.origin:  # a plug-in's selection is checked before anything reads it
+        if spec.checked:  # a plug-in's or a script's selection is checked before anything reads it
             check_plugin_selection(spec, sel, encoded.n_visual, k, encoded.visual.device)
         sel.method = method
     else:

@@ -1,8 +1,10 @@
-"""One method's panel, drawn from its selection: the kept mask, a heatmap (the method's scores, or
-an MI method's PMI with one prompt token) and the pivot-word map (MI methods) or the merge map
-(merging methods); or, when the method failed on this input, its one sentence (`failed_view`). Maps that follow the
-scores alone are redrawn only when their values change (`drawn`, the encoding's drawing cache), so
-a budget move redraws the mask only. The engine prunes; this module only draws.
+"""One method's panel, drawn from its selection: the kept mask, a heatmap (the method's scores, an MI
+method's PMI with one prompt token, or a temporal method's dissimilarity between frames) and the
+pivot-word map (MI methods) or the merge map (merging methods), and for a video the tokens kept per
+frame (`viz_video.timeline`); or, when the method failed on this input, its one sentence
+(`failed_view`). Maps that follow the scores alone are redrawn only when their values change
+(`drawn`, the encoding's drawing cache), so a budget move redraws the mask (and a video's timeline) only.
+The engine prunes; this module only draws.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from . import viz
+from . import viz, viz_video
 from .pruners import Selection
 
 
@@ -33,6 +35,7 @@ class MethodView:
     pivot: Image.Image | None = None  # MI methods: pivot words; merging methods: `viz.merge_map`
     legend: list[tuple[str, str]] | None = None
     error: str | None = None  # one sentence when this method raised or broke the contract on this input
+    timeline: Image.Image | None = None  # a video: the tokens kept per frame (`viz_video.timeline`)
 
 
 def render_view(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, Any, Callable], Any], *,
@@ -49,7 +52,12 @@ def render_view(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, A
         pivot, legend = drawn(("pivot", label), sel.pivot, lambda: viz.pivot_map(enc, sel, layout=layout))
     elif sel.merged_into is not None:  # a merging method: which dropped patch went into which kept one
         pivot, legend = viz.merge_map(enc, sel, layout=layout)
-    if heat_token is not None and sel.pmi is not None:
+    temporal = viz_video.temporal_values(enc, sel)
+    if temporal is not None:  # EVS: its temporal dissimilarity over every frame (frame 0: no value, kept)
+        heat = drawn(("temporal", label), temporal.nan_to_num(-1.0),  # NaN != NaN: compared with a sentinel
+                     lambda: viz_video.dissimilarity_heatmap(enc, temporal, layout=layout))
+        title = viz_video.DISSIMILARITY_LABEL
+    elif heat_token is not None and sel.pmi is not None:
         heat = drawn(("pmi", label, heat_token), sel.pmi[:, heat_token],
                      lambda: viz.pmi_heatmap(enc, sel, heat_token, layout=layout))
         title = f"PMI with {enc.scoring_tokens[heat_token]!r}"
@@ -58,7 +66,8 @@ def render_view(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, A
         title = f"{method} scores"
     return MethodView(method=method, label=label, selection=sel, kept=sel.budget, share=sel.budget / enc.n_visual,
                       prune_ms=prune_ms, render_ms=(time.perf_counter() - t0) * 1e3, mask=mask, heatmap=heat,
-                      heat_title=title, pivot=pivot, legend=legend)
+                      heat_title=title, pivot=pivot, legend=legend,
+                      timeline=viz_video.timeline(enc, sel) if viz_video.is_video(enc) else None)
 
 
 def failed_view(method: str, label: str, error: str) -> MethodView:

@@ -128,7 +128,8 @@ def scores_heatmap(encoded, values, frame: int | None = None, *, layout: Layout 
                    cmap: str = "viridis", alpha: float = 0.6, vmin: float | None = None,
                    vmax: float | None = None) -> Image.Image:
     """Any per-token vector (N_V,) painted over the token boxes with a colormap, alpha-blended.
-    Its `info` keeps "vmin", "vmax" (`value_range`) and "cmap": `with_colorbar` draws from them."""
+    Its `info` keeps "vmin", "vmax" (`value_range`) and "cmap": `with_colorbar` draws from them; and
+    "colorbar": "below" when the layout's frames are in a grid (the bar goes under it)."""
     lay = _layout(encoded, layout)
     v = _numpy(values).reshape(-1)
     if v.shape[0] != len(encoded.geometry):
@@ -138,6 +139,8 @@ def scores_heatmap(encoded, values, frame: int | None = None, *, layout: Layout 
     colors = colormap_lut(cmap)[color_index(v, lay.has_box, lo, hi)]  # (N_V, 3)
     img = Image.fromarray(lay.crop(_blend(lay, colors, alpha), frame))
     img.info.update(vmin=lo, vmax=hi, cmap=cmap)
+    if len(set(lay.frame_y)) > 1:  # frames in a grid (a video on the page): its colour bar underneath
+        img.info["colorbar"] = "below"
     return img
 
 

@@ -28,7 +28,12 @@ def test_split_and_labels():
     rows = [Answer("", [1], n, 0, 0.06, 0.02) for n in (40, 10)]
     split_batch(adapter, rows)
     assert sum(a.prefill_share for a in rows) == pytest.approx(1.0)
-    assert rows[0].prefill_share > rows[1].prefill_share
+    # by compute, the formula restated (attention grows with L^2; the head's 2 d V once per row), not by
+    # token count: 40 and 10 tokens are 0.868 and 0.132 of the compute, not 0.8 and 0.2
+    f = [2 * (1152 * n + 32 * n * n) + 2 * 8 * 10 for n in (40, 10)]
+    assert f == [194720, 29600]
+    assert [a.prefill_share for a in rows] == pytest.approx([f[0] / sum(f), f[1] / sum(f)], rel=1e-12)
+    assert rows[0].prefill_share == pytest.approx(0.868, abs=1e-3)
     shown = own_timing(rows[1])
     assert shown["prefill_ms"] == pytest.approx(60 * rows[1].prefill_share)
     assert timing_line(shown) == (f"prefill {shown['prefill_ms']:.0f} ms (share of a 2-answer batch's prefill, "

@@ -4,12 +4,15 @@ an in-LLM method counts its layers stage by stage; a withdraw-everything stage l
 eval's --equal-compute picks, per method, the budget closest to the target share. Integers exactly."""
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import mipruner
 from mipruner.compute import LLMShape, compute_of
-from mipruner.eval.runner import closest_compute, evaluate, flops_share, format_rows
+from mipruner.eval.runner import closest_compute, evaluate, flops_share, format_rows, same_compute
 from mipruner.inllm._prompt import prompt_of
 from mipruner.testing import embedded_encoding
 from tests.no_grad import no_grad  # noqa: F401
@@ -78,7 +81,15 @@ def test_equal_compute_picks_the_closest_budget(model):
         cands = [r for r in every if r["method"] == m]
         best = min(cands, key=lambda r: abs(r["flops"] - 0.5))
         assert row["budget"] == "~50% FLOPs" and row["chosen"] == str(best["budget"]) and row["flops"] == best["flops"]
-    assert "(K=" in format_rows(rows) and "flops" in format_rows(rows)
+    # the printed table: each method's line names the budget taken and its FLOPs share, cell by cell
+    lines = cells(format_rows(rows))
+    assert lines[0] == ["method", "budget", "split", "acc", "f1", "yes_rate", "query_recall", "kept", "flops", "n"]
+    for r in rows:
+        line = next(c for c in lines[2:] if c[0] == r["method"])
+        want = "all" if r["method"] == "none" else f"~50% FLOPs (K={r['chosen']})"
+        assert line[1] == want and line[8] == f"{100 * r['flops']:.1f}%" and line[9] == str(r["n"]), line
+        assert line[7] == f"{r['kept']:.1f}"
+    assert next(c for c in lines[2:] if c[0] == "none")[8] == "100.0%"
 
 
 def test_sweeps_report_flops_and_pick_at_equal_compute(model):
@@ -96,7 +107,70 @@ def test_sweeps_report_flops_and_pick_at_equal_compute(model):
         assert pts[0]["flops"] < pts[1]["flops"] < pts[2]["flops"]  # more tokens, more compute
         best = min(pts, key=lambda p: abs(p["flops"] - 0.4))
         assert next(r for r in res.at_compute(0.4) if r["method"] == m)["value"] == best["value"]
-    assert "flops" in res.table() and "at ~40% FLOPs" in res.table_at_compute(0.4)
+    at = cells(res.table_at_compute(0.4))
+    assert at[0] == ["method", "budget (at ~40% FLOPs)", "acc", "f1", "yes_rate", "query_recall", "kept", "flops", "n"]
+    every = cells(res.table())
+    assert every[0][-2:] == ["flops", "n"] and len(every) == 2 + 1 + 2 * 3
+    for m in ("mi", "fastv"):
+        pts = res.points(m)
+        best = min(pts, key=lambda p: abs(p["flops"] - 0.4))
+        assert next(c for c in at[2:] if c[0] == m)[1:2] + next(c for c in at[2:] if c[0] == m)[-2:-1] == \
+            [str(best["value"]), f"{best['flops']:.3f}"]
+        assert [(c[1], c[-2]) for c in every[2:] if c[0] == m] == [(str(p["value"]), f"{p['flops']:.3f}") for p in pts]
+
+
+def cells(text: str) -> list[list[str]]:
+    """A printed text table's lines split into cells (columns are two or more spaces apart)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+
+
+def _withdraw_at_1(run, budget):
+    """Every visual token withdrawn from layer 1 on (VTW's rule): the same compute at any budget."""
+    view = run.at(1)
+    run.keep(view, [])
+    scores = torch.zeros(run.n_visual, device=run.visual_positions.device)
+    return mipruner.Selection.from_order(torch.zeros(0, dtype=torch.long, device=scores.device), scores)
+
+
+def test_closest_compute_and_the_budgets_of_the_same_compute():
+    sel = lambda share: SimpleNamespace(extras={"compute": SimpleNamespace(flops_share=share)})  # noqa: E731
+    tried = [(8, sel(0.2), None), (16, sel(0.2), None), (32, None, "failed"), (64, sel(0.2), None), (128, sel(0.6), None)]
+    pick = closest_compute(tried, 0.3)
+    assert pick[0] == 8 and same_compute(tried, pick) == [16, 64]  # the first taken, the others named
+    pick = closest_compute(tried, 0.5)
+    assert pick[0] == 128 and same_compute(tried, pick) == []
+    assert same_compute(tried, tried[2]) == []
+
+
+def test_equal_compute_names_every_budget_of_the_same_compute(model, tmp_path):
+    """A method that withdraws every visual token at layer 1 costs the same at every K: eval's table names
+    the budget answered and every other of the same FLOPs, and the sweep's equal-compute table too."""
+    from mipruner.eval.shapes import shapes_items
+    from mipruner.eval.sweep import Sweep, run_sweep
+    from mipruner.inllm import register_inllm
+
+    from .plugin_registry import registry_restored
+
+    ad, _ = model
+    items = shapes_items("shapes-open", n=1)
+    with registry_restored(tmp_path):
+        register_inllm("withdraw_at_1_test", label="withdraw at 1")(_withdraw_at_1)
+        rows = evaluate(ad, items, ["none", "withdraw_at_1_test", "mi"], [8, 16, 64], {}, "t", max_new_tokens=2,
+                        equal_compute=0.3)
+        res = run_sweep(ad, items, Sweep(methods=("withdraw_at_1_test", "mi"), param="budget", values=(8, 16, 64),
+                                         max_new_tokens=2))
+    w = next(r for r in rows if r["method"] == "withdraw_at_1_test")
+    mi = next(r for r in rows if r["method"] == "mi")
+    assert (w["chosen"], w["same_flops"]) == ("8", "16,64") and mi["same_flops"] == ""
+    lines = cells(format_rows(rows))
+    assert next(c for c in lines if c[0] == "withdraw_at_1_test")[1] == "~30% FLOPs (K=8; same FLOPs at K=16,64)"
+    assert next(c for c in lines if c[0] == "mi")[1] == f"~30% FLOPs (K={mi['chosen']})"
+    at = {r["method"]: r for r in res.at_compute(0.3)}
+    assert at["withdraw_at_1_test"]["value"] == 8 and at["withdraw_at_1_test"]["same_flops"] == [16, 64]
+    assert at["mi"]["same_flops"] == []
+    table = cells(res.table_at_compute(0.3))
+    assert next(c for c in table if c[0] == "withdraw_at_1_test")[1] == "8 (same FLOPs at 16,64)"
+    assert next(c for c in table if c[0] == "mi")[1] == str(at["mi"]["value"])
 
 
 def test_a_random_model_at_576_tokens_with_the_default_dtype():

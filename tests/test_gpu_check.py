@@ -16,7 +16,7 @@ import torch
 import mipruner
 from mipruner.bench import gpu_check, zoo
 from mipruner.bench.gpu_check_rows import FIELDS, KEEP_ALL, Clock, check_media
-from mipruner.pruners import Selection, list_pruners, register_pruner, unregister_pruner
+from mipruner.pruners import Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORT_KEYS = {"device", "torch", "transformers", "dtype", "tiny", "llm_layers", "command", "rows", "protocol",
@@ -39,7 +39,8 @@ def test_tiny_cpu_run_every_row_ok(full_run):
     bad = [r for r in report["rows"] if not r["ok"]]
     assert rc == 0 and not bad, (bad, log[-3000:])
     want = sorted((f.name, m, meth, s) for f in zoo.FAMILIES.values() for m in f.media
-                  for meth, s in [(KEEP_ALL, 1.0)] + [(x, y) for x in list_pruners() for y in SHARES])
+                  for meth, s in [(KEEP_ALL, 1.0)] + [(x, y) for x in list_pruners() for y in SHARES
+                                                       if m == "video" or not get_pruner(x).video])
     got = sorted((r["family"], r["media"], r["method"], r["budget"]) for r in report["rows"])
     assert got == want  # every family x its media x every method x 2 shares + the anchor, once each
     assert {"image", "images", "video"} <= {r["media"] for r in report["rows"]}
@@ -101,7 +102,8 @@ def test_a_failing_method_is_recorded_and_the_run_goes_on(tmp_path, capsys):
         if r["method"] == "gpu_check_broken":
             assert not r["ok"] and r["error"] == "RuntimeError: this method is broken on purpose"
         elif r["method"] == "gpu_check_too_many":
-            assert not r["ok"] and "the selection keeps" in r["error"]
+            # a method registered outside mipruner is contract-checked at select (as a plug-in is)
+            assert not r["ok"] and "broke the selection contract: keep has shape" in r["error"], r["error"]
         else:
             assert r["ok"] and r["error"] is None, r
     printed = capsys.readouterr().out
@@ -183,18 +185,19 @@ def test_protocol_cells_and_time_budget(tiny_llava):
     p = run_protocol(tiny_llava, budget_s=600, repeats=1, warmup=0, batches=(1, 2), log=lambda *_: None,
                      progress=lambda rep: seen.append(len(rep["cells"])))
     sel = [c for c in p["cells"] if c.get("cell") == "select"]
-    assert [c["method"] for c in sel] == list_pruners() and all(c["median_ms"] > 0 for c in sel)
+    image_methods = [m for m in list_pruners() if not get_pruner(m).video]  # the protocol reads an image
+    assert [c["method"] for c in sel] == image_methods and all(c["median_ms"] > 0 for c in sel)
     timed = {(c["phase"], c["kind"], c["method"], c["batch"]) for c in p["cells"] if "phase" in c}
     assert {("eager", "latency", "generate", 1), ("eager", "latency", "mi:lam=1", 1),
             ("eager", "throughput", "none", 2), ("eager", "throughput", "mi:lam=1", 2)} <= timed
     assert p["budget_tokens"] == 4  # a quarter of the tiny model's 16 visual tokens
     assert all(c["new_tokens"] == 2 for c in p["cells"] if "phase" in c)
-    n_sel = len(list_pruners())
+    n_sel = len(image_methods)
     assert seen == list(range(n_sel + 1, len(p["cells"]) + 1))  # the report so far, after every timed cell
     assert p["skipped"] == [{"phase": "compiled", "why": "compiled cells run on CUDA only (or compiled=True)"}]
     g = p["goals"]
     assert g["mi_vs_generate_eager"] > 0 and g["six_answers_vs_one"] > 0 and g["mi_vs_generate_compiled"] is None
-    assert set(g["select_median_ms"]) == set(list_pruners())
+    assert set(g["select_median_ms"]) == set(image_methods)
     # a spent budget: no timed cell starts, each one is listed with the reason
     none = run_protocol(tiny_llava, budget_s=0, repeats=1, warmup=0, batches=(1,), log=lambda *_: None)
     assert not [c for c in none["cells"] if "phase" in c]

@@ -245,7 +245,7 @@ def test_a_slider_move_syncs_a_constant_number_of_times(syncs, models, tmp_path)
         key = engine.encode(session, write_video(frames, str(tmp_path / f"v{nf}.mp4")), "What colour is the square?",
                             need_attention=True)
         n = engine.encoded(session, key).n_visual
-        for k in (4, 12):
+        for k in (8, 12):  # at least one token a frame: below it FastVID keeps the most attended (another path)
             counts[n, k] = syncs.count(lambda: engine.view(session, key, list_pruners(), k))
     assert len(set(counts.values())) == 1, counts
-    assert counts[32, 4] <= 8 * len(list_pruners()), counts  # a handful per panel
+    assert counts[32, 8] <= 8 * len(list_pruners()), counts  # a handful per panel

@@ -30,6 +30,11 @@ BUDGETS = (0.05, 0.1, 0.25, 0.5, 8)
 def test_buckets_are_a_fixed_set():
     assert buckets(4, 207, 64) == ([1, 2, 4], [64, 128, 192, 256, 320])
     assert buckets(6, 64, 64) == ([1, 2, 4, 8], [64, 128])
+    # every row count up to the view's, its own bucket included (5 rows run as 8; 1 row as 1)
+    assert buckets(1, 64, 64)[0] == [1] and buckets(5, 64, 64)[0] == [1, 2, 4, 8]
+    for rows in range(1, 34):
+        counts = buckets(rows, 64, 64)[0]
+        assert counts == [1 << i for i in range(len(counts))] and counts[-1] == R.batch_bucket(rows), rows
 
 
 def test_after_the_warm_up_no_request_compiles(monkeypatch):

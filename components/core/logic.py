@@ -8,32 +8,27 @@ User mistakes raise `UserError` with a message meant for the page.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mipruner.answer_time import own_timing
 from mipruner.engine import MethodView, method_spec, method_specs
-from mipruner.export import selection_to_json
 from mipruner.media import is_video_path
 from mipruner.models.common.generation import GenerationConfig
 from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from ..hosting.hub import ModelHub
 from ..hosting.spaces_gpu import DURATIONS, generate_seconds
+from .answers import Record, answer_dict, stream
+from .checks import UserError, budget_of, probe_video
+from .exports import write_export
 from .messages import clean_prompt, crop_note, plain, unknown_words_warning
 from .settings import Settings
 
 MAX_PANELS = 6
-MAX_VIDEO_FRAMES = 3600  # frames in the uploaded stream (2 min at 30 fps): longer videos are refused
 MAX_PROMPT_CHARS = 2000  # a question about a picture; longer prompts are refused before tokenizing
-
-
-class UserError(ValueError):
-    """A problem with what the user gave (file, prompt, settings); the message is for the page."""
 
 
 @dataclass
@@ -47,6 +42,7 @@ class UIState:
     n_visual: int = 0
     n_layers: int = 0  # decoder layers of the model (FastV / DART's K is at most this)
     n_frames: int = 0  # frames of the encoding on screen (a video's: the page's frame selector)
+    lam_auto: float | None = None  # the lam MI-Pruner's lam_rule "auto" applies to this encoding's prompt
     noted: bool = False  # the start-up notes (the fallback sentence) were shown to this session once
 
 
@@ -58,51 +54,6 @@ def label(name: str) -> str:
 def method_choices() -> list[tuple[str, str]]:
     """(label, registry name) for every registered method."""
     return [(s.label, s.name) for s in method_specs()]
-
-
-def probe_video(path: str) -> int:
-    """Frames in the video's first stream (from the container's metadata; 0 when it does not say).
-
-    Refuses files with no video stream and videos longer than MAX_VIDEO_FRAMES before anything is
-    decoded."""
-    from mipruner.media import MediaError
-    from mipruner.media import probe_video as probe
-
-    try:
-        n = probe(path).frames
-    except MediaError as e:
-        raise UserError(str(e)) from None
-    if n > MAX_VIDEO_FRAMES:
-        raise UserError(f"the video has {n} frames; this app takes at most {MAX_VIDEO_FRAMES} "
-                        "(trim it to a short clip)")
-    return n
-
-
-def budget_of(value, unit: str, n_visual: int):
-    """The pruners' budget from the UI: tokens (int, in [1, N_V]) or a percentage (share); out of range in
-    either unit: a UserError (a sentence naming the budget)."""
-    if value is None:
-        raise UserError("set a budget")
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"budget must be a number, got {str(value)[:40]!r}") from None
-    if not math.isfinite(value):
-        raise UserError(f"budget must be a finite number, got {value}")
-    if unit == "%":
-        share = float(value) / 100.0
-        if not 0.0 < share <= 1.0:
-            raise UserError(f"budget in % must be in (0, 100], got {value:g}")
-        return share
-    if unit != "tokens":
-        raise UserError(f"unit must be % or tokens, got {str(unit)[:20]!r}")
-    k = int(round(float(value)))
-    if k < 1:
-        raise UserError(f"budget in tokens must be at least 1, got {value:g}")
-    if n_visual and k > n_visual:
-        raise UserError(f"budget in tokens must be at most {n_visual} (the visual tokens of this encoding), "
-                        f"got {value:g}")
-    return k
 
 
 @contextlib.contextmanager
@@ -128,12 +79,6 @@ def _budget(settings: Settings, n_visual: int):
     return settings.budget if isinstance(settings.budget, float) else min(settings.budget, n_visual)
 
 
-def _answer_dict(ans) -> dict:
-    return {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
-            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in own_timing(ans).items()},  # its own share
-            "new_tokens": len(ans.token_ids)}
-
-
 class AppLogic:
     """The handlers; one instance per app, shared by all sessions (it holds no user state)."""
 
@@ -145,6 +90,8 @@ class AppLogic:
         self.max_new_tokens = max_new_tokens
         self.files = files  # the byte cap on rendered / exported files (checked after views and exports)
         self.export_root = export_root
+        self.gpu = gpu
+        self.encode_s: dict = {}  # model -> seconds its last encode took here (the next encode's estimate)
         if gpu is not None:  # e.g. spaces.GPU on a ZeroGPU Space: every handler that runs the model's tensors
             self.encode = gpu(self.encode, DURATIONS["encode"], adopt=self._adopt)
             self.generate = gpu(self.generate, self._generate_seconds, adopt=self._adopt)
@@ -212,9 +159,11 @@ class AppLogic:
         with user_errors("encoding", "try a smaller image or a shorter video"):
             key = engine.encode(state.session, media, prompt.strip(), text_mode=text_mode, need_attention=True)
         enc = engine.encoded(state.session, key)
+        self.encode_s[engine.model_name] = time.perf_counter() - t0
         state.model, state.key = engine.model_name, key
         state.tokens, state.n_visual = list(enc.scoring_tokens), enc.n_visual
         state.n_layers = engine.adapter.n_layers
+        state.lam_auto = self._lam_auto(engine, state)
         frames = len(enc.geometry.sizes)
         state.n_frames = frames if enc.is_video else 0
         what = f"{frames} frame{'s' * (frames != 1)}" if enc.is_video else "1 image"
@@ -229,14 +178,23 @@ class AppLogic:
         state.noted = True
         return state, " ".join(p for p in (note, status, crop_note(enc), warning, notes, warm) if p)
 
+    @staticmethod
+    def _lam_auto(engine, state: UIState) -> float | None:
+        """The lam MI-Pruner's lam_rule "auto" applies to this prompt, as its selection reports it (None: no
+        lam_rule, or MI fails here). One token kept: MI's normalisers are cached per encoding for the view."""
+        mi = next((s for s in method_specs() if s.name == "mi"), None)
+        if mi is None or not {"lam", "lam_rule"} <= set(mi.param_names):
+            return None
+        sel, _ = engine.try_prune(state.session, state.key, "mi", 1, lam_rule="auto")
+        return None if sel is None or sel.extras.get("lam") is None else float(sel.extras["lam"])
+
     def frame_box(self, state: UIState, frame: int) -> tuple[int, int, int, int]:
-        """(x0, y0, x1, y1) of a video's frame in the panels' strip."""
+        """(x0, y0, x1, y1) of a video's frame in the panels' picture (its frames in a grid)."""
         engine, enc = self._current(state)
         lay = engine.layout(state.session, state.key)
         if not 0 <= frame < len(lay.frame_x):
             raise UserError(f"frame must be in [1, {len(lay.frame_x)}], got {frame + 1}")
-        (w, h), x = lay.frame_wh[frame], lay.frame_x[frame]
-        return x, 0, x + w, h
+        return lay.frame_box(frame)
 
     # -- view ------------------------------------------------------------------------------
 
@@ -271,17 +229,40 @@ class AppLogic:
         """Like `generate` but only what is already cached (never runs the LLM)."""
         return self._answers(state, settings, max_new_tokens, run=False)
 
+    def streams(self, state: UIState) -> bool:
+        """Whether the page's answers come one by one as they decode: on a CPU (seconds to minutes each); on a GPU
+        (ZeroGPU included) they decode as one batch."""
+        return self.gpu is None and self._engine(state).adapter.device.type == "cpu"
+
+    def stream_answers(self, state: UIState, settings: Settings, max_new_tokens: int | None = None):
+        """The answers of `generate` as they come (`components.core.answers.stream`: the pruned ones first, the
+        unpruned last, each one's text while it decodes); yields a `Record` after every change. Where the
+        answers decode as one batch (`streams` false), one Record with them all."""
+        engine, enc = self._current(state)
+        n = self._max_new(max_new_tokens)
+        if not self.streams(state):
+            got = self.generate(state, settings, n)
+            yield Record(got["reference"], got["methods"])
+            return
+        methods = list(settings.methods)[:MAX_PANELS]
+        yield from stream(engine, state.session, state.key, methods, _budget(settings, enc.n_visual), settings.params,
+                          n, guard=lambda: user_errors("generating", "lower the budget or max new tokens"),
+                          errors=(UserError,))
+
+    def _max_new(self, max_new_tokens) -> int:
+        """The answer length, checked once, here, by the one GenerationConfig (the engine trusts it)."""
+        try:
+            return GenerationConfig(max_new_tokens=max_new_tokens or self.max_new_tokens).max_new_tokens
+        except ValueError as e:
+            raise UserError(str(e).replace("max_new_tokens", "max new tokens")) from None
+
     def _answers(self, state: UIState, settings: Settings, max_new_tokens: int | None, *, run: bool,
                  progress=None) -> dict:
         """{"reference": answer | None, "methods": {name: answer}}; run=False only reads the cache."""
         engine, enc = self._current(state)
-        try:  # checked once, here: the engine gets the number as a GenerationConfig checked it
-            n = GenerationConfig(max_new_tokens=max_new_tokens or self.max_new_tokens).max_new_tokens
-        except ValueError as e:
-            raise UserError(str(e).replace("max_new_tokens", "max new tokens")) from None
+        n = self._max_new(max_new_tokens)
         budget = _budget(settings, enc.n_visual)
         todo = [None, *list(settings.methods)[:MAX_PANELS]]
-        out: dict = {"reference": None, "methods": {}}
         if run:  # the unpruned reference and every panel's answer decode as one batch
             if progress is not None:
                 progress((0, 1), desc=f"answering: unpruned + {len(todo) - 1} methods in one batch")
@@ -291,15 +272,11 @@ class AppLogic:
         else:
             got = [engine.cached_answer(state.session, state.key, m, budget, settings.params, max_new_tokens=n)
                    for m in todo]
+        out = Record()
         for m, ans in zip(todo, got):
-            if ans is None:
-                continue
-            entry = {"error": ans} if isinstance(ans, str) else _answer_dict(ans)  # a str: that method failed
-            if m is None:
-                out["reference"] = entry
-            else:
-                out["methods"][m] = entry
-        return out
+            if ans is not None:  # a str: that method failed
+                out.put(m, {"error": ans} if isinstance(ans, str) else answer_dict(ans))
+        return out.as_dict()
 
     # -- inspect ---------------------------------------------------------------------------
 
@@ -340,26 +317,7 @@ class AppLogic:
     def export(self, state: UIState, settings: Settings, out_dir: str) -> list[str]:
         """PNG of every panel image and JSON of every selection, written under out_dir."""
         views, summary = self.view(state, settings)
-        engine, enc = self._current(state)
-        os.makedirs(out_dir, exist_ok=True)
-        paths = []
-        for v in views:
-            if v.error is not None:  # view.json carries its sentence
-                continue
-            for what, img in (("mask", v.mask), ("heatmap", v.heatmap), ("pivots", v.pivot)):
-                if img is not None:
-                    p = os.path.join(out_dir, f"{v.method}_{what}.png")
-                    img.save(p)
-                    paths.append(p)
-            p = os.path.join(out_dir, f"{v.method}_selection.json")
-            with open(p, "w") as f:
-                f.write(selection_to_json(enc, v.selection))
-            paths.append(p)
-        p = os.path.join(out_dir, "view.json")
-        with open(p, "w") as f:
-            json.dump(summary, f)
-        paths.append(p)
-        return paths
+        return write_export(views, summary, self._current(state)[1], out_dir)
 
 
 def check_methods(methods) -> tuple[str, ...]:

@@ -63,11 +63,17 @@ class PanelImages:
         got = self._get(key, img)
         return got if got is not None else self._put(key, img, viz.with_colorbar(img, label))
 
-    def cropped(self, img: Image.Image, box: tuple) -> Image.Image:
-        """`img.crop(box)`, the same object for the same image and box (so its file is written once)."""
-        key = ("crop", id(img), tuple(box))
+    def cropped(self, img: Image.Image, box: tuple, scale: int = 1) -> Image.Image:
+        """`img.crop(box)`, enlarged `scale` times (nearest: patches stay sharp), the same object for the same
+        image, box and scale (so its file is written once)."""
+        key = ("crop", id(img), tuple(box), scale)
         got = self._get(key, img)
-        return got if got is not None else self._put(key, img, img.crop(box))
+        if got is not None:
+            return got
+        x0, y0, x1, y1 = box
+        out = img.crop(box) if scale == 1 else img.resize(((x1 - x0) * scale, (y1 - y0) * scale), Image.NEAREST,
+                                                           box=box)
+        return self._put(key, img, out)  # PIL copies `info` (a heatmap's range) to both
 
     def file(self, img: Image.Image, block) -> dict:
         """What `block.postprocess(img)` sends the page (a file in Gradio's cache), written once."""

@@ -17,6 +17,7 @@ from mipruner.engine import TEXT_MODES, method_specs, parameters
 
 from ..core.logic import UserError, budget_of, check_methods, method_choices
 from ..core.settings import DEFAULT_METHODS, Settings
+from .video import build_video_controls
 
 DEFAULT_SHARE = 10.0  # % of the visual tokens kept at start (LLaVA-1.5 in the paper: 64 of 576 = 11%)
 FEATURED = ("lam", "lam_rule", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded
@@ -34,6 +35,7 @@ class Controls:
     # every control's value in one JSON list (`inputs()` order), kept current by the page itself
     # (BOX_JS): the page's events take this one input instead of one per control (`unbox`)
     box: gr.Textbox | None = None
+    video: gr.Column | None = None  # the video-only parameters' group, shown for a video (`video.shown_for`)
 
     def inputs(self) -> list:
         return [self.methods, self.unit, self.budget, self.text_mode, self.heat, *self.params.values()]
@@ -82,13 +84,15 @@ def build_controls() -> Controls:
     text_mode = gr.Radio(list(TEXT_MODES), value=d.text_mode, label="Prompt tokens that count as text "
                          "(question / question without stopwords / whole chat prompt); changing it re-encodes",
                          elem_id="text-mode")
+    video, video_widgets = build_video_controls(params, param_widget)
+    widgets.update(video_widgets)
     with gr.Accordion("Method parameters", open=False):
         for name, p in params.items():
             if name not in widgets:
                 widgets[name] = param_widget(p)
         heat = gr.Number(value=d.heat, precision=0, minimum=-1, elem_id="heat-token",
                          label="Heatmap prompt token (index; -1 = each method's scores). Click a prompt word to set it.")
-    ctl = Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params})
+    ctl = Controls(methods, unit, budget, text_mode, heat, {n: widgets[n] for n in params}, video=video)
     ctl.box = gr.Textbox(json.dumps([c.value for c in ctl.inputs()]), visible="hidden", elem_id="controls-json",
                          interactive=False)
     return ctl

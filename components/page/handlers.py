@@ -9,16 +9,22 @@ The outputs that change a widget's properties are `gr.update` dicts (`controls.b
 """
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gradio as gr
+
+from mipruner.engine import parameters
 
 from ..core.logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
 from ..core.messages import plain
 from ..core.settings import Settings
 from . import controls as C
 from . import panels as P
+from . import video as V
 
 ENCODE_FIELDS = ("model", "model_path", "use", "image", "video", "prompt")  # /encode's names, before the controls
 
@@ -77,9 +83,19 @@ class Encoded:
     budget: dict  # the budget slider's update (range of the new encoding's unit and size)
     heat: dict  # the heatmap token's update (-1 when the old one is out of the new prompt's range)
     layers: list = field(default_factory=list)  # one update per decoder-layer control (the model's depth)
+    # the page's only (not /encode's): the lam slider shown at the value lam_rule "auto" applies to the new
+    # prompt (an empty update when lam_rule is fixed), and what the last encoding's clicks left: every
+    # panel's clicked-patch box hidden, the Inspect section's x, y, PMI and patch emptied
+    lam: dict = field(default_factory=dict)
+    stale: list = field(default_factory=list)
 
     def outputs(self) -> tuple:
         return (self.state, self.status, self.tokens, self.budget, self.heat, *self.layers)
+
+    def page_outputs(self, *, lam: bool = True) -> tuple:
+        """The page's encode event: /encode's outputs, then lam's update (lam: when the page has the slider)
+        and the cleared leftovers (`stale`)."""
+        return (*self.outputs(), *([self.lam] if lam else []), *self.stale)
 
 
 @dataclass
@@ -133,6 +149,24 @@ def _no_progress(*args, **kwargs) -> None:
     return None
 
 
+def waiting(fn: Callable, progress: Callable | None, doing: str, estimate: float | None, every: float = 0.5):
+    """fn() (its value or its error), telling `progress` every `every` s while it runs (in a thread of its own):
+    the seconds so far, as a share of `estimate` (what the last such call took here) when there is one.
+    progress None: fn() in this thread."""
+    if progress is None:
+        return fn()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="encode") as pool:
+        job = pool.submit(fn)
+        while True:
+            try:
+                return job.result(timeout=every)
+            except FutureTimeout:
+                s = time.perf_counter() - t0
+                last = f" (the last one here took {estimate:.0f} s)" if estimate else ""
+                progress(min(s / estimate, 0.99) if estimate else None, desc=f"{doing}: {s:.0f} s{last}")
+
+
 class Handlers:
     """The page's handlers around one `AppLogic` (shared by all sessions; no user state here)."""
 
@@ -150,28 +184,43 @@ class Handlers:
     def encode(self, st, media: Media, vals: dict, progress: Callable = _no_progress) -> Encoded:
         """Run the vision tower and embed the prompt; the budget, heat and layer controls follow the encoding."""
         name = media.model_name
-        progress(0.1, desc=f"loading {name}" if name not in self.logic.hub.loaded else
-                 "encoding (vision tower + prompt)")
-        st, msg = self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
-                                    text_mode=vals["text_mode"])
+        doing = f"loading {name}" if name not in self.logic.hub.loaded else "encoding (vision tower + prompt)"
+        progress(0.1, desc=doing)
+        st, msg = waiting(lambda: self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
+                                                    text_mode=vals["text_mode"]),
+                          None if self.logic.gpu is not None or progress is _no_progress else progress, doing,
+                          self.logic.encode_s.get(name or self.logic.hub.default))
         progress(1.0, desc="encoded")
         unit, budget, heat = vals["unit"], vals["budget"], vals["heat"]
         heat = int(heat) if heat is not None and -1 <= int(heat) < len(st.tokens) else -1
         layers = ([gr.update(maximum=st.n_layers, value=min(int(vals[n] or 1), st.n_layers))
                    for n in self.layer_names] if st.n_layers else [gr.update() for _ in self.layer_names])
+        auto = st.lam_auto is not None and str(vals.get("lam_rule")) == "auto"
         return Encoded(st, msg, token_chips(st.tokens, heat),
                        C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
-                       layers)
+                       layers, gr.update(value=st.lam_auto) if auto else gr.update(), P.cleared_patches())
+
+    @staticmethod
+    def lam_rule(st, rule) -> dict:
+        """The lam slider under a lam rule: disabled under "auto" and showing the value it applies to the
+        prompt on screen (once something is encoded); live under "fixed" at the value it shows."""
+        props = C.lam_props(parameters()["lam"], rule)
+        if str(rule) == "auto" and isinstance(st, UIState) and st.lam_auto is not None:
+            props["value"] = st.lam_auto
+        return gr.update(**props)
 
     def view(self, st, vals: dict, frame=0) -> View:
-        """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames);
-        answers already made for these settings fill the panels (never runs the LLM)."""
+        """Prune with every chosen method and draw its panel (a video's `frame` alone when 1..n_frames, at the
+        panel's width: `components.page.video`); answers already made for these settings fill the panels
+        (never runs the LLM)."""
         s = self.settings(st, vals)
         views, summary = self.logic.view(st, s)
-        if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-            P.show_frame(views, self.logic.frame_box(st, int(frame) - 1))
+        box = self.frame_box(st, frame)
+        if box is not None:
+            V.show_frame(views, box)
         cached = self.logic.cached_answers(st, s)
-        return View(P.panel_fields(views, st.n_visual, cached, self.hint), P.reference_md(cached["reference"]),
+        video = isinstance(st, UIState) and st.n_frames > 1
+        return View(P.panel_fields(views, st.n_visual, cached, self.hint, video=video), P.reference_md(cached["reference"]),
                     s.to_string(), summary, token_chips(st.tokens, s.heat))
 
     def live(self, st, vals: dict, *, shown=None, ask=0, raw=0, raw_open=False, auto=False, frame=0) -> Live:
@@ -189,6 +238,16 @@ class Handlers:
         ans = self.logic.generate(st, s, int(max_new_tokens or self.logic.max_new_tokens), progress=progress)
         return Answers(P.answer_updates(list(s.methods), ans, self.hint, bare=bare), P.reference_md(ans["reference"]),
                        ans)
+
+    def stream(self, st, vals: dict, max_new_tokens=None, *, bare: bool = False) -> Iterator[Answers]:
+        """`generate`'s answers as they come (on a CPU: the pruned ones first, the unpruned last, each one's
+        text while it decodes; `AppLogic.stream_answers`): one Answers after every change."""
+        s = self.settings(st, vals)
+        methods = list(s.methods)
+        for rec in self.logic.stream_answers(st, s, int(max_new_tokens or self.logic.max_new_tokens)):
+            ans = rec.as_dict()
+            yield Answers(P.answer_updates(methods, ans, self.hint, bare=bare, partial=rec.partial),
+                          P.reference_md(ans["reference"], rec.partial.get(None)), ans)
 
     @staticmethod
     def encoded(st) -> bool:
@@ -210,11 +269,16 @@ class Handlers:
         lo, hi = min(pmi), max(pmi)
         return Inspected([(t, round((v - lo) / (hi - lo), 3) if hi > lo else 0.5) for t, v in info["pmi"]], info)
 
-    def click(self, st, frame, x, y) -> tuple:
-        """The clicked pixel in the whole strip's coordinates (a single frame shown: offset by its place)."""
+    def frame_box(self, st, frame) -> tuple[int, int, int, int] | None:
+        """The picked frame's box in the panels' picture (frames in a grid), or None (every frame shown)."""
         if frame and isinstance(st, UIState) and 0 < int(frame) <= st.n_frames:
-            x += self.logic.frame_box(st, int(frame) - 1)[0]
-        return x, y
+            return self.logic.frame_box(st, int(frame) - 1)
+        return None
+
+    def click(self, st, frame, x, y) -> tuple:
+        """The clicked pixel in the whole picture's coordinates (a video's frames in a grid; one frame
+        picked: inside its box, its enlargement undone)."""
+        return V.grid_point(self.frame_box(st, frame), x, y)
 
     @staticmethod
     def frame_range(st) -> dict:

@@ -16,8 +16,9 @@ from mipruner.engine import method_spec
 
 from ..core.logic import MAX_PANELS, label
 from ..core.panel_files import IMAGES
+from . import video as V
 
-PANEL_FIELDS = 6  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer
+PANEL_FIELDS = 7  # title, mask, heatmap, pivot map, notes (pivot legend, "no score map"), answer, timeline (video)
 # Panel images go to the page as JPEG: PNG encoding of a 336 px heatmap took 7-14 ms and of an
 # 8-frame strip 66-76 ms, JPEG 0.3-3.6 ms (`python -m mipruner.bench slider` counts it); the
 # downloads (Downloads accordion) are PNG.
@@ -34,9 +35,10 @@ class Panel:
     legend: gr.HTML
     answer: gr.Markdown
     patch: gr.HighlightedText | None = None  # the last clicked patch's PMI (not a view output: clicks fill it)
+    timeline: gr.Image | None = None  # a video's tokens kept per frame (`components.page.video`)
 
     def components(self) -> list:
-        return [self.title, self.mask, self.heat, self.pivot, self.legend, self.answer]
+        return [self.title, self.mask, self.heat, self.pivot, self.legend, self.answer, self.timeline]
 
 
 def build_panels(per_row: int = 3) -> list[Panel]:
@@ -50,6 +52,8 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                         mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format=IMAGE_FORMAT,
                                       interactive=False, visible=False, elem_id=f"panel-{i}-mask", height=IMAGE_HEIGHT,
                                       buttons=["download", "fullscreen"]),
+                        timeline=gr.Image(label=V.TIMELINE_LABEL, type="pil", format="png", interactive=False,
+                                          visible=False, elem_id=f"panel-{i}-timeline", buttons=["download"]),
                         heat=gr.Image(label="scores", type="pil", format=IMAGE_FORMAT, interactive=False, visible=False, height=IMAGE_HEIGHT,
                                       elem_id=f"panel-{i}-heat", buttons=["download", "fullscreen"]),
                         pivot=gr.Image(label="pivot word of each patch", type="pil", format=IMAGE_FORMAT,
@@ -63,15 +67,6 @@ def build_panels(per_row: int = 3) -> list[Panel]:
     return panels
 
 
-def show_frame(views, box: tuple[int, int, int, int]) -> None:
-    """Cut every view's images to one frame of the strip (`box`: x0, y0, x1, y1 in strip pixels)."""
-    for v in views:
-        for name in ("mask", "heatmap", "pivot"):
-            img = getattr(v, name, None)
-            if img is not None:
-                setattr(v, name, IMAGES.cropped(img, box))
-
-
 def patch_beside(tokens, x, y):
     """The clicked panel's patch box: the patch's PMI with each prompt token (scaled 0-1), shown."""
     if not tokens:
@@ -79,6 +74,12 @@ def patch_beside(tokens, x, y):
     tokens = [(t["token"], t.get("class_or_confidence")) if isinstance(t, dict) else tuple(t) for t in tokens]
     where = f" at ({x:.0f}, {y:.0f})" if isinstance(x, (int, float)) and isinstance(y, (int, float)) else ""
     return gr.update(visible=True, value=tokens, label=f"clicked patch{where}: its PMI with each prompt token")
+
+
+def cleared_patches() -> list:
+    """Updates that forget the last clicks (a new encoding: its patches are not the old picture's): every
+    panel's clicked-patch box hidden and emptied, then the Inspect section's x, y, PMI and patch info emptied."""
+    return [gr.update(visible=False, value=None) for _ in range(MAX_PANELS)] + [None] * 4
 
 
 def legend_html(legend: list[tuple[str, str]] | None) -> str:
@@ -91,7 +92,11 @@ def legend_html(legend: list[tuple[str, str]] | None) -> str:
     return f'<div style="font-size:0.85em">{chips}</div>'
 
 
-def answer_md(ans: dict | None, generated_hint: str) -> str:
+def answer_md(ans: dict | None, generated_hint: str, partial: str | None = None) -> str:
+    """An answer's Markdown: the answer with its sizes and its own time, its failure, the text decoded so far
+    (`partial`, while it streams), or the hint of how it comes."""
+    if ans is None and partial is not None:
+        return f"**Answer** *(generating)*: {partial}"
     if ans is None:
         return f"*{generated_hint}*"
     if "error" in ans:
@@ -129,9 +134,11 @@ def heat_field(v) -> tuple[dict, Image.Image | None, str | None]:
     return {"visible": True, "label": pmi or f"scores: {bar}"}, IMAGES.with_colorbar(v.heatmap, bar), None
 
 
-def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[tuple[dict, object]]:
+def panel_fields(views, n_visual: int, answers: dict | None, hint: str, *,
+                 video: bool = False) -> list[tuple[dict, object]]:
     """(props, value) of all MAX_PANELS x PANEL_FIELDS components for the views of one slider move;
-    props are what a value alone cannot change (visibility, label)."""
+    props are what a value alone cannot change (visibility, label, a video's picture height)."""
+    sized = V.picture_props(video, IMAGE_HEIGHT)
     out: list[tuple[dict, object]] = []
     answers = answers or {"methods": {}}
     hidden = ({"visible": False}, None)
@@ -148,19 +155,21 @@ def panel_fields(views, n_visual: int, answers: dict | None, hint: str) -> list[
                  f"({100 * v.share:.1f}%) · prune {v.prune_ms:.1f} ms · render {v.render_ms:.1f} ms"
                  + method_notes(v.selection))
         heat_props, heat, note = heat_field(v)
+        heat_props = {**heat_props, **sized} if heat_props.get("visible") else heat_props
         is_mi = v.pivot is not None
         notes = legend_html(v.legend) if is_mi else ""
         if note:
             notes = f'<div style="font-size:0.85em">{note}</div>' + notes
         out += [({"visible": True}, title),
-                ({"visible": True}, v.mask),
+                ({"visible": True, **sized}, v.mask),
                 (heat_props, heat),
-                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)"}
-                                       if is_mi and v.selection.pmi is None else
-                                       {"label": "pivot word of each patch"} if is_mi else {})},
+                ({"visible": is_mi, **({"label": "merged into (colour: the kept patch each dropped one went into)",
+                                         **sized} if is_mi and v.selection.pmi is None else
+                                       {"label": "pivot word of each patch", **sized} if is_mi else {})},
                  v.pivot if is_mi else None),
                 ({"visible": bool(notes)}, notes),
-                ({"visible": True}, answer_md(answers["methods"].get(v.method), hint))]
+                ({"visible": True}, answer_md(answers["methods"].get(v.method), hint)),
+                V.timeline_field(v)]
     return out
 
 
@@ -184,20 +193,24 @@ def live_updates(fields: list[tuple[dict, object]], shown: list | None) -> tuple
     return out, [props for props, _ in fields]
 
 
-def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool = False) -> list:
+def answer_updates(methods: list[str], answers: dict, hint: str, *, bare: bool = False,
+                   partial: dict | None = None) -> list:
     """Updates for the answer field of every panel slot (others unchanged). bare: values only (None
-    in unused, hidden slots), for a page whose view already shows these panels: no prop update."""
+    in unused, hidden slots), for a page whose view already shows these panels: no prop update.
+    partial: the text so far of answers still decoding, by method."""
     out = []
     for i in range(MAX_PANELS):
         if i < len(methods):
-            md = answer_md(answers["methods"].get(methods[i]), hint)
+            md = answer_md(answers["methods"].get(methods[i]), hint, (partial or {}).get(methods[i]))
             out.append(md if bare else gr.update(value=md, visible=True))
         else:
             out.append(None if bare else gr.update())
     return out
 
 
-def reference_md(ans: dict | None) -> str:
+def reference_md(ans: dict | None, partial: str | None = None) -> str:
+    if ans is None and partial is not None:
+        return f"**Unpruned reference answer** *(generating)*: {partial}"
     if ans is None:
         return "**Unpruned reference:** *not generated yet*"
     if "error" in ans:
@@ -206,5 +219,5 @@ def reference_md(ans: dict | None) -> str:
             + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · {timing_line(ans)}")
 
 
-__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "heat_field", "legend_html",
-           "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md", "show_frame"]
+__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field",
+           "legend_html", "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md"]

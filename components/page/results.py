@@ -49,7 +49,7 @@ def build_results() -> Results:
                                 color_map={"shown": "orange"}, interactive=False)
     reference = gr.Markdown(P.reference_md(None), elem_id="reference")
     frame = gr.Slider(0, 1, value=0, step=1, visible=False, elem_id="frame",
-                      label="Frame the panels show (0: every frame side by side; pick one to read its patches)")
+                      label="Frame the panels show (0: every frame, two a row; pick one to see it at full width)")
     panels = P.build_panels()
     with gr.Accordion("Inspect a patch (click one in any kept-patch image)", open=False):
         with gr.Row():

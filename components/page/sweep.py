@@ -21,7 +21,7 @@ from ..core.logic import UserError
 from ..core.sweep_queue import Pace, SweepLimits, SweepQueue
 from ..hosting.spaces_gpu import on_zero_gpu
 from . import controls as C
-from .events import named
+from .calls import named
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",
@@ -115,8 +115,9 @@ def _error(e: Exception):
     raise gr.Error(str(e), print_exception=False)
 
 
-def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
-    """The Sweep area (call inside the page's Blocks): widgets, handlers and their wiring."""
+def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls, limits: SweepLimits | None = None) -> SweepArea:
+    """The Sweep area (call inside the page's Blocks): widgets, handlers and their wiring. limits: the server's
+    bounds on a sweep (`SweepLimits.for_server`; default: a local server's)."""
     with gr.Accordion("Sweep: one parameter over a question set (ablation curves)", open=False,
                       elem_id="sweep"):
         area = _widgets()
@@ -132,7 +133,7 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls) -> SweepArea:
         s = C.settings_from(list(vals[0] or ["mi"]), *vals[1:])
         return SL.make_sweep(methods, param, values, budget, s.params, s.text_mode, logic.max_new_tokens)
 
-    limits = getattr(logic, "sweep_limits", None) or SweepLimits.for_server(False)
+    limits = limits or SweepLimits.for_server(False)
     pace, queue = Pace(), SweepQueue(slots=1, max_waiting=limits.max_waiting)
 
     @named("sweep_state", *FIELDS, "x", "metrics", "model", "model_path", *names, extra=extra)

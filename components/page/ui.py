@@ -17,6 +17,7 @@ import os
 import gradio as gr
 
 from ..core.logic import AppLogic
+from ..core.sweep_queue import SweepLimits
 from . import controls as C
 from .events import wire
 from .inputs import build_inputs
@@ -32,8 +33,12 @@ are dimmed), a heatmap (its scores, or MI's PMI with the prompt word you click),
 the *pivot word* of every patch: the prompt token it is most related to."""
 
 
-def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
-    """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State)."""
+CONTROLS_HINT = "**Controls**: scroll this sheet down for every control, the page above it for the panels."
+
+
+def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: SweepLimits | None = None) -> gr.Blocks:
+    """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State). sweep_limits: the
+    bounds on a visitor's sweep (`SweepLimits.for_server`: small and timed when hosted; default: local)."""
     # delete_cache: files Gradio wrote for this app (panel images, downloads) older than 2 h go, hourly
     with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200)) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
@@ -43,12 +48,13 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True) -> gr.Blocks:
                 inp = build_inputs(logic.hub)
                 warm_status(demo, logic.warm)
             with gr.Column(scale=1, elem_id="controls-col"):
+                gr.Markdown(CONTROLS_HINT, elem_id="controls-hint")  # shown on phones only (LAYOUT_CSS)
                 ctl = C.build_controls()
                 act = C.build_actions(logic.max_new_tokens, auto_answers)
             with gr.Column(elem_id="results-col"):
                 res = build_results()
         wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
-        build_sweep(logic, state, inp, ctl)
+        build_sweep(logic, state, inp, ctl, sweep_limits)
     return demo
 
 
@@ -69,19 +75,35 @@ def warm_status(demo: gr.Blocks, warm) -> None:
 # then the results, then the controls, so the panels come right after Run and its examples instead
 # of below every control (a grid: the areas are placed, the page order stays inputs, controls, results);
 # there the controls stay in reach while the panels are on screen: a sheet fixed to the bottom of the
-# screen (a third of its height, scrolled on its own; the page gets as much room below its end).
-# A clicked patch's PMI box sits under the panel's kept-patch image (#panel-N-patch).
+# screen (a third of its height; the page gets as much room below its end). The sheet scrolls
+# vertically only: its widgets stack in one column at its width (Gradio's rows wrap; nothing wider
+# than the screen, no list scrolled inside it; the budget first), and it sits above everything the panels draw
+# (their labels and full-screen / download buttons are positioned: without a stacking context of
+# its own the sheet lost taps to them). A clicked patch's PMI box sits under the panel's kept-patch
+# image (#panel-N-patch).
 LAYOUT_CSS = """
 #layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
           grid-template-areas: "inputs controls" "results results"; align-items: start; }
 #inputs-col { grid-area: inputs; } #controls-col { grid-area: controls; } #results-col { grid-area: results; }
 #layout > div { min-width: 0 !important; }
+#controls-hint { display: none; }
 @media (max-width: 768px) {
   #layout { grid-template-columns: minmax(0, 1fr); grid-template-areas: "inputs" "results" "controls"; }
-  #controls-col { position: fixed !important; left: 0; right: 0; bottom: 0; z-index: 20; max-height: 34vh;
-                  overflow-y: auto; box-sizing: border-box; width: 100vw !important; padding: 4px 8px;
+  #controls-col { position: fixed !important; left: 0; right: 0; bottom: 0; z-index: 1000; isolation: isolate;
+                  max-height: 34vh; overflow-y: auto; overflow-x: hidden; overscroll-behavior: contain;
+                  box-sizing: border-box; width: 100vw !important; padding: 4px 8px;
+                  display: flex !important; flex-direction: column !important; flex-wrap: nowrap !important;
                   background: var(--background-fill-primary); border-top: 2px solid var(--color-accent);
                   box-shadow: 0 -4px 12px #0003; }
+  #controls-col > * { flex: 0 0 auto !important; width: 100% !important; min-width: 0 !important;
+                      max-width: 100% !important; }
+  #controls-col > .row:has(#budget) { order: -1; }  /* the budget first: the control a phone moves most */
+  #controls-hint { order: -2; }
+  #controls-col .form { flex-wrap: nowrap !important; height: auto !important; }
+  #controls-col .row, #controls-col .row > .form { flex-wrap: wrap !important; }
+  #controls-col .row > *, #controls-col .row > .form > * { min-width: min(160px, 100%) !important; }
+  #controls-col .wrap, #controls-col fieldset { max-height: none !important; overflow: visible !important; }
+  #controls-hint { display: block; margin: 0; padding: 0 4px; font-size: 0.8em; }
   body { padding-bottom: 36vh; }
 }
 """

@@ -260,8 +260,8 @@ def format_throughput(rows: list[dict]) -> str:
 
 def _methods(text: str) -> list[tuple[str, dict]]:
     names = [m.strip() for m in text.split(",") if m.strip()]
-    if names == ["all"]:
-        names = list_pruners()
+    if names == ["all"]:  # the video methods (EVS) need a video: name them
+        names = [m for m in list_pruners() if not get_pruner(m).video]
     return [parse_method(m) for m in names if m != "none"]
 
 

@@ -47,7 +47,7 @@ GROUP = {"latency": "latency", "throughput": "batch", "view": "view"}  # an eage
 def _select_cells(adapter, image, budget: int, repeats: int, sync) -> list[dict]:
     enc = mipruner.encode_for(adapter, image, PROMPT, list_pruners())  # with every signal a method reads
     out = []
-    for m in list_pruners():
+    for m in (m for m in list_pruners() if not get_pruner(m).video):  # an image: the video methods do not apply
         mipruner.select(adapter, enc, m, budget, cache={}, strict=False)  # warm-up
         times = []
         for _ in range(max(3, repeats)):

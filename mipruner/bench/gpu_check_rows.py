@@ -30,7 +30,7 @@ import torch
 
 import mipruner
 from mipruner.batch import answer_items
-from mipruner.pruners import resolve_budget
+from mipruner.pruners import get_pruner, resolve_budget
 
 from .finite_logits import LogitWatch
 
@@ -51,7 +51,9 @@ def empty_row(family: str, media: str, method: str, budget, error: str | None = 
 
 
 def planned_rows(family: str, media: str, methods: list[str], shares: list[float], error: str | None = None):
-    """The rows of one (family, media), not yet run: the keep-all anchor, then each method x share."""
+    """The rows of one (family, media), not yet run: the keep-all anchor, then each method x share (a video
+    method, `MethodSpec.video`, on video media only: on an image it does not apply)."""
+    methods = [m for m in methods if media == "video" or not get_pruner(m).video]
     return [empty_row(family, media, m, s, error) for m, s in [(KEEP_ALL, 1.0)] + [(m, s) for m in methods
                                                                                      for s in shares]]
 

@@ -139,6 +139,7 @@ def select_cells(adapter, clock, pairs, budget: int, repeats: int) -> list[dict]
     image, prompt = pairs[0]
     methods = [m for m in list_pruners() if get_pruner(m).stage != "llm"]
     enc = mipruner.encode_for(adapter, image, prompt, methods)
+    methods = [m for m in methods if enc.is_video or not get_pruner(m).video]  # a video method needs a video
     out = []
     for m in methods:
         mipruner.select(adapter, enc, m, budget, cache={}, strict=False)

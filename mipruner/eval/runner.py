@@ -42,7 +42,9 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     encode_batch: items per vision-tower call (`mipruner.batch.encode_items`; 1: one by one).
     equal_compute: a share of the unpruned prefill FLOPs (e.g. 0.3): per item and method, of `budgets`
     (the candidates) the one whose compute (`mipruner.compute`) is closest to it is answered (ties: the
-    first listed); the rows' budget reads "~30% FLOPs" and `chosen` lists the budgets taken.
+    first listed); the rows' budget reads "~30% FLOPs", `chosen` lists the budgets taken and `same_flops`
+    the other candidates whose compute equals a taken one's exactly (e.g. a method that withdraws every
+    visual token at one layer costs the same at any K): the table names them all.
     Every row's `flops` is the mean share of the unpruned prefill FLOPs its selections imply.
     """
     from mipruner.batch import encode_items
@@ -63,21 +65,23 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
             picked = _select_group(adapter, encs, caches, settings, params)
         enc, cache = encs[n % step], caches[n % step]
         cover = token_object_cover(enc.geometry, item.masks) if item.masks is not None else None
-        runs, sels, errors = [("none", "all", None)], [None], [None]
+        runs, sels, errors = [("none", "all", None, ())], [None], [None]
         for m in methods:
             if m == "none":
                 continue
             seeds = RANDOM_SEEDS if "seed" in get_pruner(m).param_names else (None,)
             for s in seeds:
                 tried = [(b, *picked[(m, b, s)][n % step]) for b in budgets]
+                tied = []
                 if equal_compute is not None:
-                    tried = [closest_compute(tried, equal_compute)]
+                    pick = closest_compute(tried, equal_compute)
+                    tried, tied = [pick], same_compute(tried, pick)
                 for b, sel, why in tried:
-                    runs.append((m, b, s))
+                    runs.append((m, b, s, tuple(tied)))
                     sels.append(sel)
                     errors.append(why)
         answers = _answers(adapter, enc, runs, sels, errors, cache, max_new_tokens, batch)
-        for (m, b, s), sel, out, why in zip(runs, sels, answers, errors):
+        for (m, b, s, tied), sel, out, why in zip(runs, sels, answers, errors):
             if sel is None:
                 rec = 1.0 if cover is not None and why is None else math.nan
             else:
@@ -86,7 +90,7 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
             label = b if equal_compute is None or m == "none" else equal_label(equal_compute)
             records.append((m, label, s, item, None if out is None else out.text, rec,
                             enc.n_visual if sel is None else sel.budget, why, share, b,
-                            None if sel is None else withdrawn_at(sel)))
+                            None if sel is None else withdrawn_at(sel), tied))
         if bar:
             bar.update(1)
     if bar:
@@ -146,6 +150,15 @@ def closest_compute(tried: list, target: float) -> tuple:
     return min(ok, key=lambda t: abs(flops_share(t[1]) - target))
 
 
+def same_compute(tried: list, pick: tuple) -> list:
+    """The budgets of `tried` other than `pick`'s whose selections imply exactly its FLOPs share (the
+    shares are ratios of integer FLOPs: equal compute gives equal floats)."""
+    if pick[1] is None:
+        return []
+    share = flops_share(pick[1])
+    return [t[0] for t in tried if t is not pick and t[1] is not None and flops_share(t[1]) == share]
+
+
 def _withdrawn(layers: list) -> str:
     """"all withdrawn from layer k" (or layers k1/k2) when selections withdrew every visual token."""
     return "" if not layers else "all withdrawn from layer " + "/".join(str(x) for x in sorted(layers))
@@ -160,13 +173,16 @@ def aggregate(records, task: str) -> list[dict]:
     """Rows {method, budget, task, split, acc, f1, yes_rate, query_recall, n, kept, failed, error}; seeds
     averaged. A record may carry a 7th field, the visual tokens that reached the LLM (the budget, or the K
     an adaptive method chose; `kept` is their mean), and an 8th, the sentence of its failure: failed
-    records are counted in `failed` (the first sentence in `error`) and left out of the scores."""
+    records are counted in `failed` (the first sentence in `error`) and left out of the scores. Then
+    its FLOPs share, the budget taken, the layer it withdrew every visual token from and the budgets
+    of equal compute not taken (`flops`, `chosen`, `withdrawn`, `same_flops`)."""
     groups, failed = defaultdict(list), defaultdict(list)
     kept = defaultdict(list)  # visual tokens that reached the LLM (an adaptive method's chosen K)
     flops, chosen = defaultdict(list), defaultdict(list)  # FLOPs shares; budgets taken (equal compute)
+    same = defaultdict(list)  # budgets not taken whose compute equals a taken one's (equal compute)
     withdrawn = defaultdict(list)  # layers from which a selection withdrew every visual token
     for m, b, s, item, pred, rec, *extra in records:
-        k, why, share, taken, gone = (list(extra) + [None] * 5)[:5]
+        k, why, share, taken, gone, tied = (list(extra) + [None] * 6)[:6]
         if why:
             failed[(m, b)].append(why)
             continue
@@ -179,11 +195,14 @@ def aggregate(records, task: str) -> list[dict]:
             chosen[(m, b)].append(taken)
         if gone is not None and gone not in withdrawn[(m, b)]:
             withdrawn[(m, b)].append(gone)
+        for t in tied or ():
+            if t not in same[(m, b)]:
+                same[(m, b)].append(t)
     rows = []
     for (m, b) in [k for k in failed if k not in groups]:  # every record of (method, budget) failed
         rows.append(dict(method=m, budget=b, task=task, split="all", n=0, acc=math.nan, f1=math.nan,
                          yes_rate=math.nan, query_recall=math.nan, kept=math.nan, flops=math.nan, chosen="",
-                         withdrawn="", failed=len(failed[(m, b)]),
+                         same_flops="", withdrawn="", failed=len(failed[(m, b)]),
                          error=failed[(m, b)][0]))
     for (m, b), recs in groups.items():
         splits = sorted({it.split for _, it, _, _ in recs})
@@ -199,6 +218,7 @@ def aggregate(records, task: str) -> list[dict]:
                        kept=_mean(kept[(m, b)]) if kept[(m, b)] else math.nan, failed=len(failed[(m, b)]),
                        error=(failed[(m, b)] or [None])[0], flops=_mean(flops[(m, b)]) if flops[(m, b)] else math.nan,
                        chosen=",".join(str(c) for c in chosen[(m, b)]),
+                       same_flops=",".join(str(c) for c in same[(m, b)] if c not in chosen[(m, b)]),
                        withdrawn=_withdrawn(withdrawn[(m, b)]))
             per_split.append(row)
         rows += per_split
@@ -207,6 +227,7 @@ def aggregate(records, task: str) -> list[dict]:
             avg.update(method=m, budget=b, task=task, split="average", n=sum(r["n"] for r in per_split),
                        kept=per_split[0]["kept"], failed=len(failed[(m, b)]), error=(failed[(m, b)] or [None])[0],
                        flops=per_split[0]["flops"], chosen=per_split[0]["chosen"],
+                       same_flops=per_split[0]["same_flops"],
                        withdrawn=per_split[0]["withdrawn"])
             rows.append(avg)
     return rows
@@ -231,7 +252,9 @@ def format_rows(rows: list[dict]) -> str:
     kept = lambda r: ("-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}") \
         + (f" ({r['withdrawn']})" if r.get("withdrawn") else "")  # noqa: E731
     flops = lambda r: "-" if math.isnan(r.get("flops", math.nan)) else f"{100 * r['flops']:.1f}%"  # noqa: E731
-    budget = lambda r: str(r["budget"]) + (f" (K={r['chosen']})" if r.get("chosen") and str(r["chosen"]) != str(r["budget"])
+    budget = lambda r: str(r["budget"]) + (f" (K={r['chosen']}" + (f"; same FLOPs at K={r['same_flops']}"
+                                                                    if r.get("same_flops") else "") + ")"
+                                           if r.get("chosen") and str(r["chosen"]) != str(r["budget"])
                                            else "")  # noqa: E731
     body = [[r["method"], budget(r), r["split"], fmt(r["acc"]), fmt(r["f1"]), fmt(r["yes_rate"]),
              fmt(r["query_recall"]), kept(r), flops(r), str(r["n"])] for r in rows]

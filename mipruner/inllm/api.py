@@ -218,6 +218,9 @@ class DecoderRun:
         if self._open is not None:
             raise ValueError(f"stage at layer {self._open.layer}: call run.keep(view, ...) before the next run.at")
         lo = 1 if self._prefix is None else self._prefix.layer + 1
+        if self._prefix is not None and isinstance(layer, int) and not isinstance(layer, bool) and layer < lo:
+            raise ValueError(f"stages must ascend: run.at({layer}) comes after the stage at layer {self._prefix.layer}; "
+                             f"the next stage's layer must be in [{lo}, {self.n_layers}]")
         layer = _int("layer", layer, lo, self.n_layers)
         if self._prefix is None:
             prefix = _prefix(self._prompt, layer, self._cache)  # shared per (encoding, layer)

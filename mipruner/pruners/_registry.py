@@ -78,11 +78,24 @@ class MethodSpec:
     encoder_layer: int | None = None  # the vision-encoder block of its attention/keys; None: the default block
     capture: capture_rules.Capturable | None = None  # its own capture conditions (`capture.py`); None: always eager
     video: bool = False  # selects along time (reads frame_index, needs 2+ frames); no per-frame option
+    builtin: bool = False  # registered by mipruner's own modules (its selections are trusted, not checked)
+
     @property
     def accepts(self) -> tuple[str, ...]:
         """The encoding inputs it accepts: those its function takes, and `frame_index` for the per-frame option."""
         extra = "per_frame" in self.param_names and "frame_index" not in self.inputs
         return (*self.inputs, *(("frame_index",) if extra else ()))
+
+    @property
+    def checked(self) -> bool:
+        """Whether its selections are checked against the contract before anything reads them: every
+        method but mipruner's own, whether a plug-in loaded it or a script registered it inline."""
+        return bool(self.origin) or not self.builtin
+
+    @property
+    def source(self) -> str:
+        """Who registered it, for sentences: "plug-in <origin>", or the module of an inline registration."""
+        return f"plug-in {self.origin}" if self.origin else f"module {self.fn.__module__}"
 
     @property
     def needs_text(self) -> bool:
@@ -193,7 +206,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         full = tuple(params) + ((PER_FRAME,) if stage != "llm" and not video else ())
         METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), full, label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label, video=video,
-                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture))
+                                          adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture,
+                                          builtin=str(getattr(fn, "__module__", "")).split(".")[0] == "mipruner"))
         return fn
 
     return deco
@@ -257,14 +271,14 @@ def run_pre_llm(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | Non
     if split != "off":  # each frame alone, its share of the budget (`per_frame.py`)
         def one_frame(v: torch.Tensor, kk: int, inp: dict) -> Selection:
             part = capture_rules.run(spec, kk, dict(visual=v, text=text, **inp), kw)
-            if spec.origin:  # a plug-in's selection of each frame is checked before it is joined
+            if spec.checked:  # a plug-in's or a script's selection of each frame is checked before it is joined
                 check_plugin_selection(spec, part, v.shape[0], kk, v.device)
             return part
         sel = run_frames(one_frame, visual, k, inputs, split, own=spec.inputs)
     else:
         own = {n: inputs[n] for n in spec.inputs if n in inputs}  # frame_index only where the function takes it
         sel = capture_rules.run(spec, k, dict(visual=visual, text=text, **own), kw)
-    if spec.origin:  # a plug-in's selection is checked before anything reads it
+    if spec.checked:  # a plug-in's or a script's selection is checked before anything reads it
         check_plugin_selection(spec, sel, n_v, k, visual.device)
     sel.method = spec.name
     return sel
@@ -289,10 +303,11 @@ def check_tensors(spec: MethodSpec, visual: torch.Tensor, text: torch.Tensor | N
 
 
 class ContractError(ValueError):
-    """A plug-in method's selection breaks the contract (`failure`: what, one sentence)."""
+    """A method's selection breaks the contract (`failure`: what, one sentence); every method but mipruner's
+    own is checked (`MethodSpec.checked`)."""
 
     def __init__(self, spec: "MethodSpec", failure: str):
-        super().__init__(f"{spec.name!r}, a method of plug-in {spec.origin}, broke the selection contract: {failure}")
+        super().__init__(f"{spec.name!r}, a method of {spec.source}, broke the selection contract: {failure}")
         self.failure = failure
 
 

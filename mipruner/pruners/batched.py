@@ -110,7 +110,7 @@ def run_batch(spec: MethodSpec, items: Sequence[dict], budget, kw: dict) -> list
         leaves, rest = _split_leaves(sel)
         for j, i in enumerate(idx):
             one = _join(leaves, rest, j)
-            if spec.origin:
+            if spec.checked:
                 check_plugin_selection(spec, one, first["visual"].shape[0], k, first["visual"].device)
             one.method = spec.name
             out[i] = one

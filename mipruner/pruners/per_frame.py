@@ -17,7 +17,7 @@ attention restricted to the frame, the [CLS] row kept first where there is one; 
 newline) are kept only when K exceeds every frame's tokens (as `pool` drops them first), so K = N_V keeps all.
 A method's `cache=` is not used per frame (its entries belong to the whole encoding's tensors). Without a
 `frame_index` (plain tensors given to `prune`), or on one frame (an image), the input is one frame and the
-method runs as with "off". `extras["frame_budgets"]` (T,) int64 and `extras["frame_weights"]` (T,) float32
+method runs as with "off", except that tokens of no frame (row newlines) go last. `extras["frame_budgets"]` (T,) int64 and `extras["frame_weights"]` (T,) float32
 say how the budget was shared.
 """
 from __future__ import annotations

@@ -80,6 +80,11 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         page.wait_for_function("!document.querySelector('#param-lam input[type=range]').disabled")
         page.locator("#param-lam_rule [data-testid='auto-radio-label']").click()
         page.wait_for_function("document.querySelector('#param-lam input[type=range]').disabled")
+        # under auto it shows the value auto applies, the one MI-Pruner's panel title names
+        title = "document.querySelector('#panel-0-title').innerText"
+        page.wait_for_function(f"/lam [0-9.]+ \\(auto/.test({title})")
+        applied = page.evaluate(f"/lam ([0-9.]+) \\(auto/.exec({title})[1]")
+        page.wait_for_function(f"Number(document.querySelector('#param-lam input[type=number]').value) === {applied}")
 
         # a clicked patch: its PMI appears under the panel clicked
         mask = page.locator("#panel-1-mask img")
@@ -94,16 +99,17 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         assert p["x"] < m["x"] + m["width"] and m["x"] < p["x"] + p["width"]  # in its column
         assert "its PMI with each prompt token" in page.locator("#panel-1-patch").inner_text()
 
-        # phone: with a panel on screen, the budget control is on screen too
+        # phone: with a panel on screen, the budget control is on screen too (the sheet's first control)
         if width < 400:
             page.locator("#panel-0-mask").scroll_into_view_if_needed()
+            page.evaluate("document.querySelector('#controls-col').scrollTop = 0")
             vh = page.viewport_size["height"]
             b, pm = box(page, "#budget"), box(page, "#panel-0-mask")
             assert 0 <= b["y"] and b["y"] + b["height"] <= vh, b
             assert pm["y"] < vh and pm["y"] + pm["height"] > 0, pm
             assert page.evaluate("document.documentElement.scrollWidth") <= 390
 
-        # a video: a frame selector; one frame shown is a picture of its own, much narrower than the strip
+        # a video: a frame selector; one frame shown is a picture of its own, not the grid of frames
         page.locator("#use").get_by_text("video").click()
         page.wait_for_selector("#video input[type=file]", state="attached")
         page.set_input_files("#video input[type=file]", CLIP["path"])
@@ -111,15 +117,19 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
         page.click("#run")
         page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
         page.wait_for_selector("#frame", state="visible")
+        assert not page.locator("#panel-1-patch").is_visible()  # the picture's clicked patch is forgotten
         natural = "document.querySelector('#panel-0-mask img').naturalWidth"
         n_visual = page.evaluate("/-> (\\d+) visual tokens/.exec(document.querySelector('#status').innerText)[1]")
         page.wait_for_function(f"/ {n_visual} tokens kept/.test(document.querySelector('#panel-0-title').innerText)")
         page.wait_for_function(f"document.querySelector('#panel-0-mask img').complete && {natural} > 0")
-        strip = page.evaluate(natural)
+        grid = page.evaluate(natural)
+        height = "document.querySelector('#panel-0-mask img').naturalHeight"
+        rows = page.evaluate(height)
         number = page.locator("#frame input[type=number]")
         number.fill("3")
         number.press("Enter")
-        page.wait_for_function(f"{natural} > 0 && {natural} * 6 < {strip}")
+        page.wait_for_function(f"{natural} > 0 && ({natural} !== {grid} || {height} !== {rows})"
+                               f" && Math.abs({natural} - {height}) <= 1")  # one square frame, not the grid
         page.screenshot(path=str(tmp_path / f"page-{width}.png"), full_page=True)
     finally:
         page.close()

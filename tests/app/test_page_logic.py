@@ -13,6 +13,7 @@ from components.core.settings import Settings
 from components.page import controls as C
 from components.page import panels as P
 from components.core.file_access import not_uploaded, real_roots
+from components.page import video as V
 from components.page.guards import payload_problem
 from mipruner.engine import parameters
 
@@ -49,13 +50,14 @@ def test_one_frame_of_a_video_and_its_clicks(logic):
     st, _ = logic.encode(None, "shapes-llava", "video", None, CLIP["path"], CLIP["prompt"])
     assert st.n_frames == 8
     views, _ = logic.view(st, Settings(methods=("mi", "random"), budget=0.1))
-    strip = views[0].mask.size
-    x0, y0, x1, y1 = logic.frame_box(st, 2)
-    assert y0 == 0 and 0 < x1 - x0 < strip[0] / 6 and x0 > 0
-    P.show_frame(views, (x0, y0, x1, y1))
-    assert views[0].mask.size == views[0].pivot.size == (x1 - x0, y1 - y0)
+    grid = views[0].mask.size
+    x0, y0, x1, y1 = logic.frame_box(st, 2)  # the third frame: first of the second row of two
+    assert x0 == 0 and 0 < y0 < grid[1] / 3 and 0 < x1 - x0 < grid[0] / 1.5
+    z = V.zoom_of((x0, y0, x1, y1))
+    V.show_frame(views, (x0, y0, x1, y1))
+    assert views[0].mask.size == views[0].pivot.size == ((x1 - x0) * z, (y1 - y0) * z)
     again, _ = logic.view(st, Settings(methods=("mi", "random"), budget=0.1))
-    P.show_frame(again, (x0, y0, x1, y1))
+    V.show_frame(again, (x0, y0, x1, y1))
     assert again[0].pivot is views[0].pivot  # the same crop object for the same picture: its file is reused
     with pytest.raises(UserError, match=r"frame must be in \[1, 8\], got 9"):
         logic.frame_box(st, 8)

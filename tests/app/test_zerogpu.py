@@ -117,18 +117,34 @@ def test_a_user_error_in_the_worker_reaches_the_page(zero):
         remote.encode(None, "shapes-llava", "image", EXAMPLE["path"], None, "   ")
 
 
-def test_a_session_pickles_without_its_lock_and_cap(hub):
+def test_a_session_pickles_with_its_entries_without_its_lock_and_cap(hub):
+    """What a worker hands back: a session HOLDING an encoding, its MI normalisers and an answer (not an
+    empty one) pickles without its lock and byte cap, and what it held serves the host unchanged."""
     import pickle
 
     from mipruner.session import Session
 
-    s = hub.get(None)[0].new_session()
+    engine = hub.get(None)[0]
+    s = engine.new_session()
     assert s.budget is hub.cache
-    back = pickle.loads(pickle.dumps(UIState(session=s)))
-    assert back.session.budget is None and back.session.uid == s.uid and back.session.lock is not s.lock
-    with back.session.lock:
+    key = engine.encode(s, EXAMPLE["path"], EXAMPLE["prompt"], methods=("mi",))
+    sel = engine.prune(s, key, "mi", 16)
+    ans = engine.generate(s, key, "mi", 16, max_new_tokens=4)
+    entry = s.entries[key]
+    assert entry.mi_cache and entry.answers and entry.encoded.n_visual > 16  # the state is not empty
+    back = pickle.loads(pickle.dumps(UIState(session=s, model="shapes-llava", key=key)))
+    bs = back.session
+    assert isinstance(bs, Session) and bs.budget is None and bs.uid == s.uid and bs.lock is not s.lock
+    with bs.lock:
         pass
-    assert isinstance(back.session, Session)
+    assert back.key == key and bs.keys() == [key]
+    got = bs.entries[key]
+    assert torch.equal(got.encoded.visual, entry.encoded.visual) and got.encoded.prompt == entry.encoded.prompt
+    assert sorted(map(repr, got.mi_cache)) == sorted(map(repr, entry.mi_cache))
+    assert {k: a.token_ids for k, a in got.answers.items()} == {k: a.token_ids for k, a in entry.answers.items()}
+    # the host reads the worker's cached answer without running the model, and prunes as before
+    assert engine.cached_answer(bs, key, "mi", 16, max_new_tokens=4).token_ids == ans.token_ids
+    assert torch.equal(engine.prune(bs, key, "mi", 16).keep, sel.keep)
     settings = Settings(methods=("mi", "dart"), budget=0.25, lam=0.5)
     assert pickle.loads(pickle.dumps(settings)).to_string() == settings.to_string()
 

@@ -66,6 +66,17 @@ def test_a_two_stage_method_in_a_few_lines(model, registered):
     sel = mipruner.select(ad, enc, "halves", 8, cache=c)
     assert sel.budget == 8 and [s.layer for s in sel.extras["stages"]] == [1, 2]
     assert all(s.renumber for s in sel.extras["stages"])
+    # the records as docs/plugins.md states them: .layer, and .rows the ascending sequence positions present
+    # from that layer on (the text's and the visual tokens kept); extras["layer"] the last stage's
+    from mipruner.inllm._prompt import prompt_of
+
+    p = prompt_of(ad, enc)
+    vis, n_text = p.visual_positions.cpu(), p.length - enc.n_visual
+    st = sel.extras["stages"]
+    assert [int(s.rows.numel()) for s in st] == [n_text + max(8, enc.n_visual // 2), n_text + 8]
+    assert all(s.rows.dtype == torch.long and bool((s.rows[1:] > s.rows[:-1]).all()) for s in st)
+    assert sorted(set(st[-1].rows.tolist()) & set(vis.tolist())) == sorted(vis[sel.keep.cpu()].tolist())
+    assert sel.extras["layer"] == 2
     full = mipruner.select(ad, enc, "halves", enc.n_visual, cache=c)
     assert mipruner.answer(ad, enc, full, max_new_tokens=4, cache=c).token_ids == \
         ad.generate(enc, max_new_tokens=4).token_ids
@@ -136,7 +147,16 @@ def test_misuse_is_one_sentence(model, registered):
         run.keep(view, view.visual[:budget], merge=Merge(vis[budget:budget + 1], vis[budget:], torch.zeros_like(vis[budget:])))
         return Selection.from_order(view.visual[:budget], torch.zeros(run.n_visual))
 
-    registered += ["no_keep", "absent", "liar", "merger"]
+    @register_inllm("descending")
+    def descending(run, budget):
+        view = run.at(2)
+        run.keep(view, view.visual[:budget])
+        view = run.at(1)
+
+    registered += ["no_keep", "absent", "liar", "merger", "descending"]
+    with pytest.raises(ValueError, match=r"stages must ascend: run.at\(1\) comes after the stage at layer 2; "
+                                         r"the next stage's layer must be in \[3, 3\]"):
+        mipruner.select(ad, enc, "descending", 4)
     with pytest.raises(ValueError, match="call run.keep"):
         mipruner.select(ad, enc, "no_keep", 4)
     with pytest.raises(ValueError, match="not present"):

@@ -12,6 +12,7 @@ import torch
 import mipruner
 from mipruner.media import Video
 from mipruner.models import FAMILIES
+from mipruner.pruners.video import NotApplicable
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from ..pruners.test_evs import vllm_mask
@@ -153,3 +154,18 @@ def test_per_frame_budgets_on_every_video_family(adapter, encoded, family):
             assert per.max() - per.min() <= 1
         assert mipruner.answer(a, e, sel, max_new_tokens=2).visual_tokens == k
     assert mipruner.select(a, e, "pool", e.n_visual, per_frame="even").keep.tolist() == list(range(e.n_visual))
+
+
+@pytest.mark.parametrize("family", [f for f in VIDEO_FAMILIES if f not in QWEN])
+def test_a_one_frame_video_is_a_sentence(adapter, family):
+    """A 1-frame video: EVS says it needs more frames; the per-frame option is the method alone (one frame, no
+    token outside it)."""
+    a = adapter(family)
+    e = a.encode(clip(1), PROMPT)
+    with pytest.raises(NotApplicable, match="this input has 1 frame"):
+        mipruner.select(a, e, "evs", 4)
+    k = max(1, e.n_visual // 2)
+    if bool((e.frame_index < 0).any()):  # OneVision's closing newline is in no frame: per frame, it goes first
+        return
+    assert torch.equal(mipruner.select(a, e, "similarity", k, per_frame="uniqueness").keep,
+                       mipruner.select(a, e, "similarity", k).keep)

@@ -321,3 +321,33 @@ def test_mean_weights_seeded_by_init_and_registered():
         extra = {"attention": torch.softmax(torch.randn(21, 21, generator=g), dim=-1)} if name == "mi_attention" else {}
         with pytest.raises(ValueError, match="mean_weights"):
             mipruner.prune(name, visual=V, text=T, budget=3, mean_weights="selected", **extra)
+
+
+@pytest.mark.parametrize("aggregation", ["max", "mean"])
+def test_minmax_entries_a_few_ulps_above_the_row_minimum_are_the_minimum(aggregation):
+    """The chunked self-PMI takes a row's minimum from one matrix product and its entries from another,
+    and on some CPUs the entry that is the minimum comes out an ulp or a few above it. Made here on any
+    CPU: the normalisers from the Gram matrix, then the matrix with each row's minimum raised by 1 to 4
+    ulps (the table reads cos[j, i] for row i's entry j). The redundancy table is the same bit for bit (the entries snap to the minimum:
+    p = 0, floored at tiny), not log p -17 instead of -87 for each row's least similar token."""
+    g = torch.Generator().manual_seed(21)
+    V = torch.randn(40, 8, generator=g)
+    sp = SelfPMI(V, 0.1, "minmax")
+    want = sp.table(aggregation).clone()
+    cos = sp.cos.clone()
+    low = cos.argmin(dim=1)
+    rows = torch.arange(cos.shape[0])
+    bumped = cos.clone()
+    for i, j in zip(rows.tolist(), low.tolist()):
+        v = cos[i, j]
+        for _ in range(1 + i % 4):
+            v = torch.nextafter(v, torch.tensor(math.inf))
+        bumped[j, i] = v
+    assert bool((bumped[low, rows] > cos[low, rows]).all())  # really above the minimum the stats hold
+    sp.cos = bumped
+    sp._dense.clear()
+    got = sp.table(aggregation)
+    assert torch.equal(got, want)
+    if aggregation == "max":  # each row's minimum is at the floor: log(tiny) + log N_V
+        floor = math.log(torch.finfo(torch.float32).tiny) + math.log(40)
+        assert torch.allclose(want[low, rows], torch.full((40,), floor), atol=1e-4)

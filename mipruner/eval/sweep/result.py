@@ -144,13 +144,17 @@ class SweepResult:
 
     def at_compute(self, share: float) -> list[dict]:
         """Per method, its overall row whose `flops` (share of the unpruned prefill FLOPs) is closest
-        to `share` (the first swept value on ties); its `value` says which budget that was. Rows
-        without a FLOPs figure (a model with no decoder to count) are left out."""
+        to `share` (the first swept value on ties); its `value` says which budget that was, and
+        `same_flops` lists the other swept values whose `flops` equal it exactly (e.g. a method that
+        withdraws every visual token at one layer costs the same at any budget). Rows without a FLOPs
+        figure (a model with no decoder to count) are left out."""
         out = []
         for m in self.sweep.methods:
             pts = [r for r in self.points(m) if _finite(r.get("flops")) is not None]
             if pts:
-                out.append(min(pts, key=lambda r: abs(r["flops"] - share)))
+                best = min(pts, key=lambda r: abs(r["flops"] - share))
+                out.append({**best, "same_flops": [r["value"] for r in pts
+                                                   if r is not best and r["flops"] == best["flops"]]})
         return out
 
     def table_at_compute(self, share: float) -> str:
@@ -158,7 +162,9 @@ class SweepResult:
         fmt = lambda v: "-" if v is None or isinstance(v, float) and math.isnan(v) else (  # noqa: E731
             f"{v:.3f}" if isinstance(v, float) else str(v))
         keys = ("acc", "f1", "yes_rate", "query_recall", "kept", "flops")
-        body = [[r["method"], fmt(r["value"]), *[fmt(r.get(k, math.nan)) for k in keys], str(r["n"])]
+        value = lambda r: fmt(r["value"]) + (f" (same FLOPs at {','.join(fmt(v) for v in r['same_flops'])})"  # noqa: E731
+                                             if r["same_flops"] else "")
+        body = [[r["method"], value(r), *[fmt(r.get(k, math.nan)) for k in keys], str(r["n"])]
                 for r in self.at_compute(share)]
         return table(body, ["method", f"{self.sweep.param} (at ~{100 * share:g}% FLOPs)", *keys, "n"])
 

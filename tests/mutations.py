@@ -1,0 +1,89 @@
+"""Re-check that the tests catch the bugs they were written for (issue 48, "Tests that catch what they claim").
+
+Each mutation is a bug made by hand: one text replacement in one file, found by its text (not a line
+number, so it follows the code when it moves). The script applies one, runs the test that must catch
+it, expects that test to FAIL, and puts the file back, whatever happens. Not part of the suite (pytest
+does not collect this file); run it from the repository root:
+
+    python tests/mutations.py            # every mutation; exit 1 when one survives or no longer applies
+    python tests/mutations.py rows warm  # those whose name starts with these words
+
+A mutation whose text is no longer in its file is reported as "gone" (the code changed: move the
+mutation with it). The table of mutations and catching tests is in docs/architecture.md ("Tests").
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, file, text, replaced by, the test that must fail)
+MUTATIONS = [
+    ("rows-boundary", "mipruner/models/common/rows.py", "lengths[i] >= RATIO * head", "lengths[i] > RATIO * head",
+     "tests/models/test_row_masks.py::test_a_row_on_the_ratio_boundary_joins_the_group"),
+    ("warm-top-bucket", "mipruner/warm_up.py", "range(1, int(rows) + 1)", "range(1, int(rows))",
+     "tests/test_warm_buckets.py::test_buckets_are_a_fixed_set"),
+    ("sweep-no-lock", "components/core/sweep_logic.py", "lock=engine.model_lock)", "lock=None)",
+     "tests/app/test_sweep_lock.py"),
+    ("files-hold-alone", "mipruner/files.py", "if nbytes > self.max_bytes - self.held:", "if nbytes > self.max_bytes:",
+     "tests/test_file_holds.py"),
+    ("files-prune-ignores-holds", "mipruner/files.py", "sum(f[1] for f in files) + self.held", "sum(f[1] for f in files)",
+     "tests/test_file_holds.py"),
+    ("paths-tolerance-x1000", "tests/paths.py", "return ulps * torch.finfo", "return 1000 * ulps * torch.finfo",
+     "tests/test_paths.py"),
+    ("mi-minmax-snap", "mipruner/pruners/mi.py",
+     "    diff = torch.where(diff > noise[:, None], diff, torch.zeros_like(diff))\n", "",
+     "tests/pruners/test_mi.py::test_minmax_entries_a_few_ulps_above_the_row_minimum_are_the_minimum"),
+    ("shares-by-tokens", "mipruner/answer_time.py", "flops = [row_prefill_flops(adapter.config, a.input_tokens) for a in answers]",
+     "flops = [a.input_tokens for a in answers]", "tests/test_answer_time.py::test_split_and_labels"),
+    ("mask-first-token-steps", "mipruner/models/common/rows.py", ">= (width - lengths)[:, None]",
+     "> (width - lengths)[:, None]", "tests/models/test_row_masks.py"),
+    ("mask-first-token-prefill", "mipruner/models/common/path.py", "mask[i, width - n:] = 1",
+     "mask[i, width - n + 1:] = 1", "tests/models/test_row_masks.py"),
+    ("mask-first-new-token", "mipruner/models/common/greedy.py", "mask = torch.cat([mask, mask.new_ones(n_rows, 1)], dim=1)",
+     "mask = torch.cat([mask, mask.new_ones(n_rows, 1) if n > 1 else mask.new_zeros(n_rows, 1)], dim=1)",
+     "tests/models/test_row_masks.py"),
+    ("zerogpu-empty-session", "mipruner/session.py", '        state["budget"] = None\n',
+     '        state["budget"] = None\n        state["entries"] = type(self.entries)()\n',
+     "tests/app/test_zerogpu.py::test_a_session_pickles_with_its_entries_without_its_lock_and_cap"),
+    ("compute-table-share", "mipruner/eval/runner.py", "else f\"{100 * r['flops']:.1f}%\"", "else f\"{r['flops']:.1f}%\"",
+     "tests/test_compute.py::test_equal_compute_picks_the_closest_budget"),
+    ("equal-compute-first-only", "mipruner/eval/runner.py", "tried, tied = [pick], same_compute(tried, pick)",
+     "tried, tied = [pick], []", "tests/test_compute.py::test_equal_compute_names_every_budget_of_the_same_compute"),
+    ("inline-unchecked", "mipruner/pruners/_registry.py", "return bool(self.origin) or not self.builtin",
+     "return bool(self.origin)", "tests/test_inline_contract.py::test_inline_and_plugin_methods_are_checked_alike"),
+]
+
+
+def run(name: str, path: str, old: str, new: str, test: str) -> str:
+    full = os.path.join(ROOT, path)
+    with open(full) as f:
+        original = f.read()
+    if original.count(old) != 1:
+        return "gone"
+    try:
+        with open(full, "w") as f:
+            f.write(original.replace(old, new))
+        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    finally:
+        with open(full, "w") as f:
+            f.write(original)
+    return "caught" if rc == 1 else ("SURVIVED" if rc == 0 else f"error (pytest exit {rc})")
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTATIONS if not argv or any(m[0].startswith(a) for a in argv)]
+    bad = 0
+    for name, path, old, new, test in chosen:
+        verdict = run(name, path, old, new, test)
+        bad += verdict != "caught"
+        print(f"{name:28s} {verdict:10s} {test}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
