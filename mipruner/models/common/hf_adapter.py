@@ -120,11 +120,7 @@ class ProcessorAdapter(Adapter):
         self.text_config = model.config.text_config
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-
-    @property
-    def max_positions(self) -> int:
-        """The model's context in positions (max_position_embeddings; 0: unknown)."""
-        return int(getattr(self.text_config, "max_position_embeddings", 0) or 0)
+        self.max_positions = int(getattr(self.text_config, "max_position_embeddings", 0) or 0)
 
     # -- loading -------------------------------------------------------------------------------
 
