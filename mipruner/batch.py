@@ -16,7 +16,11 @@ Falls back to one-by-one `mipruner.answer`:
   * in-LLM selections (stage "llm": FastV, DART) answer through their own layer loop, which prunes
     at layer K and reuses the per-encoding prefix in `cache`; batching them would need one padded
     prefix per kept set inside that loop, so each answers alone (the pre-LLM rows still batch);
-  * adapters that declare no batched decoder (`Adapter.batch_decoding` False, e.g. the dummy adapter).
+  * adapters whose `abilities` declare no batched decoder (`Abilities.batch_decoding` False, e.g. the
+    dummy adapter): declared per class, never probed.
+
+Generation options: `max_new_tokens` and the rest, or one `GenerationConfig` (`config=`), checked once
+here and passed down as that object.
 
 The prefill runs the rows as padded batches grouped by length (`mipruner/models/common/rows.py`): one
 view's six answers make the LLM process the rows' own lengths, with no mask over the whole batch.
@@ -36,6 +40,7 @@ from .answer_time import split_batch
 from .failures import guarded
 from .methods import answer
 from .models.base import Answer, Encoded
+from .models.common.generation import GenerationConfig
 from .pruners._registry import get_pruner
 from .pruners.selection import Selection
 from .pruners.signals import Signals, encode_kwargs
@@ -44,82 +49,92 @@ MAX_BATCH = 32  # rows per forward: more are split into several batches
 
 
 def _batches(adapter) -> bool:
-    """Whether the adapter declares a batched decoder (`Adapter.batch_decoding`)."""
-    return bool(getattr(adapter, "batch_decoding", False))
+    """Whether the adapter declares a batched decoder (`Adapter.abilities`)."""
+    return adapter.abilities.batch_decoding
 
 
 def _in_llm(selection: Selection | None) -> bool:
     return isinstance(selection, Selection) and bool(selection.method) and get_pruner(selection.method).stage == "llm"
 
 
-def _one(adapter, encoded: Encoded, selection, max_new_tokens: int, cache: dict | None, gen: dict) -> Answer:
+def _model_kw(positions: str | None) -> dict:
+    """The model-input keywords an answer passes on (`positions`: the LLaVA family's; only when given)."""
+    return {} if positions is None else {"positions": positions}
+
+
+def _one(adapter, encoded: Encoded, selection, config: GenerationConfig, cache: dict | None,
+         positions: str | None = None) -> Answer:
     if selection is None or isinstance(selection, Selection):
-        return answer(adapter, encoded, selection, max_new_tokens=max_new_tokens, cache=cache, **gen)
-    return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)  # kept indices
+        return answer(adapter, encoded, selection, cache=cache, config=config, positions=positions)
+    return adapter.generate(encoded, keep=selection, config=config, **_model_kw(positions))  # kept indices
 
 
-def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], max_new_tokens: int, max_batch: int,
-             gen: dict) -> list[Answer]:
+def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], config: GenerationConfig,
+             max_batch: int, positions: str | None = None) -> list[Answer]:
     out: list[Answer] = []
     for i in range(0, len(rows), max(1, int(max_batch))):
-        got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], max_new_tokens=max_new_tokens, **gen)
+        got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], config=config, **_model_kw(positions))
         out += split_batch(adapter, got)  # each answer's share of the batch's prefill (mipruner.answer_time)
     return out
 
 
-def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | None], *, max_new_tokens: int = 64,
-                 cache: dict | None = None, max_batch: int = MAX_BATCH, **gen) -> list[Answer]:
+def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | None], *,
+                 max_new_tokens: int | None = None, cache: dict | None = None, max_batch: int = MAX_BATCH,
+                 config: GenerationConfig | None = None, positions: str | None = None, **gen) -> list[Answer]:
     """The answers of `selections` (None: the unpruned answer; a Selection, or kept indices as
     `adapter.generate` takes them) of ONE encoding, in their order.
 
     Pre-LLM selections decode together, `max_batch` rows per forward; in-LLM ones and adapters
     without `generate_batch` answer one by one through `mipruner.answer` (module docstring).
-    `cache`: the encoding's dict, as for `mipruner.answer`. `gen`: what `adapter.generate` accepts
-    (greedy only).
+    `cache`: the encoding's dict, as for `mipruner.answer`. `config` or `gen`: what `adapter.generate`
+    accepts (a `GenerationConfig` or its fields; greedy only); `positions`: the LLaVA family's position rule.
     """
+    config = GenerationConfig.of(max_new_tokens, config, **gen)
     selections = list(selections)
     answers: list[Answer | None] = [None] * len(selections)
     batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
-        got = _batched(adapter, [(encoded, selections[i]) for i in batchable], max_new_tokens, max_batch, gen)
+        got = _batched(adapter, [(encoded, selections[i]) for i in batchable], config, max_batch, positions)
         for i, a in zip(batchable, got):
             answers[i] = a
     for i, s in enumerate(selections):
         if answers[i] is None:
-            answers[i] = _one(adapter, encoded, s, max_new_tokens, cache, gen)
+            answers[i] = _one(adapter, encoded, s, config, cache, positions)
     return answers
 
 
 def answer_batch_guarded(adapter, encoded: Encoded, selections: Sequence[Selection | None], *,
-                         max_new_tokens: int = 64, cache: dict | None = None, batch: bool = True
-                         ) -> tuple[list[Answer | None], list[str | None]]:
+                         max_new_tokens: int | None = None, cache: dict | None = None, batch: bool = True,
+                         config: GenerationConfig | None = None) -> tuple[list[Answer | None], list[str | None]]:
     """(answers, sentences) of `selections` as `answer_batch` gives them; when the batch raises (or
     batch=False) each selection answers alone, and one whose answer fails gets None and the sentence of
-    its failure (`mipruner.failures`): a broken method costs only its own answer."""
+    its failure (`mipruner.failures`): a broken method costs only its own answer. A bad generation
+    option raises here, before anything runs."""
+    config = GenerationConfig.of(max_new_tokens, config)
     selections = list(selections)
     if batch:
-        got, _ = guarded(None, lambda: answer_batch(adapter, encoded, selections, max_new_tokens=max_new_tokens,
-                                                    cache=cache))
+        got, _ = guarded(None, lambda: answer_batch(adapter, encoded, selections, cache=cache, config=config))
         if got is not None:
             return got, [None] * len(selections)
     out = [guarded(getattr(s, "method", None) or None, lambda s=s: answer(
-        adapter, encoded, s, max_new_tokens=max_new_tokens, cache=cache)) for s in selections]
+        adapter, encoded, s, cache=cache, config=config)) for s in selections]
     return [a for a, _ in out], [why for _, why in out]
 
 
-def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, max_new_tokens: int = 64,
-                 max_batch: int = MAX_BATCH, **gen) -> list[Answer]:
+def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, max_new_tokens: int | None = None,
+                 max_batch: int = MAX_BATCH, config: GenerationConfig | None = None, **gen) -> list[Answer]:
     """The answers of several (encoding, selection) rows, e.g. one selection per item of a batch of
     items, as batches of `max_batch` rows. In-LLM selections answer one by one (no shared cache)."""
+    config = GenerationConfig.of(max_new_tokens, config, **gen)
     rows = list(rows)
     answers: list[Answer | None] = [None] * len(rows)
     batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
-        for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], max_new_tokens, max_batch, gen)):
+        for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], config, max_batch)):
             answers[i] = a
     for i, (enc, s) in enumerate(rows):
         if answers[i] is None:
-            answers[i] = _one(adapter, enc, s, max_new_tokens, None, gen)
+            answers[i] = _one(adapter, enc, s, config, None)
     return answers
 
 
@@ -130,7 +145,7 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
     more of the encoder to record (`mipruner.signals_for(methods)`)."""
     items = list(items)
     kw = encode_kwargs(Signals.of(need_attention, signals))
-    if not adapter.batch_encoding:
+    if not adapter.abilities.batch_encoding:
         return [adapter.encode(m, p, text_mode=text_mode, **kw) for m, p in items]
     step = max(1, int(batch))
     out: list[Encoded] = []
@@ -139,10 +154,11 @@ def encode_items(adapter, items: Sequence[tuple], *, batch: int = MAX_BATCH, tex
     return out
 
 
-def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False):
+def use_decode_path(adapter, *, bucket: int = 0, static_cache: bool = False, compile: bool = False, buckets=None):
     """Choose the adapter's decoding path (`Adapter.use_decode_path`, kept in its `decode_state`;
     `mipruner/models/common/path.py`): all zero/False is the plain path (the default); e.g. `bucket=64,
-    static_cache=True` for the GPU path. Returns the adapter."""
-    return adapter.use_decode_path(bucket=bucket, static_cache=static_cache, compile=compile)
+    static_cache=True` for the GPU path; `buckets`: the declared shapes the compiled path compiles
+    (`mipruner.models.common.state.Buckets`; others run eagerly; None: each on first use). Returns the adapter."""
+    return adapter.use_decode_path(bucket=bucket, static_cache=static_cache, compile=compile, buckets=buckets)
 
 __all__ = ["MAX_BATCH", "answer_batch", "answer_batch_guarded", "answer_items", "encode_items", "use_decode_path"]

@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 
 from .compute import attach_compute
 from .models.base import Answer, Encoded
+from .models.common.generation import GenerationConfig
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
 from .pruners.batched import run_batch
 from .pruners.lam_rule import resolve_lam
@@ -148,18 +149,27 @@ def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, 
     return out  # type: ignore[return-value]
 
 
-def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int = 64,
-           cache: dict | None = None, **gen) -> Answer:
+def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int | None = None,
+           cache: dict | None = None, config: GenerationConfig | None = None, positions: str | None = None,
+           **gen) -> Answer:
     """Greedy answer of the LLM on `selection`'s kept tokens (None: all of them, the unpruned answer).
+    `config`: a `GenerationConfig`, or its fields as keywords (`max_new_tokens` None: 64), checked here
+    once and passed down as the object. `positions`: the LLaVA family's position rule ("compact" / "original").
 
     In-LLM methods answer through their registered `answer` (the LLM pruned at their layer, reusing
-    the prefix in `cache`); every other selection through `adapter.generate`.
+    the prefix in `cache`; they take `max_new_tokens` and `min_new_tokens`); every other selection
+    through `adapter.generate`.
     """
+    config = GenerationConfig.of(max_new_tokens, config, **gen)
     spec = get_pruner(selection.method) if selection is not None and selection.method else None
     if spec is not None and spec.stage == "llm":
+        if config != GenerationConfig(**config.answer_kwargs()):
+            raise ValueError(f"an in-LLM method ({selection.method}) answers with max_new_tokens and "
+                             "min_new_tokens only")
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
-        return spec.answer(adapter, encoded, selection, max_new_tokens=max_new_tokens, cache=sub, **gen)
-    return adapter.generate(encoded, keep=selection, max_new_tokens=max_new_tokens, **gen)
+        return spec.answer(adapter, encoded, selection, cache=sub, **config.answer_kwargs())
+    model_kw = {} if positions is None else {"positions": positions}
+    return adapter.generate(encoded, keep=selection, config=config, **model_kw)
 
 
 __all__ = ["answer", "encode_for", "needs_attention", "select", "select_batch", "signals_for"]

@@ -81,15 +81,15 @@ def test_the_compiled_qwen_step_compiles_once(paths, monkeypatch):
     compiled too: one graph per (rows, width) bucket of its groups, counted apart.)"""
     from torch._dynamo.testing import CompileCounter
 
-    from mipruner.models.common import greedy as P
+    from mipruner.models.common import decode as P
     from mipruner.models.common import rows as R
 
     ad, enc = _load(paths, "qwen2_vl")
     counter = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `common/greedy.compiled` passes to torch.compile
+    monkeypatch.setitem(P.COMPILE, "backend", counter)  # what `DecodeEngine.compiled` passes to torch.compile
     torch._dynamo.reset()
     use_decode_path(ad, bucket=16, static_cache=True, compile=True)
-    full = int(enc.state["input_ids"].numel())
+    full = enc.prompt_tokens
     buckets = set()
     for lengths in ([full, full - enc.n_visual + k] for k in (5, 9)):
         buckets |= {(R.batch_bucket(len(g)), R.round_up(max(lengths[i] for i in g), 16)) for g in R.groups(lengths, 16)}
@@ -156,9 +156,9 @@ def test_left_padded_batches_under_the_math_kernel_in_bf16(paths, fam):
         inputs = dict(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],
                       position_ids=b["position_ids"])
     else:
-        from mipruner.models.qwen.batch import padded_inputs
+        from mipruner.models.qwen.batch import pad_id, padded_inputs
 
-        b = padded_inputs(ad, [ad._llm_inputs(enc, r) for r in rows], 16 * -(-int(enc.state["input_ids"].numel()) // 16))
+        b = padded_inputs([ad.row_inputs(enc, r) for r in rows], 16 * -(-enc.prompt_tokens // 16), pad_id(ad))
         inputs = {k: b[k] for k in ("input_ids", "attention_mask", "position_ids", "mm_encoder_outputs")}
     assert int((b["attention_mask"] == 0).sum()) > 0  # some queries attend to nothing but pads
     first = ad.generate(enc, max_new_tokens=1).token_ids

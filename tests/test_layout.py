@@ -30,7 +30,8 @@ APP_ROOMS = {"page": True, "core": False, "hosting": False}  # folder -> may imp
 UI_ALLOWED = ("mipruner.engine", "mipruner.models.families", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
               "mipruner.session",
               "mipruner.export",
-              "mipruner.answer_time")  # what an answer of a batched call may show as its own time (no model code)
+              "mipruner.answer_time",  # what an answer of a batched call may show as its own time (no model code)
+              "mipruner.models.common.generation")  # the one GenerationConfig, which checks the answer length
 
 
 def layer_of(module: str) -> int | None:

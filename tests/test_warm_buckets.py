@@ -1,5 +1,5 @@
 """No compilation inside a request: after `mipruner.warm_up` on the compiled path (bucket 64, static cache,
-compile; backend: dynamo's CompileCounter, set in `common/greedy.COMPILE`, which runs each captured graph
+compile; backend: dynamo's CompileCounter, set in `common/decode.COMPILE`, which runs each captured graph
 eagerly), 20 requests with varied images, prompts, budgets and methods (each a first view: the unpruned
 answer with three methods' answers, then a slider move: the methods alone) capture no new graph; the
 shapes they ran are within the warm-up's fixed set, and the static caches held stay bounded."""
@@ -12,7 +12,7 @@ import torch
 
 from mipruner.batch import answer_batch
 from mipruner.methods import encode_for, select
-from mipruner.models.common import greedy as P
+from mipruner.models.common import decode as P
 from mipruner.models.common import rows as R
 from mipruner.testing import embedded_encoding
 from mipruner.warm_up import buckets, warm_up

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from mipruner.engine import MethodView, method_spec, method_specs
 from mipruner.media import is_video_path
+from mipruner.models.common.generation import GenerationConfig
 from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from ..hosting.hub import ModelHub
@@ -249,12 +250,11 @@ class AppLogic:
                           errors=(UserError,))
 
     def _max_new(self, max_new_tokens) -> int:
-        n = max_new_tokens or self.max_new_tokens
-        if not math.isfinite(float(n)):
-            raise UserError(f"max new tokens must be a finite number, got {n}")
-        if int(n) < 1:
-            raise UserError(f"max new tokens must be >= 1, got {int(n)}")
-        return int(n)
+        """The answer length, checked once, here, by the one GenerationConfig (the engine trusts it)."""
+        try:
+            return GenerationConfig(max_new_tokens=max_new_tokens or self.max_new_tokens).max_new_tokens
+        except ValueError as e:
+            raise UserError(str(e).replace("max_new_tokens", "max new tokens")) from None
 
     def _answers(self, state: UIState, settings: Settings, max_new_tokens: int | None, *, run: bool,
                  progress=None) -> dict:

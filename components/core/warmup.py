@@ -14,8 +14,9 @@ Until it is done the adapter stays on the plain path, so requests arriving meanw
 (they wait only while one batch of the warm-up holds the model: `Engine.model_lock`); then the
 decode path is switched under the model lock. Each step is published (`message`, read by the page's
 status line and the encode status), and a failure leaves the plain path with one sentence: the app
-never stops for it. A prompt longer than the warmed widths compiles on its first request; models loaded
-after start-up answer on the plain path.
+never stops for it. The shapes it compiled become the adapter's declared buckets (`mipruner.warm_up`):
+a request of any other shape (a prompt longer than the warmed widths, more rows, another answer length)
+runs eagerly, so no request compiles. Models loaded after start-up answer on the plain path.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ class WarmUp:
                         "answers run on the plain path meanwhile.")
             if self.state == "ready":
                 return (f"The compiled path is warm ({self.total} answer shapes compiled in {self.seconds:.0f} s); "
-                        "longer prompts compile on their first request.")
+                        "other shapes run uncompiled.")
             return f"The compiled path's warm-up failed ({self.why}), so answers run on the plain path."
 
     def note(self) -> str:

@@ -20,7 +20,7 @@ end, and LLM items/s = B / (time - encode - select).
 Decoding path (`--static-cache`, `--bucket`, `--compile`): the adapter's `DecodePath`; prompt
 lengths padded to multiples of `--bucket` (64), a static KV cache, and with `--compile` the packed
 prefill (at the bucketed length), the decoding step and, for an encoding that records nothing, the
-LLaVA-1.5 tower compiled (`common/greedy.compiled`: CUDA graphs on CUDA, nothing compiled off CUDA; each
+LLaVA-1.5 tower compiled (`common/decode.DecodeEngine.compiled`: CUDA graphs on CUDA, nothing compiled off CUDA; each
 new shape compiles once, in the warm-ups).
 `--view` runs only the app's view cells instead, as gpu-check's protocol times them
 (`view_runs`, which gpu-check's protocol also runs): one answer (the unpruned one) against the six answers of one view

@@ -20,6 +20,8 @@ from PIL import Image
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, resolve_block
 from ..pruners.video import token_frames
+from .common.request import RequestState
+from .common.state import Abilities
 
 
 @dataclass
@@ -116,7 +118,8 @@ class Encoded:
     signals: what this encoding recorded; encoder_depth: the vision encoder's blocks; encoder_block:
     the default block (whose attention is `attention`), when attention was recorded.
     frames: the original images / frames (PIL), for drawing masks.
-    state: adapter-private inputs needed by `generate` (ids, positions, ...). Do not rely on it.
+    state: the adapter's typed per-request state (`common.request.RequestState`, a family's subclass:
+    ids, positions, ...), read only under `mipruner/models/`; `prompt_tokens` is what others may read.
     An Encoded is treated as immutable once built (derived tensors are cached on it).
     """
 
@@ -134,7 +137,7 @@ class Encoded:
     keys: torch.Tensor | None = None
     has_cls: bool = False
     cls: torch.Tensor | None = None
-    state: dict[str, Any] = field(default_factory=dict, repr=False)
+    state: "RequestState | None" = field(default=None, repr=False)
     timings: dict[str, float] = field(default_factory=dict)
     features: torch.Tensor | None = None
     blocks: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -145,6 +148,11 @@ class Encoded:
     @property
     def n_visual(self) -> int:
         return int(self.visual.shape[0])
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The unpruned prompt's length in tokens, visual tokens included (0 when the adapter keeps no state)."""
+        return 0 if self.state is None else self.state.prompt_tokens
 
     def signal(self, name: str, layer: int | None = None) -> torch.Tensor | None:
         """Input `name` ("attention", "keys", "attention_heads") of encoder block `layer` (None: the default
@@ -265,16 +273,34 @@ class Adapter(abc.ABC):
     """
 
     family: str = ""
-    batch_decoding: bool = False  # whether `generate_batch` answers several (encoding, keep) rows as one batch
-    batch_encoding: bool = False  # whether `encode_batch` runs several items' vision towers as one call
+    abilities: Abilities = Abilities()  # declared per class (`Abilities`); read, never probed
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        for name in ("batch_decoding", "batch_encoding"):
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} sets `{name}`: declare it as `abilities = Abilities({name}=...)`")
+        if not isinstance(cls.abilities, Abilities):
+            raise TypeError(f"{cls.__name__}.abilities must be an Abilities, got {type(cls.abilities).__name__}")
+
+    batch_decoding = property(lambda self: self.abilities.batch_decoding)  # read-only, from `abilities`
+    batch_encoding = property(lambda self: self.abilities.batch_encoding)
 
     @functools.cached_property
     def decode_state(self):
-        """This adapter's decoding state (`common.state.DecodeState`: compiled functions, static caches,
-        the compiled path's shapes), made on first use."""
+        """This adapter's decoding state (`common.state.DecodeState`: the path, the declared buckets,
+        compiled functions, static caches, the compiled path's shapes), made on first use."""
         from .common.state import DecodeState
 
         return DecodeState()
+
+    @property
+    def decoder(self):
+        """The decoding engine of this adapter's model (`common.decode.DecodeEngine`), handed the model
+        and `decode_state`."""
+        from .common.decode import DecodeEngine
+
+        return DecodeEngine(self.model, self.decode_state)
 
     @property
     def decode_path(self):
@@ -282,14 +308,16 @@ class Adapter(abc.ABC):
         held in `decode_state`; chosen by `use_decode_path`."""
         return self.decode_state.path
 
-    def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False) -> "Adapter":
+    def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False,
+                        buckets=None) -> "Adapter":
         """Answer on this decoding path from now on (`mipruner/models/common/path.py`): all zero/False is the
-        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. Only an adapter that
-        declares `batch_decoding` has any other path (ValueError). Returns the adapter."""
-        if not self.batch_decoding:
+        plain path (the default); e.g. `bucket=64, static_cache=True` for the GPU path. `buckets`: the shapes
+        that compile (`common.state.Buckets`; others run eagerly; None: each on its first use). Only an adapter
+        whose `abilities` declare `batch_decoding` has another path (ValueError). Returns the adapter."""
+        if not self.abilities.batch_decoding and not (bucket == 0 and not static_cache and not compile):
             raise ValueError(f"the {self.family or type(self).__name__!r} adapter has no "
                              "batched decoder: it only decodes on the plain path")
-        self.decode_state.choose(bucket=bucket, static_cache=static_cache, compile=compile)
+        self.decode_state.choose(bucket=bucket, static_cache=static_cache, compile=compile, buckets=buckets)
         return self
 
     @classmethod
@@ -310,8 +338,10 @@ class Adapter(abc.ABC):
         """Logits (L, vocab) of one forward pass over the (pruned) prompt, float32 on the CPU."""
 
     @abc.abstractmethod
-    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
-        ...
+    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, *, config=None,
+                 **gen) -> Answer:
+        """Greedy answer on the kept tokens. `config`: a `common.generation.GenerationConfig` (validated
+        where the request entered, passed down as it is), or its fields as keywords (`GenerationConfig.of`)."""
 
     # -- what the in-LLM methods, the app and the benches need (defaults for transformers models) --
 

@@ -1,5 +1,5 @@
 """The compiled path's warm-up at start-up (components/core/warmup.py) on the embedded model: it compiles the
-shapes of the first views (backend: dynamo's CompileCounter, set in `common/greedy.COMPILE`, which runs the
+shapes of the first views (backend: dynamo's CompileCounter, set in `common/decode.COMPILE`, which runs the
 captured graphs eagerly), says so while it warms and then that it is ready, switches the model to the
 compiled path only at the end, and a visitor's first views then compile nothing new and answer as the
 plain path does (tie rule); a failure leaves the plain path with one sentence; the flag's choice."""
@@ -15,7 +15,7 @@ from components.hosting.hub import ModelHub
 from components.page.controls import DEFAULT_SHARE
 import mipruner
 from components.core.warmup import COMPILED, WarmUp, compile_choice
-from mipruner.models.common import greedy as P
+from mipruner.models.common import decode as P
 from mipruner.models.common.path import PLAIN, DecodePath
 from tests.models.batch_check import compare, one_by_one
 

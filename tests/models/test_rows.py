@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.models.common import greedy as P
+from mipruner.models.common import decode as P
 from mipruner.models.common.embeds_rows import rows_spec
 from mipruner.models.common import rows as R
 from mipruner.testing import embedded_encoding
@@ -58,7 +58,7 @@ class FirstLayerRows:
 @contextlib.contextmanager
 def compiled_path(adapter, monkeypatch):
     """The adapter on `DecodePath(bucket=64, static_cache=True, compile=True)` with dynamo's CompileCounter as
-    `common/greedy.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
+    `DecodeEngine.compiled`'s backend (it runs each captured graph eagerly: the capture is what is checked);
     yields the counter; afterwards the plain path, no compiled function kept, dynamo's caches reset."""
     from torch._dynamo.testing import CompileCounter
 
@@ -145,7 +145,7 @@ def test_the_prefill_compiles_once_per_bucket(embedded):
 
 def test_the_compiled_path_runs_prefill_and_steps_compiled(embedded, monkeypatch):
     """`DecodePath(bucket, static_cache, compile)`: the packed prefill and the decoding step go through
-    `torch.compile` (backend: CompileCounter, set in `common/greedy.COMPILE`); two kept counts of one bucket
+    `torch.compile` (backend: CompileCounter, set in `common/decode.COMPILE`); two kept counts of one bucket
     capture one prefill graph and one step graph (the step: one shape at every step), and the answers
     are the plain path's (tie rule)."""
     from .batch_check import compare
@@ -207,7 +207,7 @@ def test_qwen_prefill_compiles_once_per_bucket(qwen, kind):
 @pytest.mark.parametrize("kind", QWEN)
 def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
     """Qwen on `DecodePath(bucket, static_cache, compile)`: the prefill and the decoding step go through
-    `common/greedy.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
+    `DecodeEngine.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
     prefill graph per (rows, width) bucket and one step graph, and the answers are the plain path's
     (tie rule)."""
     from mipruner.batch import answer_batch
@@ -233,11 +233,11 @@ def test_static_caches_are_kept_per_shape(embedded):
     (same buffers for a compiled step), and only the last STATIC_CACHES shapes are held."""
     a, _ = embedded
     try:
-        view, move = P.static_cache(a, 5, 64), P.static_cache(a, 4, 64)
-        assert P.static_cache(a, 5, 64) is view and P.static_cache(a, 4, 64) is move and view is not move
-        others = [P.static_cache(a, 1, 64 * (i + 2)) for i in range(P.STATIC_CACHES - 1)]
-        assert P.static_cache(a, 4, 64) is move  # still held: the most recent shapes
-        assert P.static_cache(a, 5, 64) is not view  # the least recently used was dropped
+        view, move = a.decoder.static_cache(5, 64), a.decoder.static_cache(4, 64)
+        assert a.decoder.static_cache(5, 64) is view and a.decoder.static_cache(4, 64) is move and view is not move
+        others = [a.decoder.static_cache(1, 64 * (i + 2)) for i in range(P.STATIC_CACHES - 1)]
+        assert a.decoder.static_cache(4, 64) is move  # still held: the most recent shapes
+        assert a.decoder.static_cache(5, 64) is not view  # the least recently used was dropped
         assert len(a.decode_state.caches) == P.STATIC_CACHES and others
     finally:
         a.decode_state.caches.clear()
@@ -245,7 +245,7 @@ def test_static_caches_are_kept_per_shape(embedded):
 
 def test_the_tower_runs_compiled_when_nothing_is_recorded(embedded, monkeypatch):
     """On the compiled path an encoding that records nothing (no attention, no signal: e.g. MI's) runs
-    the vision tower through `common/greedy.compiled` (backend: CompileCounter): two images capture once, the
+    the vision tower through `DecodeEngine.compiled` (backend: CompileCounter): two images capture once, the
     tokens equal the eager tower's; an encoding that records attention runs the eager tower with its
     hooks (nothing captured)."""
     from PIL import Image

@@ -16,7 +16,8 @@ as one batch; compiled on `DecodePath(compile=True)` (shapes from a fixed set of
 generation arguments, or a generation config that adds logits processors, fall back to the padded
 batch through `generate`.
 
-Greedy only (`do_sample=False`). A row that reaches EOS is padded by `generate` while the others
+The generation options arrive as one `GenerationConfig` (validated where the request entered), resolved
+here against the model once. Greedy only (`do_sample=False`). A row that reaches EOS is padded by `generate` while the others
 go on; its answer is cut after its first EOS, where its unbatched run stopped. Timings are the
 batch's: every row's `prefill_s` / `decode_s` is the whole batch's prefill / decode time.
 """
@@ -27,9 +28,10 @@ import time
 import torch
 
 from . import greedy as P
-from .path import DecodePath, PrefillTimer, cuda_sync, eos_ids, left_pad, round_up, trim_at_eos
 from . import rows as R
-from .decode import decode, static_slots
+from .generation import GenerationConfig
+from .path import DecodePath, PrefillTimer, cuda_sync, left_pad, round_up, trim_at_eos
+from .state import static_slots
 from ..base import Answer, Encoded
 
 
@@ -48,45 +50,44 @@ def batch_inputs(adapter, rows: list[tuple[Encoded, object]], positions: str | N
 
 
 @torch.no_grad()
-def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: int = 64,
-                  positions: str | None = None, path: DecodePath | None = None, **gen) -> list[Answer]:
+def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: GenerationConfig,
+                  positions: str | None = None, path: DecodePath | None = None) -> list[Answer]:
     """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
     from transformers import LogitsProcessorList
 
     if not rows:
         return []
-    if int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     path = path or adapter.decode_path
-    gen = dict(gen)
-    if gen.pop("do_sample", False):
-        raise ValueError("batched decoding is greedy only (do_sample=False)")
-    if P.greedy_supported(adapter.model, gen):
-        return engine_rows(adapter, rows, max_new_tokens, positions, path, **gen)
+    config = config.resolve(adapter.model, adapter.tokenizer.pad_token_id)
+    if P.greedy_supported(adapter.model, config):
+        return engine_rows(adapter, rows, config, positions, path)
     b = batch_inputs(adapter, rows, positions, path.bucket)
     timer = PrefillTimer()
-    procs = LogitsProcessorList(list(gen.pop("logits_processor", None) or []) + [timer])
-    if adapter.tokenizer.pad_token_id is not None:
-        gen.setdefault("pad_token_id", adapter.tokenizer.pad_token_id)
-    eos = eos_ids(adapter.model, gen.get("eos_token_id"))
+    gen = config.generate_kwargs()
+    procs = LogitsProcessorList(list(config.logits_processor) + [timer])
     if path.static_cache:
         width = int(b["inputs_embeds"].shape[1])
-        gen.update(cache_implementation="static", max_cache_len=static_slots(width, max_new_tokens, path.bucket))
+        gen.update(cache_implementation="static",
+                   max_cache_len=static_slots(width, config.max_new_tokens, path.bucket))
     gen.setdefault("disable_compile", not path.compile)
     cuda_sync(adapter.device)
     t0 = time.perf_counter()
     out = adapter.model.generate(inputs_embeds=b["inputs_embeds"], attention_mask=b["attention_mask"],
-                                 position_ids=b["position_ids"], max_new_tokens=int(max_new_tokens),
-                                 do_sample=False, logits_processor=procs, **gen)
+                                 position_ids=b["position_ids"], logits_processor=procs, **gen)
     cuda_sync(adapter.device)
     t1 = time.perf_counter()
     first = timer.first if timer.first is not None else t1
+    return _answers(adapter, rows, b["lengths"], out.tolist(), config.eos, first - t0, t1 - first)
+
+
+def _answers(adapter, rows, lengths, token_rows, eos, prefill_s: float, decode_s: float) -> list[Answer]:
+    """Each row's answer: its tokens cut after the first EOS, the batch's timings."""
     answers = []
-    for (enc, _), n, ids in zip(rows, b["lengths"], out.tolist()):  # new tokens only (inputs_embeds input)
+    for (enc, _), n, ids in zip(rows, lengths, token_rows):  # new tokens only (inputs_embeds input)
         ids = trim_at_eos(ids, eos)
         answers.append(Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
                               input_tokens=n, visual_tokens=n - int(enc.text.shape[0]),
-                              prefill_s=first - t0, decode_s=t1 - first))
+                              prefill_s=prefill_s, decode_s=decode_s))
     return answers
 
 
@@ -111,28 +112,16 @@ def rows_spec(adapter, rows: list[tuple[Encoded, object]], positions: str | None
 
 
 @torch.no_grad()
-def engine_rows(adapter, rows, max_new_tokens: int, positions: str | None, path: DecodePath, **gen) -> list[Answer]:
+def engine_rows(adapter, rows, config: GenerationConfig, positions: str | None, path: DecodePath) -> list[Answer]:
     """Greedy answers of `rows` through the decoding engine (module docstring)."""
-    gen.pop("disable_compile", None)
-    eos = eos_ids(adapter.model, gen.pop("eos_token_id", None))
-    procs = list(gen.pop("logits_processor", None) or [])
-    min_new = int(gen.pop("min_new_tokens", 0) or 0)
-    pad = gen.pop("pad_token_id", None)
-    pad = adapter.tokenizer.pad_token_id if pad is None else pad
-    pad = eos[0] if pad is None and eos else (pad or 0)
+    config = config.resolve(adapter.model, adapter.tokenizer.pad_token_id)  # as it is when already resolved
     cuda_sync(adapter.device)
     t0 = time.perf_counter()
     spec = rows_spec(adapter, rows, positions)
-    ids, first = decode(adapter, spec, max_new_tokens, path, eos, procs, min_new, pad)
+    ids, first = adapter.decoder.decode(spec, config, path)
     cuda_sync(adapter.device)
     t1 = time.perf_counter()
-    answers = []
-    for (enc, _), n, row in zip(rows, spec.lengths, ids):
-        row = trim_at_eos(row, eos)
-        answers.append(Answer(text=adapter.tokenizer.decode(row, skip_special_tokens=True), token_ids=row,
-                              input_tokens=n, visual_tokens=n - int(enc.text.shape[0]),
-                              prefill_s=first - t0, decode_s=t1 - first))
-    return answers
+    return _answers(adapter, rows, spec.lengths, ids, config.eos, first - t0, t1 - first)
 
 
 __all__ = ["batch_inputs", "engine_rows", "generate_rows", "rows_spec"]

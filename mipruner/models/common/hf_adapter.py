@@ -39,7 +39,9 @@ from ...pruners.selection import Selection, check_choice
 from .path import PrefillTimer, cuda_sync
 from ...pruners.signals import Signals
 from .signals import encoded_fields
-from ..base import Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
+from ..base import Abilities, Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
+from .generation import GenerationConfig
+from .request import ProcessorState
 from .text import TEXT_MODES, text_mask
 
 POSITIONS = ("compact", "original")
@@ -104,7 +106,7 @@ class ProcessorAdapter(Adapter):
 
     model_class_name = ""
     default_frames = 8  # frames sampled from a video (Video-LLaVA)
-    batch_decoding = True  # `generate_batch`: the decoding engine
+    abilities = Abilities(batch_decoding=True)  # `generate_batch`: the decoding engine
 
     def __init__(self, model, processor, tokenizer, image_processor, *, name: str = "",
                  positions: str = "compact"):
@@ -215,9 +217,9 @@ class ProcessorAdapter(Adapter):
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids)
         tmask = text_mask(tokens, offsets, source, prompt, text_mode)
         cuda_sync(self.device)
-        state = dict(input_ids=ids.to(self.device), visual_positions=torch.nonzero(vis_mask).flatten().to(self.device),
-                     ref=out.get("ref", {}),
-                     templated=templated, **out.get("state", {}))
+        state = ProcessorState(input_ids=ids.to(self.device),
+                               visual_positions=torch.nonzero(vis_mask).flatten().to(self.device),
+                               ref=out.get("ref", {}), templated=templated, extra=dict(out.get("state", {})))
         return Encoded(model=self.name, prompt=prompt, visual=visual, geometry=out["geometry"], text=embeds,
                        text_tokens=tokens, text_mask=tmask, text_mode=text_mode, frames=out["frames"],
                        is_video=out.get("is_video", False), attention=out.get("attention"),
@@ -249,7 +251,7 @@ class ProcessorAdapter(Adapter):
         positions = check_choice("positions", positions or self.positions, POSITIONS)
         idx = keep_indices(keep, encoded.n_visual, allow_prefix=True)
         st = encoded.state
-        ids, vpos = st["input_ids"], st["visual_positions"]
+        ids, vpos = st.input_ids, st.visual_positions
         L, d = int(ids.numel()), encoded.visual.shape[-1]
         visual = encoded.visual
         if isinstance(keep, Selection) and keep.tokens is not None:
@@ -293,13 +295,14 @@ class ProcessorAdapter(Adapter):
         embeds = self.pruned_inputs(encoded, None)["inputs_embeds"]  # (1, L, d)
         pos = torch.arange(int(embeds.shape[1]), device=embeds.device).unsqueeze(0)  # (1, L)
         return LLMInputs(embeds=embeds, rope_positions=pos, layer_positions=pos,
-                         visual_positions=encoded.state["visual_positions"].to(embeds.device),
+                         visual_positions=encoded.state.visual_positions.to(embeds.device),
                          next_position=int(embeds.shape[1]))
 
     @torch.no_grad()
-    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, positions: str | None = None,
-                 **gen) -> Answer:
-        """Greedy by default (`do_sample=False`); other `generate` kwargs pass through.
+    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, positions: str | None = None,
+                 *, config: GenerationConfig | None = None, **gen) -> Answer:
+        """Greedy (`do_sample=False`) through the model's own `generate`: `config` (a `GenerationConfig`)
+        or its fields as keywords (`max_new_tokens` None: 64), other `generate` keywords pass through.
 
         prefill_s: from the call to the first logits (timestamped by a LogitsProcessor, i.e. after
         the prefill forward); decode_s: the rest. A non-plain `decode_path` answers through the
@@ -307,22 +310,20 @@ class ProcessorAdapter(Adapter):
         """
         from transformers import LogitsProcessorList
 
+        config = GenerationConfig.of(max_new_tokens, config, **gen)
         if not self.decode_path.plain:
-            return self.generate_batch([(encoded, keep)], max_new_tokens, positions=positions, **gen)[0]
-        if int(max_new_tokens) < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            return self.generate_batch([(encoded, keep)], positions=positions, config=config)[0]
         p = self.pruned_inputs(encoded, keep, positions)
         timer = PrefillTimer()
-        gen = dict(gen)
-        gen.setdefault("do_sample", False)
-        procs = LogitsProcessorList(list(gen.pop("logits_processor", None) or []) + [timer])
+        gen = config.generate_kwargs()
+        procs = LogitsProcessorList(list(config.logits_processor) + [timer])
         if self.tokenizer.pad_token_id is not None:
             gen.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         kw = {} if p["position_ids"] is None else {"position_ids": p["position_ids"]}
         cuda_sync(self.device)
         t0 = time.perf_counter()
         out = self.model.generate(inputs_embeds=p["inputs_embeds"], attention_mask=p["attention_mask"],
-                                  max_new_tokens=int(max_new_tokens), logits_processor=procs, **kw, **gen)
+                                  logits_processor=procs, **kw, **gen)
         cuda_sync(self.device)
         t1 = time.perf_counter()
         first = timer.first if timer.first is not None else t1
@@ -332,11 +333,14 @@ class ProcessorAdapter(Adapter):
                       visual_tokens=int(p["inputs_embeds"].shape[1]) - int(encoded.text.shape[0]),
                       prefill_s=first - t0, decode_s=t1 - first)
 
-    def generate_batch(self, rows, max_new_tokens: int = 64, positions: str | None = None, **gen) -> list[Answer]:
-        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`)."""
+    def generate_batch(self, rows, max_new_tokens: int | None = None, positions: str | None = None, *,
+                       path=None, config: GenerationConfig | None = None, **gen) -> list[Answer]:
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`);
+        `config` or its fields as keywords, as `generate`; `path`: a DecodePath (None: `decode_path`)."""
         from .embeds_rows import generate_rows
 
-        return generate_rows(self, list(rows), max_new_tokens, positions=positions, **gen)
+        return generate_rows(self, list(rows), GenerationConfig.of(max_new_tokens, config, **gen), positions,
+                             path or self.decode_path)
 
 
 def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]) -> torch.Tensor:

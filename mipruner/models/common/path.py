@@ -57,13 +57,6 @@ def round_up(n: int, multiple: int) -> int:
     return n if multiple <= 0 else -(-int(n) // multiple) * multiple
 
 
-def eos_ids(model, eos) -> list[int]:
-    """The EOS ids to stop at: `eos` (int, list or None = the model's generation config)."""
-    if eos is None:
-        eos = model.generation_config.eos_token_id
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in (eos or [])]
-
-
 def trim_at_eos(ids: list[int], eos: list[int]) -> list[int]:
     """`ids` up to and including the first EOS (what an unbatched run stops at)."""
     for i, t in enumerate(ids):
@@ -85,7 +78,7 @@ def left_pad(rows: list[torch.Tensor], width: int, fill) -> tuple[torch.Tensor, 
     return out, mask
 
 
-__all__ = ["DecodePath", "PLAIN", "eos_ids", "left_pad", "round_up", "trim_at_eos"]
+__all__ = ["DecodePath", "PLAIN", "left_pad", "round_up", "trim_at_eos"]
 
 
 class PrefillTimer:

@@ -23,10 +23,9 @@ import torch
 
 from ...media import Video, load_media
 from ...pruners.signals import Signals
-from ..base import LazyGeometry, TokenGeometry
+from ..base import Abilities, LazyGeometry, TokenGeometry
 from ..common import clip_attention as A
 from ..common import hf_adapter as C
-from ..common import greedy as P
 from . import short_tower as T
 from . import geometry as G
 
@@ -36,7 +35,8 @@ TEXT_ROOM = 512  # positions a video's frames leave free for the prompt and the 
 
 class LlavaAdapter(C.ProcessorAdapter):
     family = "llava"
-    batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call
+    # `generate_batch` (the decoding engine); `encode_batch`: the single images of a batch in one tower call
+    abilities = Abilities(batch_decoding=True, batch_encoding=True)
     model_class_name = "LlavaForConditionalGeneration"
     default_frames = 8  # a video is read as this many evenly sampled frames, each one an image
 
@@ -102,9 +102,9 @@ class LlavaAdapter(C.ProcessorAdapter):
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         extra = {"image_sizes": inputs["image_sizes"]} if "image_sizes" in inputs else {}
         if self.decode_path.compile and not (want.attention or want.extra or extra):
-            # nothing recorded: the tower runs compiled, as the packed prefill does (`common/greedy.compiled`:
-            # CUDA graphs on CUDA, one per batch size); the outputs are cloned out of the graph's memory
-            feats = P.compiled(self, "tower", image_features)(self.model, pixels)
+            # nothing recorded: the tower runs compiled, as the packed prefill does (`DecodeEngine.compiled`:
+            # CUDA graphs on CUDA, one per declared image count, others eager); outputs cloned out of the graph
+            feats = self.decoder.compiled("tower", image_features, (int(pixels.shape[0]),))(self.model, pixels)
             return SimpleNamespace(pooler_output=[f.clone() for f in feats]), None
         tower = self.model.model.vision_tower
         with A.record(tower, want, self.config.vision_feature_layer, self.model.model.multi_modal_projector) as rec:

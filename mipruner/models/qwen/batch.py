@@ -13,8 +13,10 @@ On the compiled path the visual rows are placed before the compiled forward (`pr
 What differs from the LLaVA family is given to the engine (`rows.Rows`): these inputs and Qwen's
 position rule. Decoding continues every row at ITS unpruned max position + 1 (`next_position`: rows
 of different encodings have different starts; `rope_deltas` is never used because positions are
-always passed), written (3, B, 1) for M-RoPE. `logits_processor`: callables (generated ids (B, t),
-scores (B, V)) -> scores, applied before the argmax. Timings are the batch's.
+always passed), written (3, B, 1) for M-RoPE. The generation options arrive as one `GenerationConfig` (greedy; any
+`extra` transformers argument is refused: Qwen never answers through `generate`). The `Rows` callbacks
+close over plain data (each row's inputs, the pad id, the placeholder ids, the embedding module), never
+over the adapter. `Qwen2VLAdapter.generate` is a batch of one of these. Timings are the batch's.
 """
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ import time
 
 import torch
 
-from ..common.path import DecodePath, eos_ids, trim_at_eos
+from ..common.generation import GenerationConfig
+from ..common.path import DecodePath, trim_at_eos
 from ..base import Answer, Encoded, keep_indices
 from ..common import rows as R
-from ..common.decode import decode
 from .prefill import placed_embeds, placed_prefill
 
 
@@ -49,10 +51,10 @@ def pad_id(adapter) -> int:
     return pad
 
 
-def padded_inputs(adapter, ins: list[dict], width: int) -> dict:
+def padded_inputs(ins: list[dict], width: int, pad: int) -> dict:
     """input_ids (n, W), position_ids (3, n, W), attention_mask (n, W) and mm_encoder_outputs of the rows'
-    `_llm_inputs` `ins`, left-padded to `width`."""
-    ids, mask = R.left_pad([x["input_ids"][0] for x in ins], width, pad_id(adapter))
+    inputs `ins` (`Qwen2VLAdapter.row_inputs`), left-padded to `width` with the token `pad`."""
+    ids, mask = R.left_pad([x["input_ids"][0] for x in ins], width, pad)
     pos, _ = R.left_pad([x["position_ids"][:, 0].T for x in ins], width, 0)  # (n, W, 3)
     by_modality: dict = {}
     for x in ins:
@@ -72,12 +74,15 @@ def mm_prefill(model, x: dict):
 def rows_spec(adapter, rows: list[tuple[Encoded, object]], compiled: bool = False) -> R.Rows:
     """The rows for the decoding engine: Qwen's padded inputs (the visual rows placed before the forward
     when `compiled`), its prefill, each row's decoding start and M-RoPE step positions (3, B, 1)."""
-    ins = [adapter._llm_inputs(enc, keep) for enc, keep in rows]
+    ins = [adapter.row_inputs(enc, keep) for enc, keep in rows]
     lengths = [int(x["input_ids"].shape[1]) for x in ins]
+    pad = pad_id(adapter)
+    embed = adapter.model.get_input_embeddings()
+    tokens = {"image": int(adapter.config.image_token_id), "video": int(adapter.config.video_token_id)}
 
     def inputs(idx: list[int], width: int) -> dict:
-        x = padded_inputs(adapter, [ins[i] for i in idx], width)
-        return placed_embeds(adapter, x) if compiled else x
+        x = padded_inputs([ins[i] for i in idx], width, pad)
+        return placed_embeds(embed, tokens, x) if compiled else x
 
     device = ins[0]["input_ids"].device
     starts = torch.tensor([adapter.next_position(enc) for enc, _ in rows], dtype=torch.long, device=device)
@@ -86,33 +91,27 @@ def rows_spec(adapter, rows: list[tuple[Encoded, object]], compiled: bool = Fals
 
 
 @torch.no_grad()
-def generate_rows(adapter, rows: list[tuple[Encoded, object]], max_new_tokens: int = 64,
-                  path: DecodePath | None = None, **gen) -> list[Answer]:
+def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: GenerationConfig,
+                  path: DecodePath | None = None) -> list[Answer]:
     """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
     if not rows:
         return []
+    if config.extra:
+        raise ValueError(f"unsupported generation arguments: {sorted(config.extra)}; supported: max_new_tokens, "
+                         f"min_new_tokens, eos_token_id, pad_token_id, logits_processor")
     path = path or adapter.decode_path
-    gen = dict(gen)
-    if gen.pop("do_sample", False):
-        raise ValueError("only greedy decoding is supported (do_sample=False)")
-    eos = eos_ids(adapter.model, gen.pop("eos_token_id", None))
-    procs = list(gen.pop("logits_processor", None) or [])
-    if gen:
-        raise ValueError(f"unsupported generation arguments: {sorted(gen)}; supported: max_new_tokens, "
-                         f"eos_token_id, do_sample=False, logits_processor")
-    if int(max_new_tokens) < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    config = config.resolve(adapter.model, pad_id(adapter))
     t0 = time.perf_counter()
     spec = rows_spec(adapter, rows, compiled=path.compile)
     top = int(spec.next_pos.max())
-    if top + max_new_tokens > adapter._max_positions():
-        raise ValueError(f"prompt ({top} positions) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's context {adapter._max_positions()}")
-    ids, t1 = decode(adapter, spec, max_new_tokens, path, eos, procs, 0, pad_id(adapter))
+    if top + config.max_new_tokens > adapter.max_positions:
+        raise ValueError(f"prompt ({top} positions) + max_new_tokens ({config.max_new_tokens}) exceeds "
+                         f"the model's context {adapter.max_positions}")
+    ids, t1 = adapter.decoder.decode(spec, config, path)
     t2 = time.perf_counter()
     answers = []
     for (enc, keep), n, row in zip(rows, spec.lengths, ids):
-        row = trim_at_eos(row, eos)
+        row = trim_at_eos(row, config.eos)
         n_vis = enc.n_visual if keep is None else int(keep_indices(keep, enc.n_visual).numel())
         answers.append(Answer(text=adapter.tokenizer.decode(row, skip_special_tokens=True), token_ids=row,
                               input_tokens=n, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1))

@@ -30,19 +30,19 @@ import torch
 from ..common.rows import embeds_prefill
 
 
-def placed_embeds(adapter, pk: dict) -> dict:
+def placed_embeds(embed, tokens: dict, pk: dict) -> dict:
     """The prefill's inputs (`batch.padded_inputs`) with the visual rows placed: inputs_embeds (n, W, d),
     attention_mask, position_ids (3, n, W) and `deepstack` (Qwen3-VL: one (n, W, d) tensor per injected
-    layer; else None)."""
-    model = adapter.model
+    layer; else None). embed: the model's input embeddings; tokens: {"image": id, "video": id}, the
+    placeholder ids."""
     ids = pk["input_ids"]
-    embeds = model.get_input_embeddings()(ids)
+    embeds = embed(ids)
     deep: list[torch.Tensor] | None = None
-    for modality, token in (("image", adapter.config.image_token_id), ("video", adapter.config.video_token_id)):
+    for modality in ("image", "video"):
         out = pk["mm_encoder_outputs"].get(modality)
         if out is None:
             continue
-        where = (ids == token).unsqueeze(-1)  # (n, W, 1): the placeholders, in row-major order
+        where = (ids == tokens[modality]).unsqueeze(-1)  # (n, W, 1): the placeholders, in row-major order
         rows = torch.cat(tuple(out.pooler_output), dim=0).to(embeds.device, embeds.dtype)
         embeds = embeds.masked_scatter(where, rows)
         features = getattr(out, "deepstack_features", None)

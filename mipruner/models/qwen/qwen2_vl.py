@@ -7,10 +7,11 @@ How pruning reaches the model, through public inputs only:
   * the LLM runs on `input_ids` with the dropped placeholder tokens removed, the kept visual rows
     passed as `mm_encoder_outputs` (the model scatters them into the remaining placeholders), and
     `position_ids` passed explicitly, so `get_rope_index` is never re-run on the pruned sequence;
-  * decoding is our own greedy loop over `past_key_values` with explicit positions that continue
-    from the UNPRUNED max position + 1 (rope_deltas as for the unpruned length). `generate()` is
-    not used because it recomputes positions from the (pruned) input ids and keeps `rope_deltas`
-    as hidden model state; with keep=None the loop gives the same tokens as `model.generate`.
+  * decoding is the decoding engine's greedy loop (`common/decode.DecodeEngine`; one answer is a
+    batch of one, `batch.py`) over `past_key_values` with explicit positions that continue from the
+    UNPRUNED max position + 1 (rope_deltas as for the unpruned length). `generate()` is not used
+    because it recomputes positions from the (pruned) input ids and keeps `rope_deltas` as hidden
+    model state; with keep=None the engine gives the same tokens as `model.generate`.
 
 Preprocessing does not need torchvision: hub checkpoints carry a video processor config whose
 processor class imports torchvision, so `AutoProcessor` fails here. We build the inputs from the
@@ -29,7 +30,9 @@ from ...pruners.selection import Selection
 from . import attention as QA, encode_batch as QE, video as QV
 from .attention import merge_attention
 from .video import read_json, smart_resize
-from ..base import Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from ..base import Abilities, Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
+from ..common.generation import GenerationConfig
+from ..common.request import QwenState
 from ...pruners.signals import Signals
 from ..common.text import text_mask
 
@@ -40,9 +43,9 @@ class Qwen2VLAdapter(Adapter):
     family = "qwen2_vl"
     qwen3 = False  # which official video processor the settings and rules follow
     attention_layer = -2  # ViT block whose attention `need_attention` returns (VisionZip's L-2)
-    batch_decoding = True  # `generate_batch`: the decoding engine
-    batch_encoding = True  # `encode_batch`: the single images of a batch in one tower call (encode_batch.py)
-    device = property(lambda self: self.model.device)  # where the model runs (`common/greedy.compiled` reads it)
+    # `generate_batch`: the decoding engine; `encode_batch`: the single images of a batch in one tower call
+    abilities = Abilities(batch_decoding=True, batch_encoding=True)
+    device = property(lambda self: self.model.device)  # where the model runs
 
     def __init__(self, model, tokenizer, image_processor, video_config: dict, name: str = ""):
         self.model = model.eval()
@@ -108,7 +111,9 @@ class Qwen2VLAdapter(Adapter):
         return {}
 
     # ------------------------------------------------------------------ encode
-    def _max_positions(self) -> int:
+    @property
+    def max_positions(self) -> int:
+        """The model's context in positions (max_position_embeddings)."""
         return int(self.config.text_config.max_position_embeddings)
 
     def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
@@ -140,9 +145,9 @@ class Qwen2VLAdapter(Adapter):
             vision = {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
         enc = self.tokenizer(text, return_offsets_mapping=True, return_tensors="pt")
         ids = enc["input_ids"]  # (1, L)
-        if ids.shape[1] > self._max_positions():
+        if ids.shape[1] > self.max_positions:
             raise ValueError(f"prompt too long: {ids.shape[1]} tokens with the visual tokens, the model's "
-                             f"context is {self._max_positions()}")
+                             f"context is {self.max_positions}")
         token_id = self.config.video_token_id if is_video else self.config.image_token_id
         mm_types = torch.zeros_like(ids, dtype=torch.int32)
         mm_types[ids == self.config.image_token_id] = 1
@@ -177,14 +182,14 @@ class Qwen2VLAdapter(Adapter):
         tokens = self.tokenizer.convert_ids_to_tokens(text_ids.tolist())
         geometry, shown = self._geometry(grid, frames, (rh, rw), is_video)
 
-        state = {"input_ids": ids, "mm_token_type_ids": mm_types, "positions": positions.cpu(),
-                 "rope_deltas": rope_deltas.cpu(), "visual_positions": vis_pos, "modality": kind,
-                 "vision_inputs": {k: v.cpu() for k, v in vision.items()}, "rope_kwargs": rope_kwargs,
-                 "templated": text, "sampled_frames": frames, "frame_indices": indices}
+        state = QwenState(input_ids=ids, mm_token_type_ids=mm_types, positions=positions.cpu(),
+                          rope_deltas=rope_deltas.cpu(), visual_positions=vis_pos, modality=kind,
+                          vision_inputs={k: v.cpu() for k, v in vision.items()}, rope_kwargs=rope_kwargs,
+                          templated=text, sampled_frames=frames, frame_indices=indices)
         if is_video:
             # token-frame t -> its T sampled frames (the last one repeated where the video was padded)
-            state["frame_groups"] = [[min(i + j, len(frames) - 1) for j in range(self.temporal)]
-                                     for i in range(0, len(frames), self.temporal)]
+            state.frame_groups = [[min(i + j, len(frames) - 1) for j in range(self.temporal)]
+                                  for i in range(0, len(frames), self.temporal)]
         self._extra_state(feats, state)
         return Encoded(
             model=self.name, prompt=prompt, visual=visual.detach(), geometry=geometry, text=text_emb.detach(),
@@ -198,7 +203,7 @@ class Qwen2VLAdapter(Adapter):
         """`encode` of several (media, prompt) items, the single images in ONE tower call (`encode_batch.py`)."""
         return QE.encode_batch(self, items, **kw)
 
-    def _extra_state(self, feats, state: dict) -> None:
+    def _extra_state(self, feats, state: QwenState) -> None:
         """Family-specific outputs of the feature method to keep (Qwen3-VL: deepstack)."""
 
     def _geometry(self, grid: torch.Tensor, frames, resized: tuple[int, int], is_video: bool):
@@ -233,11 +238,12 @@ class Qwen2VLAdapter(Adapter):
         return QA.capture(self, vision, store, enabled, blocks)
 
     # ------------------------------------------------------------------ LLM
-    def _llm_inputs(self, encoded: Encoded, keep) -> dict:
-        """Model kwargs for one prefill over the kept visual tokens (all when keep is None)."""
+    def row_inputs(self, encoded: Encoded, keep) -> dict:
+        """Model kwargs for one prefill over the kept visual tokens (all when keep is None): one row of
+        the decoding engine (`batch.rows_spec`)."""
         st = encoded.state
         idx = keep_indices(keep, encoded.n_visual)
-        ids, positions, vis_pos = st["input_ids"], st["positions"], st["visual_positions"]
+        ids, positions, vis_pos = st.input_ids, st.positions, st.visual_positions
         if idx is None:
             idx = torch.arange(encoded.n_visual)
         rows = encoded.visual[idx]
@@ -253,8 +259,10 @@ class Qwen2VLAdapter(Adapter):
         out = {"input_ids": ids[:, seq_keep].to(device),
                "position_ids": positions[:, :, seq_keep].to(device),  # gathered, not recomputed
                "attention_mask": torch.ones(1, int(seq_keep.sum()), dtype=torch.long, device=device),
-               "mm_encoder_outputs": {st["modality"]: self._encoder_outputs(encoded, rows, idx)}}
+               "mm_encoder_outputs": {st.modality: self._encoder_outputs(encoded, rows, idx)}}
         return out
+
+    _llm_inputs = row_inputs  # the name the tests and the in-LLM tests use
 
     def _encoder_outputs(self, encoded: Encoded, rows: torch.Tensor, idx: torch.Tensor):
         from transformers.modeling_outputs import BaseModelOutputWithPooling
@@ -262,7 +270,7 @@ class Qwen2VLAdapter(Adapter):
 
     def next_position(self, encoded: Encoded) -> int:
         """First decoding position: the UNPRUNED max position + 1 (= L_full + rope_delta)."""
-        return int(encoded.state["positions"].max()) + 1
+        return int(encoded.state.positions.max()) + 1
 
     def llm_inputs(self, encoded: Encoded) -> LLMInputs:
         """`embed_tokens(input_ids)` with the visual rows written at the placeholders (what the model's
@@ -271,82 +279,37 @@ class Qwen2VLAdapter(Adapter):
         position + 1; Qwen3-VL: the deepstack features."""
         st = encoded.state
         device = self.model.device
-        ids = st["input_ids"].to(device)  # (1, L)
-        vis = st["visual_positions"].to(device)  # (N_V,)
+        ids = st.input_ids.to(device)  # (1, L)
+        vis = st.visual_positions.to(device)  # (N_V,)
         embeds = self.model.get_input_embeddings()(ids)  # (1, L, d)
         embeds[0, vis] = encoded.visual.to(device, embeds.dtype)
-        deepstack = st.get("deepstack")
+        deepstack = st.deepstack
         if deepstack is not None:
             deepstack = [f.to(device, embeds.dtype) for f in deepstack]
-        return LLMInputs(embeds=embeds, rope_positions=st["positions"].to(device), layer_positions=None,
+        return LLMInputs(embeds=embeds, rope_positions=st.positions.to(device), layer_positions=None,
                          visual_positions=vis, next_position=self.next_position(encoded), deepstack=deepstack)
 
     def fixed_length_kwargs(self, n: int) -> dict:
-        return {"eos_token_id": []}  # our greedy loop: no EOS, so it decodes max_new_tokens
+        return {"eos_token_id": []}  # the engine's greedy loop: no EOS, so it decodes max_new_tokens
 
     @torch.no_grad()
     def prefill_logits(self, encoded: Encoded, keep=None) -> torch.Tensor:
-        out = self.model(**self._llm_inputs(encoded, keep), use_cache=False)
+        out = self.model(**self.row_inputs(encoded, keep), use_cache=False)
         return out.logits[0].float().cpu()  # (L, vocab)
 
-    @torch.no_grad()
-    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int = 64, **gen) -> Answer:
-        """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring); a
-        non-plain `decode_path` answers through `generate_batch`. logits_processor: f(ids, scores)."""
-        from transformers import DynamicCache
+    def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, *,
+                 config: GenerationConfig | None = None, **gen) -> Answer:
+        """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring): the
+        decoding engine on a batch of one (`batch.generate_rows`), on the adapter's `decode_path`.
+        `config` (a `GenerationConfig`) or its fields as keywords; logits_processor: f(ids, scores)."""
+        return self.generate_batch([(encoded, keep)], config=GenerationConfig.of(max_new_tokens, config, **gen))[0]
 
-        if not self.decode_path.plain:
-            return self.generate_batch([(encoded, keep)], max_new_tokens, **gen)[0]
-        if gen.pop("do_sample", False):
-            raise ValueError("only greedy decoding is supported (do_sample=False)")
-        eos = gen.pop("eos_token_id", None)
-        procs = list(gen.pop("logits_processor", None) or [])
-        if gen:
-            raise ValueError(f"unsupported generation arguments: {sorted(gen)}; supported: max_new_tokens, "
-                             f"eos_token_id, do_sample=False, logits_processor")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if eos is None:
-            eos = self.model.generation_config.eos_token_id
-        eos = set([eos] if isinstance(eos, int) else (eos or []))
-        inputs = self._llm_inputs(encoded, keep)
-        n_in = int(inputs["input_ids"].shape[1])
-        start = self.next_position(encoded)
-        if start + max_new_tokens > self._max_positions():
-            raise ValueError(f"prompt ({start} positions) + max_new_tokens ({max_new_tokens}) exceeds the "
-                             f"model's context {self._max_positions()}")
-        device = self.model.device
-        cache = DynamicCache(config=self.model.config.get_text_config())
-        generated: list[int] = []
-        def pick(logits) -> int:  # the processors see the ids generated so far, then greedy
-            for p in procs:
-                logits = p(torch.tensor([generated], dtype=torch.long, device=device), logits.float())
-            return int(logits[0].argmax())
-
-        t0 = time.perf_counter()
-        out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        token = pick(out.logits[:, -1])
-        t1 = time.perf_counter()
-        generated.append(token)
-        mask = inputs["attention_mask"]
-        for step in range(1, max_new_tokens):
-            if token in eos:
-                break
-            mask = torch.cat([mask, mask.new_ones(1, 1)], dim=1)
-            pos = torch.full((3, 1, 1), start + step - 1, dtype=torch.long, device=device)
-            out = self.model(input_ids=torch.tensor([[token]], device=device), position_ids=pos,
-                             attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
-            token = pick(out.logits[:, -1])
-            generated.append(token)
-        t2 = time.perf_counter()
-        n_vis = encoded.n_visual if keep is None else int(keep_indices(keep, encoded.n_visual).numel())
-        return Answer(text=self.tokenizer.decode(generated, skip_special_tokens=True), token_ids=generated,
-                      input_tokens=n_in, visual_tokens=n_vis, prefill_s=t1 - t0, decode_s=t2 - t1)
-
-    def generate_batch(self, rows, max_new_tokens: int = 64, **gen) -> list[Answer]:
-        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`batch.py`)."""
+    def generate_batch(self, rows, max_new_tokens: int | None = None, *, path=None,
+                       config: GenerationConfig | None = None, **gen) -> list[Answer]:
+        """Greedy answers of several (encoding, keep) rows as one left-padded batch (`batch.py`);
+        `path`: a DecodePath (None: `decode_path`)."""
         from .batch import generate_rows
-        return generate_rows(self, list(rows), max_new_tokens, **gen)
+        return generate_rows(self, list(rows), GenerationConfig.of(max_new_tokens, config, **gen), path)
 
 
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):

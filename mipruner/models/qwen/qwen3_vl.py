@@ -45,14 +45,14 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
                         for s in stamps[: int(grid[0, 0])])
         return text.replace(self.video_token, block, 1)
 
-    def _extra_state(self, feats, state: dict) -> None:
+    def _extra_state(self, feats, state) -> None:
         # one (N_V, d) tensor per deepstack layer, rows in LLM order
-        state["deepstack"] = [torch.cat(f, dim=0).detach() for f in feats.deepstack_features]
+        state.deepstack = [torch.cat(f, dim=0).detach() for f in feats.deepstack_features]
 
     def _encoder_outputs(self, encoded: Encoded, rows: torch.Tensor, idx: torch.Tensor):
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
         device = self.model.device
-        deepstack = [(f[idx].to(device),) for f in encoded.state["deepstack"]]  # pruned with the same rows
+        deepstack = [(f[idx].to(device),) for f in encoded.state.deepstack]  # pruned with the same rows
         return BaseModelOutputWithDeepstackFeatures(pooler_output=(rows.to(device),), deepstack_features=deepstack)
 
 

@@ -1,0 +1,135 @@
+"""The decoding engine's declarations: one generation config checked at the edge and passed down as an
+object, abilities declared (never probed), a read-only decoding path, the declared bucket set, and a
+typed per-request state that nothing outside `mipruner/models/` reads."""
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+import mipruner
+from mipruner.models.base import Abilities, Adapter
+from mipruner.models.common.dummy import DummyAdapter
+from mipruner.models.common.generation import GenerationConfig
+from mipruner.models.common.path import DecodePath
+from mipruner.models.common.request import ProcessorState, RequestState
+from mipruner.models.common.state import Buckets, DecodeState, static_slots
+from mipruner.testing import embedded_encoding
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, float("nan"), float("inf"), True, "many", None])
+def test_max_new_tokens_is_checked_where_the_config_is_made(bad):
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        GenerationConfig(max_new_tokens=bad)
+
+
+def test_the_config_is_frozen_normalised_and_refuses_sampling():
+    cfg = GenerationConfig.of(7.0, min_new_tokens=7, eos_token_id=5, logits_processor=[abs], top_k=3)
+    assert (cfg.max_new_tokens, cfg.min_new_tokens, cfg.eos_token_id) == (7, 7, (5,))
+    assert cfg.logits_processor == (abs,) and dict(cfg.extra) == {"top_k": 3}
+    with pytest.raises(AttributeError):
+        cfg.max_new_tokens = 9  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.extra["top_k"] = 4  # type: ignore[index]
+    with pytest.raises(ValueError, match="greedy"):
+        GenerationConfig.of(4, do_sample=True)
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        GenerationConfig(max_new_tokens=2, min_new_tokens=3)
+    assert GenerationConfig.of(None, cfg) is cfg and GenerationConfig.of(7, cfg) is cfg
+    with pytest.raises(ValueError, match="either"):
+        GenerationConfig.of(8, cfg)
+    with pytest.raises(ValueError, match="either"):
+        GenerationConfig.of(None, cfg, eos_token_id=1)
+
+
+def test_resolve_fills_eos_and_pad_from_the_model():
+    a, _ = embedded_encoding()
+    cfg = GenerationConfig(max_new_tokens=3).resolve(a.model, None)
+    eos = a.model.generation_config.eos_token_id
+    want = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    assert cfg.eos_token_id == want and cfg.pad_token_id == (want[0] if want else 0)
+    assert GenerationConfig(max_new_tokens=3, eos_token_id=()).resolve(a.model, 9).pad_token_id == 9
+    assert cfg.resolve(a.model, 9) == cfg  # resolving twice changes nothing
+
+
+def test_a_bad_length_fails_once_at_the_edge_and_a_config_passes_down_unchanged(monkeypatch):
+    """`mipruner.answer` builds the config; `adapter.generate` gets that very object (nothing re-checks it)."""
+    a, enc = embedded_encoding()
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        mipruner.answer(a, enc, None, max_new_tokens=0)
+    seen = []
+    real = type(a).generate
+
+    def spy(self, encoded, keep=None, max_new_tokens=None, positions=None, *, config=None, **gen):
+        seen.append(config)
+        return real(self, encoded, keep, max_new_tokens, positions, config=config, **gen)
+
+    monkeypatch.setattr(type(a), "generate", spy)
+    cfg = GenerationConfig(max_new_tokens=2)
+    ans = mipruner.answer(a, enc, None, config=cfg)
+    assert seen == [cfg] and seen[0] is cfg and 1 <= len(ans.token_ids) <= 2
+
+
+def test_abilities_are_declared_not_probed():
+    assert DummyAdapter.abilities == Abilities() and not DummyAdapter().batch_decoding
+    a, _ = embedded_encoding()
+    assert a.abilities.batch_decoding and a.batch_decoding and a.batch_encoding
+    with pytest.raises(TypeError, match="abilities = Abilities"):
+        class Probed(DummyAdapter):  # noqa: F841 - the old way: an attribute a caller would probe
+            batch_decoding = True
+    with pytest.raises(TypeError, match="Abilities"):
+        class Wrong(DummyAdapter):  # noqa: F841
+            abilities = {"batch_decoding": True}
+    with pytest.raises(AttributeError):
+        a.batch_decoding = False  # read from `abilities` only
+    src = (ROOT / "mipruner" / "batch.py").read_text()
+    assert 'getattr(adapter, "batch_' not in src
+
+
+def test_the_decode_path_is_read_only():
+    state = DecodeState()
+    with pytest.raises(AttributeError):
+        state.path = DecodePath(bucket=64)  # type: ignore[misc]
+    assert state.choose(bucket=64, static_cache=True) == DecodePath(bucket=64, static_cache=True) == state.path
+    a, _ = embedded_encoding()
+    with pytest.raises(AttributeError):
+        a.decode_path = DecodePath(bucket=64)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="plain path"):
+        DummyAdapter().use_decode_path(bucket=64)
+
+
+def test_buckets_hold_only_the_declared_shapes():
+    b = Buckets.grid([1, 2, 4], [64, 128], [3], 64)
+    assert b.holds("prefill", (4, 128)) and not b.holds("prefill", (8, 128)) and not b.holds("prefill", (4, 192))
+    assert b.holds("step", (2, static_slots(128, 3, 64))) and not b.holds("step", (2, static_slots(128, 512, 64)))
+    assert b.holds("tower", (1,)) and not b.holds("tower", (2,)) and len(b) == 6 + 6 + 1
+    narrowed = b.narrowed({"prefill": {(1, 64)}, "step": set()})
+    assert narrowed.holds("prefill", (1, 64)) and not narrowed.holds("prefill", (2, 64)) and len(narrowed) == 1
+    state = DecodeState()
+    assert state.allows("prefill", (32, 4096))  # nothing declared: each shape on its first use
+    state.declare(narrowed)
+    assert state.allows("prefill", (1, 64)) and not state.allows("prefill", (2, 64))
+
+
+def test_the_request_state_is_typed_and_read_only_under_models():
+    _, enc = embedded_encoding()
+    assert isinstance(enc.state, ProcessorState) and isinstance(enc.state, RequestState)
+    assert enc.prompt_tokens == int(enc.state.input_ids.numel()) > enc.n_visual
+    assert enc.state["visual_positions"] is enc.state.visual_positions and "ref" in enc.state
+    with pytest.raises(KeyError):
+        enc.state["nothing"]
+    readers = []
+    for path in (ROOT / "mipruner").rglob("*.py"):
+        if "models" in path.relative_to(ROOT / "mipruner").parts[:1]:
+            continue
+        if re.search(r"\.state(\[|\.get\(|\.[a-z_]+\b(?!\())", path.read_text().replace("decode_state", "")):
+            readers.append(str(path.relative_to(ROOT)))
+    assert readers == [], readers
+
+
+def test_every_shipped_adapter_declares_its_abilities():
+    for fam in mipruner.models.FAMILIES.values():
+        cls = fam.adapter_class()
+        assert issubclass(cls, Adapter) and cls.abilities.batch_decoding, fam.name
