@@ -171,7 +171,7 @@ def _(grid, visual, k):
 
 
 @register_pruner("pool", stage="projector", label="Pool (downsampling)", score_label="weight in its pooled token",
-                 capture=Capturable(static=("grid",)))
+                 capture=Capturable(static=("grid",), batch=False))  # batched, its layout copy broke CUDA capture
 def pool_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
                 grid: torch.Tensor | None = None) -> Selection:
     """Pool: each image's, tile's and frame's grid average-pooled to K tokens in all (downsampling)."""

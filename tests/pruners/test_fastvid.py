@@ -210,5 +210,5 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
         got = mipruner.prune("fastvid", budget=t * 6, **kw)
     for name in ("keep", "order", "scores", "tokens", "merged_into"):
         a, b = getattr(got, name), getattr(ref, name)
-        assert a.device == TEST_DEVICE and torch.equal(a, b), name
+        assert a.device.type == TEST_DEVICE.type and torch.equal(a, b), name  # cuda:0 is not == cuda
     assert got.tokens.dtype == dtype and bool(torch.isfinite(got.tokens.float()).all())

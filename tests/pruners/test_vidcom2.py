@@ -124,5 +124,5 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
         got = mipruner.prune("vidcom2", visual=v, budget=33, frame_index=frame_index)
     for name in ("keep", "order", "scores"):
         a, b = getattr(got, name), getattr(ref, name)
-        assert a.device == TEST_DEVICE and torch.equal(a, b), name
+        assert a.device.type == TEST_DEVICE.type and torch.equal(a, b), name  # cuda:0 is not == cuda
     assert got.keep.numel() == 33 and bool(torch.isfinite(got.scores).all())
