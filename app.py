@@ -123,7 +123,6 @@ def build(args: argparse.Namespace, files=None):
     from components.core.sweep_queue import SweepLimits
     from components.hosting.hub import ModelHub, hub_reachable
     from components.hosting.policy import is_hosted
-    from components.hosting.spaces_gpu import gpu
     from components.page.ui import build_demo
     from mipruner.plugins import freeze, load_for_cli
 
@@ -139,13 +138,21 @@ def build(args: argparse.Namespace, files=None):
     hub.startup_message = " ".join(m for m in (hub.startup_message, " ".join(problems), hardware_note(hub)) if m)
     exports = os.path.join(get_upload_folder(), "mipruner-exports")
     warm = warm_up(args, hub)
-    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=gpu, files=files, export_root=exports,
-                     notes=notes, warm=warm)
+    logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=handler_wrapper(), files=files,
+                     export_root=exports, notes=notes, warm=warm)
     demo = build_demo(logic, auto_answers=hub.default == hub.fallback,
                       sweep_limits=SweepLimits.for_server(is_hosted(args.host, args.share)))  # hosted: small, timed
     if warm is not None:
         warm.start()
     return demo
+
+
+def handler_wrapper():
+    """What wraps the handlers that run the model: ZeroGPU's `spaces.GPU` task on a ZeroGPU Space, else None (off
+    ZeroGPU `gpu` returns each handler as it is; with None a CPU app streams its answers one by one)."""
+    from components.hosting.spaces_gpu import gpu, on_zero_gpu
+
+    return gpu if on_zero_gpu() else None
 
 
 def warm_up(args: argparse.Namespace, hub):

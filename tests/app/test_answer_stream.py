@@ -148,3 +148,15 @@ def test_the_encode_reports_its_progress_while_it_runs():
     with pytest.raises(UserError, match="bad"):
         waiting(lambda: (_ for _ in ()).throw(UserError("bad")), progress, "encoding", None, every=0.01)
     assert waiting(lambda: 3, None, "encoding", None) == 3  # no progress: in this thread
+
+
+def test_the_app_wraps_its_handlers_only_on_zero_gpu(monkeypatch):
+    """app.py passes ZeroGPU's wrapper to AppLogic on a ZeroGPU Space only: elsewhere None, so a CPU app streams its
+    answers (AppLogic.streams reads `gpu is None`); before, the wrapper was passed everywhere and streams was False."""
+    import app
+    import components.hosting.spaces_gpu as zero
+
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: False)
+    assert app.handler_wrapper() is None
+    monkeypatch.setattr(zero, "on_zero_gpu", lambda: True)
+    assert app.handler_wrapper() is zero.gpu
