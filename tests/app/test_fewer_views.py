@@ -60,3 +60,17 @@ def test_a_family_without_views_reads_every_view(hub):
     got = handlers.encode(None, Media(model="shapes-llava", image=IMAGE["path"], prompt=IMAGE["prompt"]),
                           controls_for(Settings(methods=("mi",), budget=0.25)))
     assert got.state.key.views == "all" and "Read as 1 view" not in got.status
+
+
+def test_a_text_mode_strip_reads_the_views_on_screen(app):
+    """The masks strip's text_mode row re-encodes the picture as the encoding on screen reads it (1 view)."""
+    from components.core import sweep_logic as SL
+
+    got = _encode(app)
+    logic = app[0].logic
+    sw = SL.make_sweep(["mi"], "text_mode", "question,prompt", 4, {}, "question", 4)
+    SL.mask_strip(logic, got.state, sw)
+    engine = logic.hub.get(None)[0]
+    keys = [k for k in got.state.session.entries if k.text_mode == "prompt"]
+    assert keys and all(k.views == "base" and engine.encoded(got.state.session, k).n_visual == G * G + 1
+                        for k in keys)
