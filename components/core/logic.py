@@ -26,7 +26,7 @@ from .checks import UserError, budget_of, probe_video
 from .exports import write_export
 from .messages import clean_prompt, crop_note, plain, unknown_words_warning
 from .settings import Settings
-from .views import fewer_by_default, views_for, views_note
+from .views import views_for, views_note
 
 MAX_PANELS = 6
 MAX_PROMPT_CHARS = 2000  # a question about a picture; longer prompts are refused before tokenizing
@@ -138,7 +138,7 @@ class AppLogic:
 
         Returns the new state and a status line. kind: "image" or "video" (which input to use). fewer_views: read
         an image as its base view only where the model's family can (`components.core.views`); None: the app's
-        default, on CPU hardware only."""
+        default, when the model runs on a CPU."""
         state = state if isinstance(state, UIState) else UIState()
         if state.session is None:
             state.session = self.hub.get(None)[0].new_session()
@@ -158,7 +158,7 @@ class AppLogic:
                 raise UserError(f"{os.path.basename(str(media))!r} is not a video file this app reads")
             probe_video(str(media))
         engine, note = self.hub.get(model)
-        fewer = fewer_by_default(self.hub, self.gpu) if fewer_views is None else bool(fewer_views)
+        fewer = engine.adapter.device.type == "cpu" if fewer_views is None else bool(fewer_views)
         views = views_for(engine.adapter, kind, fewer)
         t0 = time.perf_counter()
         with user_errors("encoding", "try a smaller image or a shorter video"):

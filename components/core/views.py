@@ -2,7 +2,7 @@
 
 On CPU hardware a 5-view LLaVA-OneVision encode takes tens of seconds; its base view alone is 1 view (g x g tokens
 and a newline), so the page's "Fewer views for speed" box is ticked there by default (`fewer_by_default`) and the
-status line says so (`views_note`); on a GPU it is unticked and hidden. An encode with all views and one with the
+status line says so (`views_note`); on a GPU (ZeroGPU included) it is unticked and hidden. An encode with all views and one with the
 base view are different encodings (`mipruner.session.EncodingKey.views`).
 """
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 FEWER_LABEL = "Fewer views for speed"
 
 
-def fewer_by_default(hub, gpu) -> bool:
-    """Whether the app's models run on a CPU: no ZeroGPU wrapper and the hub's device a CPU (or, left to the loader,
-    no CUDA device here)."""
-    if gpu is not None:
-        return False
+def fewer_by_default(hub) -> bool:
+    """Whether the page's box starts ticked: the hub's device is a CPU, or, left to the loader, this machine has no
+    CUDA device (a ZeroGPU Space loads its model on "cuda"). An encode's own default follows the device its
+    model is on (`components.core.logic.AppLogic.encode`)."""
     import torch
 
     if hub.device is None:

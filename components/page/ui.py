@@ -46,7 +46,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: Swee
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False, elem_id="layout"):  # placed by LAYOUT_CSS
             with gr.Column(scale=1, elem_id="inputs-col"):
-                inp = build_inputs(logic.hub, fewer_by_default(logic.hub, logic.gpu))
+                inp = build_inputs(logic.hub, fewer_by_default(logic.hub))
                 warm_status(demo, logic.warm)
             with gr.Column(scale=1, elem_id="controls-col"):
                 gr.Markdown(CONTROLS_HINT, elem_id="controls-hint")  # shown on phones only (LAYOUT_CSS)

@@ -47,8 +47,8 @@ def test_unticking_reads_every_view(app):
 
 def test_the_default_follows_the_hardware_and_the_family(app):
     hub = app[0].logic.hub
-    assert fewer_by_default(hub, None) is True
-    assert fewer_by_default(hub, gpu=lambda fn, *a, **k: fn) is False  # a ZeroGPU wrapper: every view
+    assert fewer_by_default(hub) is True
+    assert fewer_by_default(ModelHub(device="cuda")) is False  # a GPU (ZeroGPU loads on cuda): every view
     adapter = hub.get(None)[0].adapter
     assert views_for(adapter, "image", True) == "base" and views_for(adapter, "video", True) == "all"
     assert views_for(adapter, "image", False) == "all"
