@@ -10,6 +10,7 @@ Tokens in LLM order and their geometry are described in `layout.py`. In short:
                 then one "newline" (box: the whole image), as the model reads multi-image prompts.
   video         per frame ceil(g/2) x ceil(g/2) tokens pooled bilinearly from the g x g grid (kind
                 "frame", frame f), then one "newline" for the whole video (box: the last frame).
+  views="base"  one image read as its base view only (`_encode_base`: g x g tokens, then one newline).
 Boxes are over the ORIGINAL image or frame (base: stretched view; tiles: undo resize-to-fit and the
 centred padding; several images: undo the pad to square; pooled tokens: the union of their patches).
 
