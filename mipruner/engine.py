@@ -1,14 +1,13 @@
 """One model, many browser sessions: encode once, prune and render many times, generate on demand.
 
-`Engine` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode,
-generate) run under a lock. Everything per user lives in a `Session` (one per browser session),
-which holds its own small LRU cache of encodings, keyed by (model, media content hash, prompt,
-text_mode, need_attention) and expiring by count and by idle age. Per encoding it also keeps the
-MI cache (`cache=` of `mipruner.prune`, which makes a slider move cheap), the render `Layout`, and
-the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU order, the byte
-cap). Sessions share no mutable state; the engine holds no per-user state.
-One `CacheBudget` (shared by every engine of an app) caps the bytes of all sessions' encodings
-together, least recently used first: memory stays bounded however many sessions come and go.
+`Engine` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode, generate) run under a
+lock. Everything per user lives in a `Session` (one per browser session), which holds its own small LRU cache of
+encodings, keyed by (model, media content hash, prompt, text_mode, need_attention, views) and expiring by count and
+by idle age. Per encoding it also keeps the MI cache (`cache=` of `mipruner.prune`, which makes a slider move
+cheap), the render `Layout`, and the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU
+order, the byte cap). Sessions share no mutable state; the engine holds no per-user state. One `CacheBudget` (shared
+by every engine of an app) caps the bytes of all sessions' encodings together, least recently used first: memory
+stays bounded however many sessions come and go.
 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
 of each method (drawn by `render.py`), `generate(key, method, ...)` for answers (kept under
@@ -31,6 +30,7 @@ from typing import Callable
 
 import mipruner
 from mipruner.models.common.text import TEXT_MODES
+from mipruner.models.common.views import check_views
 from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
@@ -169,25 +169,25 @@ class Engine:
     # -- encode
 
     def encode(self, session: Session, media, prompt: str, text_mode: str = "question",
-               need_attention: bool | None = None, methods=()) -> EncodingKey:
+               need_attention: bool | None = None, methods=(), views: str = "all") -> EncodingKey:
         """Encode (media, prompt) unless this session has it cached; returns the cache key.
 
         need_attention=None: True when any of `methods` (names or Panels) needs the vision encoder's attention
         (an encoding with it also serves requests without it). The other signals `methods` ask for
         (`mipruner.signals_for`) are recorded in the same pass; a method chosen later that asks for one the
-        cached encoding lacks re-encodes it in place (`_extend`)."""
+        cached encoding lacks re-encodes it in place (`_extend`). `views` ("all" or "base", `check_views`): keyed."""
         names = [_panel(m).name for m in methods]
         if need_attention is None:
             need_attention = mipruner.needs_attention(names)
-        want = Signals.of(bool(need_attention), mipruner.signals_for(names))
-        key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention))
+        want, views = Signals.of(bool(need_attention), mipruner.signals_for(names)), check_views(self.adapter, views)
+        key = EncodingKey(self.model_name, media_hash(media), prompt, text_mode, bool(need_attention), views)
         found = self._attach(session).find((key, key._replace(need_attention=True)), self.clock())
         if found is not None:
             self._ensure(session, found, want=want)
             return found
         with self._model_lock:
-            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want))
-        session.put(key, enc, self.clock()).source = (media, prompt, text_mode)
+            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want, views))
+        session.put(key, enc, self.clock()).source = (media, prompt, text_mode, views)
         self._account(session, key)
         return key
 
@@ -201,10 +201,10 @@ class Engine:
         extra = Signals(want.layers - {None}, want.heads, want.features)  # the default block's attention is
         if have.covers(extra) or e.source is None or extra in e.refused:  # the key's own `need_attention`
             return e
-        media, prompt, text_mode = e.source
+        media, prompt, text_mode, views = e.source
         try:
             with self._model_lock:
-                enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want))
+                enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want, views))
         except (TypeError, ValueError):
             with session.lock:
                 e.refused.add(extra)

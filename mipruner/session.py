@@ -32,6 +32,7 @@ class EncodingKey(NamedTuple):
     prompt: str
     text_mode: str
     need_attention: bool
+    views: str = "all"  # "all" or "base" (an anyres image read as its base view only): different encodings
 
 
 class StaleKeyError(LookupError):
@@ -48,7 +49,7 @@ class CachedEncoding:
     answers: dict = field(default_factory=dict)  # answer key -> Answer
     drawings: dict = field(default_factory=dict)  # what `drawn` made: key -> (values, drawing)
     last_used: float = 0.0
-    source: tuple | None = field(default=None, repr=False)  # (media, prompt, text_mode): to re-encode with more signals
+    source: tuple | None = field(default=None, repr=False)  # (media, prompt, text_mode, views): re-encode with more signals
     refused: set = field(default_factory=set, repr=False)  # Signals the model could not give (not asked again)
 
     def drawn(self, key, values, draw: Callable[[], Any]):

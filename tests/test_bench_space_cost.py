@@ -27,3 +27,14 @@ def test_a_tiny_run_repeats_each_step_in_rotated_order():
     assert "gradio" not in got["imported"] or got["imported"][0] == "gradio"  # a child process imports it
     text = space_cost.format_table(got)
     assert "| cold (first request) |" in text and "(FLOPs)]" in text
+
+
+def test_fewer_views_encodes_the_base_view_too_in_rotated_order():
+    got = space_cost.measure(tiny=True, new_tokens=2, warmup=1, repeats=1, log=lambda line: None, fewer_views=True)
+    extra = ("encode_base", "view_6_base", "first_panels", "first_panels_base")
+    assert set(extra) <= set(got["cold"]) and all(len(got["runs"][k]) == 1 for k in extra)
+    assert got["n_visual_base"] < got["n_visual"]  # the base view: g x g tokens and a newline
+    run = {k: got["runs"][k][0] for k in got["runs"]}
+    assert run["first_panels_base"] == run["encode_base"] + run["view_6_base"]
+    assert run["first_panels"] == run["encode"] + run["view_6"]
+    assert "the base view only" in space_cost.format_table(got)

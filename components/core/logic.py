@@ -26,6 +26,7 @@ from .checks import UserError, budget_of, probe_video
 from .exports import write_export
 from .messages import clean_prompt, crop_note, plain, unknown_words_warning
 from .settings import Settings
+from .views import views_for, views_note
 
 MAX_PANELS = 6
 MAX_PROMPT_CHARS = 2000  # a question about a picture; longer prompts are refused before tokenizing
@@ -132,10 +133,12 @@ class AppLogic:
     # -- encode ----------------------------------------------------------------------------
 
     def encode(self, state: UIState | None, model: str, kind: str, image, video, prompt: str,
-               text_mode: str = "question") -> tuple[UIState, str]:
-        """Run the vision tower and embed the prompt (once per media+prompt in this session).
+               text_mode: str = "question", fewer_views: bool | None = None) -> tuple[UIState, str]:
+        """Run the vision tower and embed the prompt (once per media+prompt+views in this session).
 
-        Returns the new state and a status line. kind: "image" or "video" (which input to use)."""
+        Returns the new state and a status line. kind: "image" or "video" (which input to use). fewer_views: read
+        an image as its base view only where the model's family can (`components.core.views`); None: the app's
+        default, when the model runs on a CPU."""
         state = state if isinstance(state, UIState) else UIState()
         if state.session is None:
             state.session = self.hub.get(None)[0].new_session()
@@ -155,9 +158,12 @@ class AppLogic:
                 raise UserError(f"{os.path.basename(str(media))!r} is not a video file this app reads")
             probe_video(str(media))
         engine, note = self.hub.get(model)
+        fewer = engine.adapter.device.type == "cpu" if fewer_views is None else bool(fewer_views)
+        views = views_for(engine.adapter, kind, fewer)
         t0 = time.perf_counter()
         with user_errors("encoding", "try a smaller image or a shorter video"):
-            key = engine.encode(state.session, media, prompt.strip(), text_mode=text_mode, need_attention=True)
+            key = engine.encode(state.session, media, prompt.strip(), text_mode=text_mode, need_attention=True,
+                                views=views)
         enc = engine.encoded(state.session, key)
         self.encode_s[engine.model_name] = time.perf_counter() - t0
         state.model, state.key = engine.model_name, key
@@ -176,7 +182,8 @@ class AppLogic:
         warm = self.warm.note() if self.warm is not None and engine is self.warm.engine else ""  # warming, or failed
         notes = "" if state.noted else self.notes  # once per session: the page's status line keeps saying it
         state.noted = True
-        return state, " ".join(p for p in (note, status, crop_note(enc), warning, notes, warm) if p)
+        parts = (note, status, views_note(views), crop_note(enc), warning, notes, warm)
+        return state, " ".join(p for p in parts if p)
 
     @staticmethod
     def _lam_auto(engine, state: UIState) -> float | None:

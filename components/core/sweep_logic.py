@@ -319,7 +319,7 @@ def mask_strip(logic, ui: UIState, sw) -> tuple[Image.Image, str]:
             for v in sw.values:
                 budget, mode, params = sw.setting(m, v)
                 key = ui.key if mode == ui.key.text_mode else engine.encode(
-                    ui.session, enc.frames[0], enc.prompt, text_mode=mode, need_attention=True)
+                    ui.session, enc.frames[0], enc.prompt, text_mode=mode, need_attention=True, views=ui.key.views)
                 e = engine.encoded(ui.session, key)
                 b = budget if isinstance(budget, float) else min(budget, e.n_visual)
                 sel = engine.prune(ui.session, key, m, b, **params)

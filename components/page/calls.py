@@ -101,6 +101,7 @@ class Calls:
 
     def _encoded(self, v: dict):
         media = Media.of(*(v[n] for n in ENCODE_FIELDS))
+        media.fewer_views = v.get("fewer_views")  # the page's box; /encode leaves it to the app's default
         return self.H.encode(v["state"], media, controls(v), v.get("progress") or (lambda *a, **k: None))
 
     def encode(self, v: dict) -> tuple:

@@ -76,8 +76,9 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     encoding = dict(concurrency_id="encode", concurrency_limit=1)
     answering = dict(concurrency_id="generate", concurrency_limit=1)
 
-    page_encode = event(calls.page_encode, "encoding", "state", *ENCODE_FIELDS, "controls", progress=True)
-    enc_ins = [state, *inp.encode_inputs(), ctl.box]
+    page_encode = event(calls.page_encode, "encoding", "state", *ENCODE_FIELDS, "controls", "fewer_views",
+                        progress=True)
+    enc_ins = [state, *inp.encode_inputs(), ctl.box, inp.fewer]
     page_enc_outs = [*enc_outs, *([lam_ctl] if lam_ctl is not None else []), *[p.patch for p in res.panels], res.px,
                      res.py, res.patch_tokens, res.patch_info]
     enc = inp.run.click(page_encode, enc_ins, page_enc_outs, show_progress_on=[res.status], **encoding, **private)

@@ -56,7 +56,8 @@ def _ordered(vals: dict) -> list:
 @dataclass
 class Media:
     """What /encode reads besides the controls: the model (a path or id given wins over the list), which
-    medium to use ("image" or "video"), the files and the prompt."""
+    medium to use ("image" or "video"), the files and the prompt; the page's Run also its "Fewer views for
+    speed" box (`fewer_views`; None, as /encode sends: the app's default, `components.core.views`)."""
 
     model: str = ""
     model_path: str | None = None
@@ -64,6 +65,7 @@ class Media:
     image: Any = None
     video: Any = None
     prompt: str = ""
+    fewer_views: bool | None = None
 
     @classmethod
     def of(cls, *vals) -> "Media":
@@ -187,7 +189,7 @@ class Handlers:
         doing = f"loading {name}" if name not in self.logic.hub.loaded else "encoding (vision tower + prompt)"
         progress(0.1, desc=doing)
         st, msg = waiting(lambda: self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
-                                                    text_mode=vals["text_mode"]),
+                                                    text_mode=vals["text_mode"], fewer_views=media.fewer_views),
                           None if self.logic.gpu is not None or progress is _no_progress else progress, doing,
                           self.logic.encode_s.get(name or self.logic.hub.default))
         progress(1.0, desc="encoded")

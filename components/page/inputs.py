@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from ..core.examples import EXAMPLES_DIR, load_examples
+from ..core.views import FEWER_LABEL
 
 
 @dataclass
@@ -17,14 +18,16 @@ class Inputs:
     use: gr.Radio
     prompt: gr.Textbox
     run: gr.Button
+    fewer: gr.Checkbox  # read an image as 1 view (anyres models): ticked on CPU hardware, hidden on a GPU
 
     def encode_inputs(self) -> list:
         """What /encode reads, in its order (after the state)."""
         return [self.model, self.model_path, self.use, self.image, self.video, self.prompt]
 
 
-def build_inputs(hub) -> Inputs:
-    """The widgets of the input column (call inside a gr.Column)."""
+def build_inputs(hub, fewer: bool = False) -> Inputs:
+    """The widgets of the input column (call inside a gr.Column); fewer: the app runs on a CPU
+    (`components.core.views.fewer_by_default`): the "Fewer views for speed" box shown, ticked."""
     model = gr.Dropdown(hub.choices(), value=hub.default, allow_custom_value=True, elem_id="model", label="Model")
     model_path = gr.Textbox(label="...or a model id / local path (used instead of the list when given)",
                             placeholder="e.g. llava-hf/llava-1.5-7b-hf or /models/my-llava", elem_id="model-path")
@@ -39,6 +42,9 @@ def build_inputs(hub) -> Inputs:
     prompt = gr.Textbox(label="Prompt", placeholder="Ask a question about the image or video", elem_id="prompt",
                         lines=2)
     run = gr.Button("Run", variant="primary", elem_id="run")
+    fewer_box = gr.Checkbox(value=fewer, visible=fewer, label=FEWER_LABEL, elem_id="fewer-views",
+                            info="On this CPU, LLaVA-OneVision reads an image as 1 view instead of its 5 or so "
+                                 "(base view + tiles): a faster first result; untick it to read them all")
     quiet = dict(api_visibility="private", queue=False, show_progress="hidden")
     examples = load_examples()
     if examples:
@@ -61,7 +67,7 @@ def build_inputs(hub) -> Inputs:
     image.upload(lambda: "image", None, use, **quiet)
     video.upload(lambda: "video", None, use, **quiet)
     use.change(lambda kind: gr.Tabs(selected=kind), use, tabs, **quiet)  # an example or a click shows its media
-    return Inputs(model, model_path, image, video, use, prompt, run)
+    return Inputs(model, model_path, image, video, use, prompt, run, fewer_box)
 
 
 __all__ = ["Inputs", "build_inputs"]

@@ -18,6 +18,7 @@ import gradio as gr
 
 from ..core.logic import AppLogic
 from ..core.sweep_queue import SweepLimits
+from ..core.views import fewer_by_default
 from . import controls as C
 from .events import wire
 from .inputs import build_inputs
@@ -45,7 +46,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: Swee
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False, elem_id="layout"):  # placed by LAYOUT_CSS
             with gr.Column(scale=1, elem_id="inputs-col"):
-                inp = build_inputs(logic.hub)
+                inp = build_inputs(logic.hub, fewer_by_default(logic.hub))
                 warm_status(demo, logic.warm)
             with gr.Column(scale=1, elem_id="controls-col"):
                 gr.Markdown(CONTROLS_HINT, elem_id="controls-hint")  # shown on phones only (LAYOUT_CSS)

@@ -23,6 +23,10 @@ give each step's median (and a 95% interval from 6 runs). MI's ratio to the unpr
 with its floor (the same ratio of their FLOPs). Seconds; peak resident memory by `resource.getrusage`.
 Answers of random weights mean nothing; their token counts are printed.
 --tiny: the same steps on the tiny OneVision (seconds, for tests).
+--fewer-views: each round also encodes the photo as its base view only (`views="base"`, the app's default on
+a CPU: 1 view instead of the anyres 5) in its own new session, the two encodes in an order rotated each round
+(`encode_base`), and draws the six methods' view on it (`view_6_base`): a visitor's first panels are the
+encode plus the view (`first_panels` = encode + view_6, `first_panels_base` = encode_base + view_6_base).
 
 `--params`: the parameters of every suggested model, counted as the GPU check counts them (the model
 built from its config on the meta device: no memory, no weights; `sum(p.numel())`, tied weights once),
@@ -162,7 +166,7 @@ def rotated(names, r: int) -> list:
 
 
 def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, warmup: int = 1, repeats: int = 3,
-            log=_say, save=None) -> dict:
+            log=_say, save=None, fewer_views: bool = False) -> dict:
     """The steps of the module docstring; returns the figures (seconds). Each round takes a new session (no
     cached encoding, selection or answer) and encodes the photo, then runs `STEPS` on that encoding in an
     order rotated each round. Round 1 is a visitor's first request (`cold`); `warmup` rounds are untimed,
@@ -218,20 +222,35 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, war
             got["view_6_methods"] = {v.method: round(v.prune_ms + v.render_ms) for v in views}
         return time.perf_counter() - t
 
-    runs: dict = {k: [] for k in ("encode", *STEPS, "mi_10_select")}
+    base_keys = ("encode_base", "view_6_base", "first_panels", "first_panels_base") if fewer_views else ()
+    runs: dict = {k: [] for k in ("encode", *STEPS, "mi_10_select", *base_keys)}
     with tempfile.TemporaryDirectory() as tmp:  # the app hands the engine an uploaded file's path
         photo = os.path.join(tmp, "photo.png")
         picture(640, 480).save(photo)
         for r in range(warmup + repeats):
             session, got = engine.new_session(), {}
-            t = time.perf_counter()
-            key = engine.encode(session, photo, PROMPT, need_attention=True)  # as AppLogic.encode
-            got["encode"] = time.perf_counter() - t
+            for views in rotated(["all", "base"] if fewer_views else ["all"], r):
+                s_v = session if views == "all" else engine.new_session()
+                t = time.perf_counter()
+                k_v = engine.encode(s_v, photo, PROMPT, need_attention=True, views=views)  # as AppLogic.encode
+                got["encode" if views == "all" else "encode_base"] = time.perf_counter() - t
+                if views == "all":
+                    key = k_v
+                else:
+                    base_session, base_key = s_v, k_v
             enc = engine.encoded(session, key)
             order = rotated(STEPS, r)
             for name in order:
                 got[name] = step(name, session, key, enc, got)
             got["mi_10_select"] = got.pop("mi_10_select_s")
+            if fewer_views:
+                t = time.perf_counter()
+                engine.view(base_session, base_key, list(SIX), 0.1)
+                got["view_6_base"] = time.perf_counter() - t
+                got["first_panels"] = got["encode"] + got["view_6"]
+                got["first_panels_base"] = got["encode_base"] + got["view_6_base"]
+                if r == 0:
+                    out["n_visual_base"] = int(engine.encoded(base_session, base_key).n_visual)
             if r == 0:
                 out["cold"] = {k: got[k] for k in runs}
                 out["n_visual"] = int(enc.n_visual)
@@ -260,6 +279,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds; the first is reported as `cold`")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds, each step's order rotated per round")
     p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--fewer-views", action="store_true",
+                   help="also encode the photo as its base view only (the app's CPU default) and view it")
     a = p.parse_args(argv)
     if a.params:
         rows = params_table()
@@ -272,7 +293,8 @@ def main(argv=None) -> int:
         result: object = rows
     else:
         result = measure(tiny=a.tiny, new_tokens=a.new_tokens, threads=a.threads, warmup=a.warmup,
-                         repeats=a.repeats, save=(lambda got: _write(a.json, got)) if a.json else None)
+                         repeats=a.repeats, save=(lambda got: _write(a.json, got)) if a.json else None,
+                         fewer_views=a.fewer_views)
         print(format_table(result))
     if a.json:
         _write(a.json, result)
@@ -284,13 +306,17 @@ def format_table(result: dict) -> str:
     MI at 10% to the unpruned answer (medians) beside its floor (`floors.floor_ratio` in FLOPs)."""
     from .latency_report import ci
 
-    keys = ("encode", *STEPS)
+    keys = ("encode", *STEPS, *(k for k in ("encode_base", "view_6_base", "first_panels", "first_panels_base")
+                                 if f"{k}_s" in result))
     lines = [f"start-up {result['startup_s']:.1f} s (imports {result['imports_s']:.1f} s + model "
              f"{result['model_s']:.1f} s), peak RSS {result['peak_rss_gb']:.1f} GB; {result['repeats']} timed "
              f"rounds after {result['warmup']} warm-up (the first is the cold one)",
              "| | " + " | ".join(f"{k} (s)" for k in keys) + " |", "|" + "---|" * (len(keys) + 1),
              "| cold (first request) | " + " | ".join(f"{result['cold'][k]:.2f}" for k in keys) + " |",
              "| median [95% interval] | " + " | ".join(ci(result[f"{k}_s"], 2) for k in keys) + " |"]
+    if result.get("n_visual_base") is not None:
+        lines.append(f"visual tokens: every view {result['n_visual']}, the base view only {result['n_visual_base']}; "
+                     f"encode_base / encode: {result['encode_base_s']['median'] / result['encode_s']['median']:.3f}")
     if result.get("mi_10_floor") is not None:
         lines.append(f"MI at 10% / unpruned answer: {result['mi_10_s']['median'] / result['unpruned_s']['median']:.3f} "
                      f"[floor {result['mi_10_floor']:.3f} (FLOPs)]")

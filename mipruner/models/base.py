@@ -274,6 +274,8 @@ class Adapter(abc.ABC):
 
     family: str = ""
     abilities: Abilities = Abilities()  # declared per class (`Abilities`); read, never probed
+    # `encode(views=...)`: "all" views of an image; anyres families add "base" (`common.views.check_views`)
+    view_modes: tuple[str, ...] = ("all",)
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

@@ -87,12 +87,15 @@ def recorded(encoded) -> Signals:
     return have | Signals.of(getattr(encoded, "attention", None) is not None)
 
 
-def encode_kwargs(signals: Signals) -> dict:
+def encode_kwargs(signals: Signals, views: str = "all") -> dict:
     """`adapter.encode` keyword arguments for `signals`: `need_attention`, and `signals` only when it asks for
-    more (so adapters written before signals existed keep working for the methods they serve)."""
+    more (so adapters written before signals existed keep working for the methods they serve); `views` only
+    when not "all" (`models.common.views.check_views`)."""
     kw = {"need_attention": signals.attention}
     if signals.extra:
         kw["signals"] = signals
+    if views != "all":
+        kw["views"] = views
     return kw
 
 

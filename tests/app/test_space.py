@@ -258,6 +258,7 @@ def test_a_cpu_space_on_a_real_model_does_not_answer_by_itself_and_says_why(tmp_
         proc.wait(30)
     assert props["model-status"]["value"] == f"Model {path!r} loaded. {HARDWARE_NOTE['cpu']}"
     assert props["model"]["value"] == path and props["auto-answers"]["value"] is False
+    assert props["fewer-views"]["value"] is True and props["fewer-views"]["visible"] is not False  # a CPU: 1 view
 
 
 # -- docs/space.md's commands ------------------------------------------------------------------

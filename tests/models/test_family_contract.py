@@ -246,8 +246,9 @@ def test_app_panels(app, checkpoint, files, family, kind):
     from components.core.settings import Settings
 
     path = checkpoint(family)
+    # every view (a CPU app reads an anyres image as its base view by default: tests/app/test_fewer_views.py)
     st, msg = app.encode(None, path, kind, files["image"] if kind == "image" else None,
-                         files["video"] if kind == "video" else None, PROMPT)
+                         files["video"] if kind == "video" else None, PROMPT, fewer_views=False)
     assert f"tiny-{family}" in msg and "instead" not in msg
     names = mipruner.list_pruners()
     for i in range(0, len(names), 3):

@@ -43,6 +43,7 @@ from ..base import Abilities, Adapter, Answer, Encoded, LLMInputs, check_prompt,
 from .generation import GenerationConfig
 from .request import ProcessorState
 from .text import TEXT_MODES, text_mask
+from .views import check_views
 
 POSITIONS = ("compact", "original")
 
@@ -171,12 +172,14 @@ class ProcessorAdapter(Adapter):
         return self.tokenizer(text, return_tensors="pt", **kw)
 
     def encode(self, media, prompt: str, *, text_mode: str = "question", need_attention: bool = False,
-               signals: Signals | None = None) -> Encoded:
-        return self._encode(media, prompt, text_mode=text_mode, need_attention=need_attention, signals=signals)
+               signals: Signals | None = None, views: str = "all") -> Encoded:
+        """views: "all" (every view the model reads) or "base" (anyres families: one image's base view only)."""
+        return self._encode(media, prompt, text_mode=text_mode, need_attention=need_attention, signals=signals,
+                            views=check_views(self, views))
 
     @torch.no_grad()
     def _encode(self, media, prompt: str, *, text_mode: str, need_attention: bool, signals: Signals | None,
-                held=None) -> Encoded:
+                held=None, views: str = "all") -> Encoded:
         """`encode`; `held`: this item's share of a batched tower call (`encode_batch`), or None."""
         check_prompt(prompt)
         want = Signals.of(need_attention, signals)
@@ -189,7 +192,7 @@ class ProcessorAdapter(Adapter):
         # cheap length check before running the vision tower (text tokens alone)
         plain = self.tokenizer(templated, return_offsets_mapping=True)
         self._check_length(len(plain["input_ids"]))
-        out = self._encode_visual(media, templated, want, held)
+        out = self._encode_visual(media, templated, want, held, **({"views": views} if views != "all" else {}))
         source = out.get("expanded", templated)  # placeholders that expand into text too (InternVL's <img>)
         if "expanded" in out:
             plain = self.tokenizer(source, return_offsets_mapping=True)

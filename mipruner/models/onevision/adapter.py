@@ -10,6 +10,7 @@ Tokens in LLM order and their geometry are described in `layout.py`. In short:
                 then one "newline" (box: the whole image), as the model reads multi-image prompts.
   video         per frame ceil(g/2) x ceil(g/2) tokens pooled bilinearly from the g x g grid (kind
                 "frame", frame f), then one "newline" for the whole video (box: the last frame).
+  views="base"  one image read as its base view only (`_encode_base`: g x g tokens, then one newline).
 Boxes are over the ORIGINAL image or frame (base: stretched view; tiles: undo resize-to-fit and the
 centred padding; several images: undo the pad to square; pooled tokens: the union of their patches).
 
@@ -86,6 +87,7 @@ class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):
     model_class_name = "LlavaOnevisionForConditionalGeneration"
     frame_rule = staticmethod(frame_indices)
     video_defaults = VIDEO_DEFAULTS
+    view_modes = ("all", "base")
 
     @classmethod
     def _load_processor(cls, path: str):
@@ -112,12 +114,14 @@ class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):
         return A.record(self.model.model.vision_tower, want, self.config.vision_feature_layer,
                         self.model.model.multi_modal_projector)
 
-    def _encode_visual(self, media, templated: str, want, held=None) -> dict:
+    def _encode_visual(self, media, templated: str, want, held=None, views: str = "all") -> dict:
         if isinstance(media, Video):
             return self._encode_video(media, templated, want)
         images = media if isinstance(media, list) else [media]
         g, patch, offset = self._grid()
         inputs = self.processor(images=[images], text=templated, return_tensors="pt")
+        if views == "base" and len(images) == 1:  # several images, a video: already one view each
+            return self._encode_base(images[0], templated, inputs, want)
         pixels = inputs["pixel_values"].to(self.device, self.dtype)
         with self._capture(want) as rec:
             out = self.model.model.get_image_features(
@@ -142,6 +146,35 @@ class LlavaOnevisionAdapter(SampledVideo, C.ProcessorAdapter):
                 list(torch.split(f, split)), inputs["image_sizes"].to(self.device), image_newline=zero,
                 vision_aspect_ratio=self.config.vision_aspect_ratio)
             res["features"] = torch.cat(list(packed), dim=0) if isinstance(packed, (list, tuple)) else packed
+        return res
+
+    def _encode_base(self, image, templated: str, inputs, want) -> dict:
+        """One image read as its base view only (`views="base"`): the processor's first view (the same pixels
+        as the anyres encoding's), g x g tokens and one newline, as the model reads a one-view image
+        (`pack_image_features`: a single view gets the newline after it). transformers reads an image as one
+        view when its sample holds several images (`batch_num_images` != 1, `get_image_features` and the
+        processor's `replace_image_token`); a one-image sample is always tiled, so the call passes
+        batch_num_images = [2] with the one image's pixels and size: the model's own path then reads that one
+        image unpatched. `ref` carries the same inputs, so that the model run on them is the anchor."""
+        g, patch, offset = self._grid()
+        pixels = inputs["pixel_values"][:, :1]  # (1, 1, 3, S, S): the base view
+        proc = self.processor
+        n = proc.num_image_tokens + 1 - (proc.vision_feature_select_strategy == "default")  # its replace_image_token
+        ids = self._tokenize(templated.replace(proc.image_token, proc.image_token * n))["input_ids"]
+        one_view = torch.tensor([2], device=self.device)
+        with self._capture(want) as rec:
+            out = self.model.model.get_image_features(
+                pixel_values=pixels.to(self.device, self.dtype), image_sizes=inputs["image_sizes"].to(self.device),
+                batch_num_images=one_view, return_dict=True)
+        visual = torch.cat(list(out.pooler_output), dim=0)  # (g*g + 1, d)
+        lay = Layout(1, g * g)
+        L.base_view(lay, image.size, g, patch)
+        ref = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels,
+                   image_sizes=inputs["image_sizes"], batch_num_images=one_view.cpu())
+        res = self._finish(lay, visual, ids, [image], ref, rec, want, offset)
+        if want.features:  # the projector's input of the base view, the newline row 0
+            f = rec.features().flatten(0, 1)  # (g*g, D_v)
+            res["features"] = torch.cat([f, f.new_zeros(1, f.shape[-1])])
         return res
 
     def _encode_video(self, video: Video, templated: str, want) -> dict:

@@ -101,6 +101,19 @@ def anyres_image(lay: Layout, model, image_size_hw, g: int, patch: int, frame0: 
         _newline_box(lay, kinds_start + i * (wp + 1) + wp, is_tile & (row_of == i))
 
 
+def base_view(lay: Layout, size_wh, g: int, patch: int) -> None:
+    """One image read as its base view only (`views="base"`): the image stretched to the tower's input (view 0,
+    g x g, as anyres's first view), then one newline (box: the whole image), as the model packs a one-view image."""
+    W, H = size_wh
+    r, c = _grid(g)
+    t0 = lay.add("base", torch.zeros_like(r), r, c)
+    lay.own(0, r * g + c, t0 + r * g + c, _patch_boxes(r, c, patch) * torch.tensor([W, H, W, H]) / (g * patch))
+    nl = lay.add("newline", torch.zeros(1, dtype=torch.long), torch.full((1,), g), torch.full((1,), g))
+    lay.fixed[nl] = torch.tensor([0.0, 0.0, W, H], dtype=torch.float64)
+    lay.grids.append((g, g))
+    lay.sizes.append((W, H))
+
+
 def square_image(lay: Layout, view: int, frame: int, size_wh, g: int, patch: int) -> None:
     """One image of several: its base view of the image padded to a square, then one newline."""
     W, H = size_wh
