@@ -126,8 +126,8 @@ def test_keep_all_anchor_fails_when_the_answers_differ(tiny_llava, monkeypatch):
     """An adapter whose keep-all answer is not its unpruned answer fails the anchor row only."""
     real = type(tiny_llava).generate
 
-    def generate(self, encoded, keep=None, max_new_tokens=64, **gen):
-        ans = real(self, encoded, keep, max_new_tokens=max_new_tokens, **gen)
+    def generate(self, encoded, keep=None, *args, **gen):  # the caller's arguments as they come (config= or keywords)
+        ans = real(self, encoded, keep, *args, **gen)
         if keep is not None and not isinstance(keep, Selection):
             ans.token_ids = [t + 1 for t in ans.token_ids]  # a keep-all path that changed the model
         return ans
