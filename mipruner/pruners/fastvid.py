@@ -148,6 +148,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
         k_f = max(budget - free.numel(), 0)
         order = torch.cat([frames.reshape(-1)[top_indices(attn[frames.reshape(-1)], k_f)], free])[:budget]
         return Selection.from_order(order, attn, merged_into=torch.full((n_v,), -1, dtype=torch.long, device=dev),
+                                    positions="original",
                                     extras={"frame_tokens": torch.zeros(n_v, dtype=torch.long, device=dev).index_fill(
                                         0, order, 1)[frames].sum(1)})
     salient_n = per_frame - int(per_frame * context_share)  # S
@@ -213,7 +214,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
                                                                            score.reshape(-1))
     seg_of_frame = torch.repeat_interleave(torch.arange(len(sizes), device=dev), torch.tensor(sizes, device=dev))
     return Selection.from_order(torch.cat([kept_frames, free]), attn, tokens=rows[keep].to(visual.dtype),
-                                merged_into=merged_into,
+                                merged_into=merged_into, positions="original",
                                 extras={"frame_tokens": per_frame_kept, "segment": seg_of_frame, "density": density})
 
 
