@@ -212,7 +212,7 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
     ref = mipruner.prune("fastvid", budget=t * 6, **kw)
     with meta_default():
         from mipruner.pruners import video
-        video._TABLES.clear()  # the frame table laid out afresh under the meta default
+        video.clear_tables()  # the frame table laid out afresh under the meta default
         got = mipruner.prune("fastvid", budget=t * 6, **kw)
     for name in ("keep", "order", "scores", "tokens", "merged_into"):
         a, b = getattr(got, name), getattr(ref, name)
