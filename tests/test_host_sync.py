@@ -44,8 +44,10 @@ SELECT_MAX = 16  # syncs of one selection, whatever N_V and K (input checks, ext
 # syncs one more decoded token adds, exactly, per (answer path, family): the greedy loop's stop check (1 a step
 # when the config has EOS ids; Qwen's `fixed_length_kwargs` decode without any, so none) plus transformers' own
 # host read of a 2-D attention mask in its step (`create_causal_mask` tests whether it may skip the mask, as in
-# `generate`); the in-LLM decoder passes no 2-D mask (batch 1). Any sync added to a step fails the test.
-PER_STEP = {("batch", "llava"): 2, ("gpu_path", "qwen3_vl"): 0}  # every other path: 1
+# `generate`, and the in-LLM decoder's mask of the kept rows at their original positions). Any sync added to a
+# step fails the test.
+PER_STEP = {("batch", "llava"): 2, ("gpu_path", "qwen3_vl"): 0,
+            **{(m, "llava"): 2 for m in ("fastv", "dart", "sparsevlm")}}  # every other path: 1
 PER_GROUP = 1  # syncs a prefill group of a batch may add (transformers' check of its padded mask)
 NEW = 3
 

@@ -55,10 +55,10 @@ def _mask(lm, kind: str, h: torch.Tensor, cache, layer_positions, layer_idx: int
     """The model's own mask for queries `h` against the layer group starting at `layer_idx`."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-    # batch 1, no padding: no 2-D mask (an all-ones one is the same mask, but transformers reads it on the host
-    # to see that it may skip it: one device sync a decoding step)
+    kv_len = h.shape[1] + (cache.get_seq_length(layer_idx) if cache is not None else 0)
+    ones = torch.ones(1, kv_len, dtype=torch.long, device=h.device)  # no padding (batch 1)
     fn = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
-    return fn(config=lm.config, inputs_embeds=h, attention_mask=None, past_key_values=cache,
+    return fn(config=lm.config, inputs_embeds=h, attention_mask=ones, past_key_values=cache,
               position_ids=layer_positions, layer_idx=layer_idx)
 
 
