@@ -134,8 +134,7 @@ def test_video_selection_creates_no_tensor_off_the_inputs_device(tiny_both, name
         [{"per_frame": "even"}, {"per_frame": "uniqueness"}]
     for params in runs:
         ref = mipruner.select(ad, clip, name, 9, **params)
-        with video._LOCK:
-            video._TABLES.clear()
+        video.clear_tables()
         with meta_default():
             got = mipruner.select(ad, clip, name, 9, **params)
         assert got.keep.device == clip.visual.device and torch.equal(got.keep, ref.keep)
@@ -215,3 +214,45 @@ def test_the_tile_families_pool_their_attention_on_its_device():
             assert x.device == att.device and torch.equal(x, r)
     a, _ = token_attention(lay, att, keys, offset=1)
     assert torch.allclose(a[0, 0], att[0, 1:3, 1:3].sum(1).mean()) and a[0, 2] == 0  # token 0 owns patches 0, 1
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    from .models.tiny import save_tiny as save_family
+
+    ad = mipruner.load(save_family("qwen2_5_vl", str(tmp_path_factory.mktemp("meta") / "qwen")), device=TEST_DEVICE)
+    return ad, ad.encode(scene(64, 64), "What colour is the square?")
+
+
+def _answers(ad, enc, rows) -> dict:
+    """Token ids of every decoding path on `rows` (selections made beforehand): one answer, the app's batch,
+    the in-LLM decoder (FastV) and the GPU path (bucket + static cache), EOS masked for a fixed length."""
+    from mipruner.batch import answer_batch, use_decode_path
+
+    n = 5
+    fixed = ad.fixed_length_kwargs(n)
+    out = {"one": mipruner.answer(ad, enc, rows[1], max_new_tokens=n, **fixed).token_ids,
+           "batch": [a.token_ids for a in answer_batch(ad, enc, rows, max_new_tokens=n, **fixed)]}
+    if "fastv" in list_pruners() and ad.n_layers > 1:
+        cache: dict = {}
+        sel = mipruner.select(ad, enc, "fastv", 4, cache=cache)
+        out["fastv"] = mipruner.answer(ad, enc, sel, max_new_tokens=n, cache=cache, min_new_tokens=n).token_ids
+    use_decode_path(ad, bucket=16, static_cache=True)
+    try:
+        out["gpu_path"] = [a.token_ids for a in answer_batch(ad, enc, rows, max_new_tokens=n, **fixed)]
+    finally:
+        ad.use_decode_path()
+    return out
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])
+def test_decoding_creates_no_tensor_off_the_inputs_device(tiny_both, tiny_qwen, family):
+    """The decoding loop (greedy steps, pads of finished rows, masks, static-cache slots) under the meta default:
+    a tensor made there without `device=` (the pad of a finished row, say) breaks the step; the tokens equal
+    those decoded without it, on every path."""
+    ad, enc = (tiny_both[0], tiny_both[1]) if family == "llava" else tiny_qwen
+    rows = [None, mipruner.select(ad, enc, "mi", 4), torch.arange(3, device=enc.visual.device)]
+    ref = _answers(ad, enc, rows)
+    with meta_default():
+        got = _answers(ad, enc, rows)
+    assert got == ref and len(ref["one"]) == 5

@@ -228,7 +228,7 @@ def keep_indices(keep: None | torch.Tensor | Selection | list[int], n_visual: in
             raise ValueError("the selection carries prefix rows (Selection.prefix, VisionZip's [CLS]) that this "
                              "model path cannot feed; select without them (no `cls` input)")
         keep = keep.keep
-    keep = torch.as_tensor(keep).flatten()
+    keep = (keep if isinstance(keep, torch.Tensor) else torch.as_tensor(keep, device="cpu")).flatten()
     if keep.dtype.is_floating_point or keep.dtype == torch.bool:
         raise ValueError(f"keep must hold integer indices, got dtype {keep.dtype}")
     keep = keep.to(torch.long).cpu()

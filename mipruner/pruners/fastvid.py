@@ -36,8 +36,12 @@ are kept, as the release keeps the newline; the frames share K_f = K - M. K = N_
 token a frame (K_f < T, where the release keeps none) the K_f tokens of highest attention over the video are
 kept (ATS alone). An input of one frame or frames of different sizes get a sentence (ValueError).
 
-Deliberate deviations: the release adds uniform noise of 1e-6 to rho (random ties), here none (ties: neither
-token is the other's higher-density neighbour); the frame's global feature is its mean projected token (the
+Deliberate deviations: the release adds uniform noise of 1e-6 to rho (random ties), here none: equal rho
+is broken by index, deterministically (of two tokens of equal rho the lower-indexed one is the denser), so a
+flat region of repeated tokens yields one density peak, as the noise makes it, and not all of a frame's anchors;
+a segment is one- or multi-frame by its length (the release decides by its targets' anchor count, which
+files a multi-frame segment whose targets get exactly C anchors, such as C = 1, L = 3, p = 2, or any L > 1 with
+p = 1, as one-frame segments: the same kept tokens, but its non-target frames then merge into nothing); the frame's global feature is its mean projected token (the
 release's Qwen2.5-VL port, `fastvid_qwen25vl/.../modeling_qwen2_5_vl.py`, does this; on OneVision it reads
 SigLIP's attention-pooling head, which no family here exposes), and ATS ranks by the encoder attention every
 attention method reads (`attention.attention_scores`: [CLS] attention, or the attention a token receives)
@@ -91,7 +95,9 @@ def density_scores(x: torch.Tensor) -> torch.Tensor:
     dist = torch.cdist(x, x) / (x.shape[-1] ** 0.5)  # (B, m, m)
     near = torch.topk(dist, k=min(NEIGHBOURS, x.shape[1]), dim=-1, largest=False).values
     rho = torch.exp(-(near ** 2).mean(dim=-1))  # (B, m)
-    higher = (rho[:, None, :] > rho[:, :, None]).to(dist.dtype)  # [b, i, j]: rho_j > rho_i
+    idx = torch.arange(x.shape[1], device=x.device)
+    tie = (rho[:, None, :] == rho[:, :, None]) & (idx[None, :] < idx[:, None])[None]  # equal rho: lower index wins
+    higher = ((rho[:, None, :] > rho[:, :, None]) | tie).to(dist.dtype)  # [b, i, j]: j is denser than i
     far = dist.flatten(1).max(dim=-1).values[:, None, None]
     delta = (dist * higher + far * (1 - higher)).min(dim=-1).values
     return delta * rho
@@ -142,6 +148,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
         k_f = max(budget - free.numel(), 0)
         order = torch.cat([frames.reshape(-1)[top_indices(attn[frames.reshape(-1)], k_f)], free])[:budget]
         return Selection.from_order(order, attn, merged_into=torch.full((n_v,), -1, dtype=torch.long, device=dev),
+                                    positions="original",
                                     extras={"frame_tokens": torch.zeros(n_v, dtype=torch.long, device=dev).index_fill(
                                         0, order, 1)[frames].sum(1)})
     salient_n = per_frame - int(per_frame * context_share)  # S
@@ -162,12 +169,19 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     anchors_all = [frames.gather(1, salient).reshape(-1)]
     # the release's parallel design: every one-frame target (C anchors, its own frame merged) in one batched
     # call, then each multi-frame segment (more anchors, the whole segment merged) in one call of its own
-    groups = [([f for f in range(t) if context_n > 0 and counts[f] == context_n], None)]
-    start = 0
+    # A segment is one- or multi-frame by its length (the release tests the anchor count against C, which
+    # files a multi-frame segment whose targets get exactly C anchors, e.g. C = 1, L = 3, p = 2, or p = 1,
+    # as one-frame segments and merges none of its other frames' tokens).
+    groups, start = [([], None)], 0
     for size in sizes:
         seg = list(range(start, start + size))
         start += size
-        groups.append(([f for f in seg if counts[f] > context_n], seg))
+        if context_n == 0:
+            continue
+        if size == 1:
+            groups[0][0].append(seg[0])
+        else:
+            groups.append(([f for f in seg if counts[f] > 0], seg))
     m = n - salient_n
     for targets, seg in groups:
         if not targets:
@@ -200,7 +214,7 @@ def fastvid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
                                                                            score.reshape(-1))
     seg_of_frame = torch.repeat_interleave(torch.arange(len(sizes), device=dev), torch.tensor(sizes, device=dev))
     return Selection.from_order(torch.cat([kept_frames, free]), attn, tokens=rows[keep].to(visual.dtype),
-                                merged_into=merged_into,
+                                merged_into=merged_into, positions="original",
                                 extras={"frame_tokens": per_frame_kept, "segment": seg_of_frame, "density": density})
 
 

@@ -41,6 +41,10 @@ class Selection:
     merged_into: (N_V,) int64 for merging methods: the kept token (an index into N_V, one of `keep`)
             each dropped token went into, -1 for the others (kept ones included); else None. The
             app draws it (which dropped patches went into which kept one).
+    positions: the 1-D position rule the method's release feeds the LLM ("original": each kept token at its
+            position in the unpruned prompt, as FastVID's release does), else None (the adapter's own rule,
+            "compact" by default). An explicit `positions=` of an answer call overrides it; M-RoPE families
+            (Qwen) always keep their unpruned columns.
 
     Every tensor lives on the device the pruner computed on (that of its `visual` input); nothing
     is copied to the host when a selection is made (see the module docstring).
@@ -56,6 +60,7 @@ class Selection:
     method: str = ""
     prefix: torch.Tensor | None = None
     merged_into: torch.Tensor | None = None
+    positions: str | None = None
 
     @property
     def budget(self) -> int:
@@ -83,7 +88,8 @@ class Selection:
         return Selection(keep=move(self.keep), order=move(self.order), scores=move(self.scores), pmi=move(self.pmi),
                          pivot=move(self.pivot), tokens=move(self.tokens), prefix=move(self.prefix),
                          merged_into=move(self.merged_into),
-                         extras={k: move(v) for k, v in self.extras.items()}, method=self.method)
+                         extras={k: move(v) for k, v in self.extras.items()}, method=self.method,
+                         positions=self.positions)
 
 
 def withdrawn_at(sel: Any) -> int | None:

@@ -25,6 +25,7 @@ included) is device work only; callers never write into its tensors.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -71,8 +72,27 @@ class Frames:
 
 # (frame_index content, N_V, device) -> Frames; bounded (least recently used dropped)
 _TABLES: "OrderedDict[tuple, Frames]" = OrderedDict()
+# (id of the frame_index tensor, N_V, device) -> (weak reference to it, its version counter, Frames): the lookup
+# made before any host copy, so a call on the same index tensor (an encoding's, every budget and replay) reads
+# nothing from the device; an in-place write bumps the tensor's version and misses. Bounded as _TABLES.
+_BY_TENSOR: "OrderedDict[tuple, tuple]" = OrderedDict()
 MAX_TABLES = 64
 _LOCK = threading.Lock()
+
+
+def _same_tensor(key: tuple, frame_index: torch.Tensor) -> Frames | None:
+    entry = _BY_TENSOR.get(key)
+    if entry is None or entry[0]() is not frame_index or entry[1] != frame_index._version:
+        return None
+    _BY_TENSOR.move_to_end(key)
+    return entry[2]
+
+
+def clear_tables() -> None:
+    """Forget every memoized frame table (tests lay tables out afresh, e.g. under a meta default device)."""
+    with _LOCK:
+        _TABLES.clear()
+        _BY_TENSOR.clear()
 
 
 def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device | str | None = None) -> Frames:
@@ -82,18 +102,28 @@ def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device |
     different sizes)."""
     dev = torch.device(device) if device is not None else (
         frame_index.device if isinstance(frame_index, torch.Tensor) else torch.device("cpu"))
+    by_tensor = (id(frame_index), n, str(dev)) if isinstance(frame_index, torch.Tensor) else None
+    if by_tensor is not None:
+        with _LOCK:  # looked up first: no host copy (no device sync) for a tensor seen before
+            hit = _same_tensor(by_tensor, frame_index)
+        if hit is not None:
+            return hit
     host = _host_index(frame_index, n)  # one host copy, the memo's key and the layout's input
     key = (None if host is None else (str(frame_index.dtype), hash(host.tobytes())), n, str(dev))
     with _LOCK:
-        hit = _TABLES.get(key)
-        if hit is not None:
+        out = _TABLES.get(key)
+        if out is not None:
             _TABLES.move_to_end(key)
-            return hit
-    out = _frame_slots(host, n, dev)
+    if out is None:
+        out = _frame_slots(host, n, dev)
     with _LOCK:
         _TABLES[key] = out
         while len(_TABLES) > MAX_TABLES:
             _TABLES.popitem(last=False)
+        if by_tensor is not None:
+            _BY_TENSOR[by_tensor] = (weakref.ref(frame_index), frame_index._version, out)
+            while len(_BY_TENSOR) > MAX_TABLES:
+                _BY_TENSOR.popitem(last=False)
     return out
 
 
@@ -177,4 +207,4 @@ def split_budget(k: int, sizes: Sequence[int], weights: Sequence[float] | None =
     return base.tolist()
 
 
-__all__ = ["Frames", "NotApplicable", "OUTSIDE", "dissimilarity", "frame_slots", "split_budget", "token_frames", "uniqueness"]
+__all__ = ["Frames", "NotApplicable", "OUTSIDE", "clear_tables", "dissimilarity", "frame_slots", "split_budget", "token_frames", "uniqueness"]

@@ -269,3 +269,26 @@ def test_an_upload_flood_stops_at_the_cap_and_every_example_still_loads(served):
         assert raw.call("view", CTL)[0]
     for u in urls:
         assert httpx.get(u, timeout=30).status_code == 200, u
+
+
+def test_a_sibling_folder_that_starts_with_the_same_name_is_outside(tmp_path):
+    """The folder checks compare whole path components: `/x/up` does not hold `/x/up-evil/...` or `/x/upx/...`
+    (a prefix test without the separator would let them through; the files exist, so only the folder rule
+    refuses them), for the upload guard and for the local-model folders alike."""
+    from components.hosting.policy import ModelPolicy
+
+    up = tmp_path / "up"
+    up.mkdir()
+    (up / "ok.png").write_bytes(b"x")
+    for sibling in ("up-evil", "upx", "up.d"):
+        (tmp_path / sibling).mkdir()
+        (tmp_path / sibling / "x.png").write_bytes(b"x")
+        (tmp_path / sibling / "model").mkdir()
+    roots = real_roots([up])
+    assert file_problem("image", {"path": str(up / "ok.png")}, roots) is None
+    policy = ModelPolicy(model_dirs=(str(up),))
+    (up / "model").mkdir()
+    assert policy.refusal(str(up / "model")) == ""
+    for sibling in ("up-evil", "upx", "up.d"):
+        assert file_problem("image", {"path": str(tmp_path / sibling / "x.png")}, roots) == not_uploaded("image")
+        assert "only from the folders it was started with" in policy.refusal(str(tmp_path / sibling / "model"))

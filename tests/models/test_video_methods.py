@@ -95,3 +95,23 @@ def test_equals_the_releases_on_the_encodings_frames(encoded, family):
     plain = a.prefill_logits(e, keep=sel.keep)
     assert merged.shape == plain.shape
     assert not torch.equal(merged, plain) or torch.equal(sel.tokens, e.visual[sel.keep])
+
+
+@pytest.mark.parametrize("family", VIDEO)
+def test_fastvid_answers_at_its_releases_positions(encoded, family):
+    """FastVID's release feeds the kept tokens at their original position ids; so does the method here by
+    default, on every family (1-D positions through the Selection's rule; Qwen's M-RoPE columns always)."""
+    from mipruner.models.common.hf_adapter import ProcessorAdapter
+
+    a, e = encoded(family)
+    t = int(e.frame_index.max()) + 1
+    sel = mipruner.select(a, e, "fastvid", max(t * 3, e.n_visual // 3))
+    assert sel.positions == "original"
+    if not isinstance(a, ProcessorAdapter):  # Qwen: the kept tokens keep their unpruned M-RoPE columns
+        return
+    p = a.pruned_inputs(e, sel)
+    assert p["position_ids"] is not None and torch.equal(p["position_ids"][0], p["orig_positions"])
+    assert torch.equal(a.prefill_logits(e, keep=sel), a.prefill_logits(e, keep=sel, positions="original"))
+    assert a.pruned_inputs(e, sel, positions="compact")["position_ids"] is None  # an explicit rule overrides
+    got = mipruner.answer(a, e, sel, max_new_tokens=4).token_ids
+    assert got == a.generate(e, keep=sel, max_new_tokens=4, positions="original").token_ids

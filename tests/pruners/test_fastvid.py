@@ -15,10 +15,13 @@ from .video_inputs import attention, video_frames, video_tokens
 
 
 def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, ratio_tokens: int, c: int, tau: float,
-             d: float, p: int, beta: float, topk=torch.topk) -> tuple[torch.Tensor, torch.Tensor]:
+             d: float, p: int, beta: float, topk=torch.topk, split: str = "length") -> tuple[torch.Tensor, torch.Tensor]:
     """(kept indices ascending, their rows) of the release's block on video (T n, D) with per-token attention
     (T n,); `ratio_tokens` is int(frame_token_len * fastvid_retention_ratio). topk: the release's torch.topk
-    (tests on encodings whose scores tie pass `stable_topk`: the release leaves ties to the kernel)."""
+    (tests on encodings whose scores tie pass `stable_topk`: the release leaves ties to the kernel).
+    split: "count", the release's test of one- against multi-frame segments (a frame's anchor count == C, a
+    target's > C); "length", fastvid.py's (segment length 1 or more; the documented deviation). Equal density
+    is broken by index (fastvid.py's deviation for the release's U(0, 1e-6) noise)."""
     video_token_len, dim = video.shape
     frame_token_len = video_token_len // frame_num
     batchframe_indices = torch.arange(frame_num).unsqueeze(1)
@@ -67,7 +70,9 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
     dist_matrix = torch.cdist(token_filtered.float(), token_filtered.float()) / (dim ** 0.5)
     dist_nearest, _ = topk(dist_matrix, k=min(4, m), dim=-1, largest=False)  # min: fastvid.py's deviation
     density = (-(dist_nearest ** 2).mean(dim=-1)).exp()
-    density_mask = (density[:, None, :] > density[:, :, None]).type(token_filtered.dtype)
+    order = torch.arange(m)
+    tie = (density[:, None, :] == density[:, :, None]) & (order[None, :] < order[:, None])[None]
+    density_mask = ((density[:, None, :] > density[:, :, None]) | tie).type(token_filtered.dtype)
     dist_max = dist_matrix.flatten(1).max(dim=-1)[0][:, None, None]
     dist_0, _ = (dist_matrix * density_mask + dist_max * (1 - density_mask)).min(dim=-1)
     density_score = dist_0 * density
@@ -89,7 +94,8 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
     counts = assign_one_hot.sum(dim=1).clamp(min=1).unsqueeze(-1)
     aggregated_hidden = torch.bmm(assign_one_hot.transpose(1, 2), token_filtered) / counts
     frm_context_tokens = avg_weights * frm_context_tokens + (1 - avg_weights) * aggregated_hidden
-    single = frm_context_num_list == frame_context_num
+    one_frame = torch.repeat_interleave(torch.tensor(segment_sizes) == 1, torch.tensor(segment_sizes))
+    single = frm_context_num_list == frame_context_num if split == "count" else one_frame
     final_tokens.append(frm_context_tokens[single].view(-1, dim))
     keep_indexs += (frm_context_global_indexes[single].view(-1),)
     # DTM, multi-frame segments
@@ -98,7 +104,7 @@ def released(video: torch.Tensor, frame_attn: torch.Tensor, frame_num: int, rati
         if seg_i_len > 1:
             lst = frm_context_num_list[idx_seg_start:idx_seg_start + seg_i_len]
             cur_seg_context_num = int(lst[-1])
-            target = lst > frame_context_num
+            target = lst > (frame_context_num if split == "count" else 0)
             n_target = int(target.sum())
             seg_score = density_score[idx_seg_start:idx_seg_start + seg_i_len][target]
             seg_tokens = token_filtered[idx_seg_start:idx_seg_start + seg_i_len]
@@ -206,9 +212,70 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
     ref = mipruner.prune("fastvid", budget=t * 6, **kw)
     with meta_default():
         from mipruner.pruners import video
-        video._TABLES.clear()  # the frame table laid out afresh under the meta default
+        video.clear_tables()  # the frame table laid out afresh under the meta default
         got = mipruner.prune("fastvid", budget=t * 6, **kw)
     for name in ("keep", "order", "scores", "tokens", "merged_into"):
         a, b = getattr(got, name), getattr(ref, name)
         assert a.device.type == TEST_DEVICE.type and torch.equal(a, b), name  # cuda:0 is not == cuda
     assert got.tokens.dtype == dtype and bool(torch.isfinite(got.tokens.float()).all())
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("per_frame", [3, 5])  # C = 1 and C = 2 anchors a frame (context_share 0.4)
+def test_every_stride_merges_every_frame_of_a_segment(stride, per_frame):
+    """Issue: with anchor_stride 2 and 3 near-identical frames (one segment, C = 1), the release's count test
+    (the targets' floor(C L / ceil(L / p)) == C) files the segment as one-frame segments and merges nothing of
+    frame 1. Deciding by the segment's length merges every dropped token of every frame; the kept tokens are
+    the release's either way."""
+    t, h, w, d = 9, 4, 4, 16
+    n = h * w
+    v = video_tokens(t, n, d, scenes=(0, 3, 4), noise=0.05)  # segments of 3, 1 and 5 frames
+    att = attention(t * n)
+    kw = dict(segments=3, segment_tau=-1.0, context_share=0.4, anchor_stride=stride, merge_beta=0.6)
+    sel = mipruner.prune("fastvid", visual=v, budget=t * per_frame, frame_index=video_frames(t, n), attention=att,
+                         **kw)
+    args = (v, attention_scores(att, t * n), t, per_frame, kw["segments"], kw["segment_tau"], kw["context_share"],
+            stride, kw["merge_beta"])
+    want_keep, want_rows = released(*args)
+    count_keep, _ = released(*args, split="count")
+    assert torch.equal(sel.keep, want_keep) and torch.equal(count_keep, want_keep)
+    torch.testing.assert_close(sel.tokens, want_rows, rtol=0, atol=1e-5)
+    dropped = torch.ones(t * n, dtype=torch.bool).index_fill(0, sel.keep, False)
+    merged = sel.merged_into >= 0
+    assert torch.equal(merged, dropped)  # every dropped token of every frame went into a kept one
+    assert sel.extras["segment"].tolist() == [0] * 3 + [1] + [2] * 5
+
+
+def test_the_count_rule_case_merges_frame_one():
+    """The issue's case made again: 3 near-identical frames, stride 2, C = 1: frame 1's 16 tokens."""
+    t, n, d = 3, 16, 8
+    v = video_tokens(t, n, d, scenes=(0,), noise=0.01)
+    att = attention(t * n)
+    sel = mipruner.prune("fastvid", visual=v, budget=t * 3, frame_index=video_frames(t, n), attention=att,
+                         segments=1, segment_tau=-1.0, anchor_stride=2)
+    into = sel.merged_into.view(t, n)
+    kept = torch.zeros(t * n, dtype=torch.bool).index_fill(0, sel.keep, True).view(t, n)
+    assert int(((into[1] >= 0) | kept[1]).sum()) == n  # each of frame 1's tokens is kept or merged
+    args = (v, attention_scores(att, t * n), t, 3, 1, -1.0, 0.4, 2, 0.6)
+    _, ours = released(*args)
+    _, counted = released(*args, split="count")
+    assert not torch.allclose(ours, counted)  # the release's rule merges frame 1 nowhere: other rows
+
+
+def test_equal_density_is_broken_by_index():
+    """Repeated tokens (two flat regions of identical rows in every frame): without the release's rho noise
+    every token of a region would tie as a density peak and a frame's anchors could all come from one region;
+    the index rule makes one peak a region, so C = 2 anchors come one from each."""
+    t, n, d = 2, 16, 8
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(d, generator=g), torch.randn(d, generator=g) * 4
+    frame = torch.stack([a] * 8 + [b] * 8)  # (n, d): region A then region B
+    v = torch.cat([frame, frame + 0.5])
+    att = torch.softmax(torch.arange(t * n + 1, dtype=torch.float32)[None].expand(t * n + 1, -1) * 0, dim=-1)
+    sel = mipruner.prune("fastvid", visual=v, budget=t * 6, frame_index=video_frames(t, n), attention=att,
+                         segments=2, segment_tau=-1.0, context_share=0.4)  # R = 6: S = 4 salient, C = 2
+    salient = torch.arange(4)  # uniform attention: ATS keeps each frame's first 4 (lowest index on ties)
+    for f in range(t):
+        kept = sel.keep[(sel.keep >= f * n) & (sel.keep < (f + 1) * n)] - f * n
+        anchors = kept[~torch.isin(kept, salient)]
+        assert anchors.numel() == 2 and int((anchors < 8).sum()) == 1, (f, kept.tolist())

@@ -120,7 +120,7 @@ def test_no_tensor_made_off_the_inputs_device_and_low_precision(dtype):
     ref = mipruner.prune("vidcom2", visual=v, budget=33, frame_index=frame_index)
     with meta_default():
         from mipruner.pruners import video
-        video._TABLES.clear()  # the frame table laid out afresh under the meta default
+        video.clear_tables()  # the frame table laid out afresh under the meta default
         got = mipruner.prune("vidcom2", visual=v, budget=33, frame_index=frame_index)
     for name in ("keep", "order", "scores"):
         a, b = getattr(got, name), getattr(ref, name)

@@ -78,3 +78,25 @@ def test_split_budget_refuses_what_cannot_fit():
         split_budget(13, [4, 4, 4])
     with pytest.raises(ValueError, match="weights must be"):
         split_budget(3, [4, 4], [1.0, -1.0])
+
+
+def test_frame_slots_looks_up_before_any_host_copy(monkeypatch):
+    """A second call on the same frame_index tensor (an encoding's: every budget, every CUDA-graph replay) is
+    answered from the memo before anything is copied to the host (a device index would sync there and break
+    capture); an in-place write to the tensor, or another tensor of the same content, is read again."""
+    from mipruner.pruners import video
+
+    video.clear_tables()
+    index = torch.arange(4).repeat_interleave(6)
+    first = video.frame_slots(index, 24)
+    reads = []
+    real = video._host_index
+    monkeypatch.setattr(video, "_host_index", lambda f, n: reads.append(1) or real(f, n))
+    assert video.frame_slots(index, 24) is first and reads == []  # no host read for the same tensor
+    twin = index.clone()
+    assert video.frame_slots(twin, 24) is first and reads == [1]  # same content: one read, the same table
+    index[:6] = 3  # in place: the version counter moves, the table is laid out again
+    index[18:] = 0
+    again = video.frame_slots(index, 24)
+    assert reads == [1, 1] and torch.equal(again.index[0], torch.arange(18, 24))
+    video.clear_tables()

@@ -8,31 +8,46 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["greedy", "greedy_supported"]
+__all__ = ["active_processors", "greedy", "greedy_supported"]
 
 
 # ----------------------------------------------------------------------------------------------
 # greedy decoding after a prefill (every family)
 
-# generation-config fields that add logits processors in `generate`; a model whose config sets one
-# answers through `generate` itself (`greedy_supported`)
-_PROCESSOR_FIELDS = ("repetition_penalty", "encoder_repetition_penalty", "sequence_bias", "no_repeat_ngram_size",
-                     "encoder_no_repeat_ngram_size", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id",
-                     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
-                     "remove_invalid_values", "renormalize_logits", "min_length")
+# generation-config fields that add logits processors in `generate` (do_sample=False), each with the test
+# transformers' `GenerationMixin._get_logits_processor` applies to it: a model whose config makes one active
+# answers through `generate` itself (`greedy_supported`). Per field, never by truthiness: 0 and 1 are real
+# token ids (forced_bos_token_id=0), 1 a real n-gram size.
+_set = lambda v: v is not None  # noqa: E731
+_PROCESSOR_FIELDS = {
+    "guidance_scale": lambda v: v is not None and v != 1,
+    "sequence_bias": _set,
+    "encoder_repetition_penalty": lambda v: v is not None and v != 1.0,
+    "repetition_penalty": lambda v: v is not None and v != 1.0,
+    "no_repeat_ngram_size": lambda v: v is not None and v > 0,
+    "encoder_no_repeat_ngram_size": lambda v: v is not None and v > 0,
+    "bad_words_ids": _set,
+    "min_length": lambda v: v is not None and v > 0,
+    "forced_bos_token_id": _set,
+    "forced_eos_token_id": _set,
+    "remove_invalid_values": lambda v: v is True,
+    "exponential_decay_length_penalty": _set,
+    "suppress_tokens": _set,
+    "begin_suppress_tokens": _set,
+    "watermarking_config": _set,
+    "renormalize_logits": lambda v: v is True,
+}
+
+
+def active_processors(generation_config) -> list[str]:
+    """The fields of `generation_config` that make `generate` add a logits processor, in transformers' order."""
+    return [name for name, active in _PROCESSOR_FIELDS.items() if active(getattr(generation_config, name, None))]
 
 
 def greedy_supported(model, config) -> bool:
     """Whether `greedy` decodes exactly what `model.generate(**config.generate_kwargs())` would: no
-    `extra` generate argument, and no processor from the model's generation config."""
-    if config.extra:
-        return False
-    cfg = model.generation_config
-    for name in _PROCESSOR_FIELDS:
-        v = getattr(cfg, name, None)
-        if v not in (None, False, 0, 1.0, [], ()) or (name == "repetition_penalty" and v not in (None, 1.0)):
-            return False
-    return True
+    `extra` generate argument, and no processor from the model's generation config (`active_processors`)."""
+    return not config.extra and not active_processors(model.generation_config)
 
 
 def greedy(step, first_logits: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos: list[int],

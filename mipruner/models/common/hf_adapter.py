@@ -251,7 +251,8 @@ class ProcessorAdapter(Adapter):
         """inputs_embeds (1, L', d), attention_mask (1, L'), position_ids (1, L') or None, and the
         original positions (L',) of the kept sequence. L' = L - (N_V - K). A Selection's `prefix`
         rows (VisionZip's [CLS]) go right before the first visual token and count in K."""
-        positions = check_choice("positions", positions or self.positions, POSITIONS)
+        own = keep.positions if isinstance(keep, Selection) else None  # the method's release's rule (FastVID)
+        positions = check_choice("positions", positions or own or self.positions, POSITIONS)
         idx = keep_indices(keep, encoded.n_visual, allow_prefix=True)
         st = encoded.state
         ids, vpos = st.input_ids, st.visual_positions

@@ -245,14 +245,14 @@ class Qwen2VLAdapter(Adapter):
         idx = keep_indices(keep, encoded.n_visual)
         ids, positions, vis_pos = st.input_ids, st.positions, st.visual_positions
         if idx is None:
-            idx = torch.arange(encoded.n_visual)
+            idx = torch.arange(encoded.n_visual, device=vis_pos.device)  # host metadata, as keep_indices' result
         rows = encoded.visual[idx]
         if isinstance(keep, Selection) and keep.tokens is not None:
             if keep.tokens.shape != rows.shape:
                 raise ValueError(f"Selection.tokens must be {tuple(rows.shape)}, got {tuple(keep.tokens.shape)}")
             rows = keep.tokens.to(rows.dtype)
-        seq_keep = torch.ones(ids.shape[1], dtype=torch.bool)
-        dropped = torch.ones(encoded.n_visual, dtype=torch.bool)
+        seq_keep = torch.ones(ids.shape[1], dtype=torch.bool, device=ids.device)
+        dropped = torch.ones(encoded.n_visual, dtype=torch.bool, device=vis_pos.device)
         dropped[idx] = False
         seq_keep[vis_pos[dropped]] = False
         device = self.model.device
