@@ -15,7 +15,9 @@ from mipruner.media import write_video
 from mipruner.models import FAMILIES
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
+from ..pruners.test_prunevid import released as released_prunevid
 from ..pruners.test_tome import released as released_tome
+from mipruner.pruners.video import frame_slots
 from .tiny import save_tiny
 from .tiny_llava import scene
 
@@ -57,6 +59,32 @@ def test_tome_keep_all_and_release(encoded, family, medium):
     assert sel.keep.tolist() == keep.tolist()
     torch.testing.assert_close(sel.tokens.float(), rows.to(sel.tokens.dtype).float(), rtol=0, atol=1e-6)
     assert sel.scores[sel.keep].tolist() == size.tolist()
+    merged = a.prefill_logits(e, keep=sel)  # the merged rows reach the LLM at the kept positions
+    plain = a.prefill_logits(e, keep=sel.keep)
+    assert merged.shape == plain.shape and not torch.equal(merged, plain)
+
+
+VIDEO = [f for f, m in MEDIUMS if m == "video"]
+
+
+@pytest.mark.parametrize("family", VIDEO)
+def test_prunevid_keep_all_and_release(encoded, family):
+    a, e = encoded(family, "video")
+    sel = mipruner.select(a, e, "prunevid", e.n_visual)
+    assert sel.keep.tolist() == list(range(e.n_visual)) and sel.tokens is None
+    assert torch.equal(a.prefill_logits(e, keep=sel), a.prefill_logits(e))
+    assert mipruner.answer(a, e, sel, max_new_tokens=4).token_ids == a.generate(e, max_new_tokens=4).token_ids
+    table = frame_slots(e.frame_index, e.n_visual, "cpu")
+    t, n = table.index.shape
+    assert t >= 2, f"{family}: the clip's encoding reads as {t} frame(s)"
+    x = e.visual.float()[table.index]  # (T, n, d)
+    rows, places = released_prunevid(x, table.index)
+    sel = mipruner.select(a, e, "prunevid", e.n_visual - 1)  # the cap above the release's count
+    free = table.outside
+    at = ~torch.isin(sel.keep, free)
+    order = torch.argsort(places)
+    assert sel.keep[at].tolist() == places[order].tolist() and bool(torch.isin(free, sel.keep).all())
+    torch.testing.assert_close(sel.tokens[at].float(), rows[order].to(sel.tokens.dtype).float(), rtol=0, atol=1e-5)
     merged = a.prefill_logits(e, keep=sel)  # the merged rows reach the LLM at the kept positions
     plain = a.prefill_logits(e, keep=sel.keep)
     assert merged.shape == plain.shape and not torch.equal(merged, plain)
