@@ -15,7 +15,9 @@ from mipruner.media import write_video
 from mipruner.models import FAMILIES
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
+from ..pruners.test_holitom import released as released_holitom
 from ..pruners.test_prunevid import released as released_prunevid
+from mipruner.pruners.attention import attention_scores
 from ..pruners.test_tome import released as released_tome
 from mipruner.pruners.video import frame_slots
 from .tiny import save_tiny
@@ -86,5 +88,30 @@ def test_prunevid_keep_all_and_release(encoded, family):
     assert sel.keep[at].tolist() == places[order].tolist() and bool(torch.isin(free, sel.keep).all())
     torch.testing.assert_close(sel.tokens[at].float(), rows[order].to(sel.tokens.dtype).float(), rtol=0, atol=1e-5)
     merged = a.prefill_logits(e, keep=sel)  # the merged rows reach the LLM at the kept positions
+    plain = a.prefill_logits(e, keep=sel.keep)
+    assert merged.shape == plain.shape and not torch.equal(merged, plain)
+
+
+@pytest.mark.parametrize("family", VIDEO)
+def test_holitom_keep_all_and_release(encoded, family):
+    a, e = encoded(family, "video")
+    sel = mipruner.select(a, e, "holitom", e.n_visual)
+    assert sel.keep.tolist() == list(range(e.n_visual)) and sel.tokens is None
+    assert torch.equal(a.prefill_logits(e, keep=sel), a.prefill_logits(e))
+    assert mipruner.answer(a, e, sel, max_new_tokens=4).token_ids == a.generate(e, max_new_tokens=4).token_ids
+    table = frame_slots(e.frame_index, e.n_visual, "cpu")
+    t, n = table.index.shape
+    free = table.outside
+    x = e.visual.float()[table.index]  # (T, n, d)
+    att = attention_scores(e.attention, e.n_visual)[table.index]
+    k = free.numel() + t * n // 4
+    sel = mipruner.select(a, e, "holitom", k)
+    rows, places = released_holitom(x, att, table.index, (k - free.numel()) / (t * n),
+                                    fitted=float(sel.extras["retain_ratio"]))
+    at = ~torch.isin(sel.keep, free)
+    order = torch.argsort(places)
+    assert sel.keep[at].tolist() == places[order].tolist() and bool(torch.isin(free, sel.keep).all())
+    torch.testing.assert_close(sel.tokens[at].float(), rows[order].to(sel.tokens.dtype).float(), rtol=0, atol=1e-5)
+    merged = a.prefill_logits(e, keep=sel)
     plain = a.prefill_logits(e, keep=sel.keep)
     assert merged.shape == plain.shape and not torch.equal(merged, plain)
