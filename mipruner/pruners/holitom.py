@@ -32,7 +32,9 @@ layout places static rows in the first frame), so keep = those tokens in index o
 merged_into = for every token merged into a row (a static slot's W tokens, a cluster's members) its kept token;
 the dynamic tokens neither kept nor merged (D = 0: every unattended one) are dropped (-1). The release keeps
 sum(round(S r)) + sum(ceil(n r)) tokens, which rounding can put above K_f: the method is adaptive, the budget its
-cap: where the count exceeds K_f, r is lowered (host arithmetic, the largest r whose count fits). Tokens of no
+cap: where the count exceeds K_f, r is lowered (host arithmetic, the largest r whose count fits); under one token
+a frame with dynamic tokens (the release keeps at least one each) the K_f most attended frame tokens are kept
+(ATS alone, as FastVID's fallback). Tokens of no
 frame (OneVision's newline after the video) are kept; the frames share K_f = K - M. K = N_V keeps every token.
 
 Not expressed: HoliTom's inner-LLM merging (HOLITOM_k, HOLITOM_r: at a layer, the visual tokens most alike merged
@@ -188,6 +190,12 @@ def holitom_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
             plan.append(("dynamic", f, dy))
     ratio = fitted_ratio(min((k_f / (t * p)) / ((t * p - reduced) / (t * p)), 1), groups, holitom_dynamic_share, k_f)
     counts = counts_at(ratio, groups, holitom_dynamic_share)
+    if k_f < sum(n > 0 for kind, n in groups if kind == "dynamic") or sum(a + b for a, b in counts) == 0:
+        # under one token a frame with dynamic tokens (the release keeps at least one each): ATS alone
+        flat = frames.reshape(-1)
+        order = torch.cat([flat[top_indices(attn[flat], k_f)], free])
+        return Selection.from_order(order, attn, merged_into=torch.full((n_v,), -1, dtype=torch.long, device=dev),
+                                    extras={"segment": torch.zeros(t, dtype=torch.long, device=dev)})
     rows, kept, into = [], [], torch.full((n_v,), -1, dtype=torch.long, device=dev)
     for (kind, where, slots), (dominant, centres_n) in zip(plan, counts):
         slots = slots.to(dev)

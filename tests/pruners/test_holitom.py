@@ -222,3 +222,12 @@ def test_no_tensor_without_device():
         got = mipruner.prune("holitom", visual=v, budget=40, frame_index=fi, attention=att, holitom_dynamic_share=0.5)
     assert got.keep.device.type == TEST_DEVICE.type and torch.equal(got.keep, want.keep)
     assert torch.equal(got.tokens, want.tokens)
+
+
+def test_under_one_token_a_dynamic_frame_keeps_the_most_attended():
+    t, n = 5, 25
+    v = clip(t, n, 8, scenes=(0, 1, 2, 3, 4))  # every frame new: every slot dynamic, one window a frame
+    att = attention(t * n, seed=2)
+    sel = mipruner.prune("holitom", visual=v, budget=3, frame_index=video_frames(t, n), attention=att)
+    want = torch.sort(attention_scores(att, t * n), descending=True, stable=True).indices[:3]
+    assert sel.keep.tolist() == sorted(want.tolist()) and sel.tokens is None
