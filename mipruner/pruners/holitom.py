@@ -160,7 +160,7 @@ def holitom_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
                    keys: torch.Tensor | None = None,  # unused; every attention pruner takes the same inputs
                    frame_index: torch.Tensor | None = None, holitom_tau: float = 0.8, holitom_beta: float = 0.6,
                    holitom_dynamic_share: float = 0.0, holitom_max_window: int = 1024) -> Selection:
-    """HoliTom: static windows by a dynamic program, static tokens merged over time and space, dynamic ones by attention."""
+    """HoliTom: static windows by a dynamic program, static tokens merged in time and space, dynamic ones by attention."""
     n_v, dev = visual.shape[0], visual.device
     attn = attention_scores(attention, n_v, method="holitom").to(dev)  # (N_V,)
     frames, free = video_frames(frame_index, n_v, dev, "HoliTom")  # (T, P), (M,)
@@ -237,7 +237,8 @@ def holitom_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int,
     for i, (s, e) in enumerate(windows):
         window_of[s: e + 1] = i
     return Selection(keep=keep, order=order, scores=attn, tokens=all_rows[perm].to(visual.dtype), merged_into=into,
-                     extras={"segment": window_of.to(dev), "retain_ratio": torch.tensor(ratio, dtype=torch.float64, device=dev)})
+                     extras={"segment": window_of.to(dev),
+                             "retain_ratio": torch.tensor(ratio, dtype=torch.float64, device=dev)})
 
 
 __all__ = ["cluster_merge", "counts_at", "dpc_centres", "fitted_ratio", "holitom_pruner", "select_windows",

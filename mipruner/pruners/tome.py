@@ -35,8 +35,9 @@ Options for fidelity to the release (`Param`s):
 Deviations, on purpose: the rounds (ToMe removes r tokens in each of a ViT's layers, recomputing the metric from
 each layer's keys; here the merged rows are the next round's metric, so K is reached before the LLM on every
 family, whatever its encoder; a round of r = L / 2 merges every even row, so fewer, larger rounds keep the odd
-positions whatever the content: 8 rounds by default); a zero row normalises to zero (the release's division gives NaN). K = N_V runs no
-round: every token, unchanged (`tokens` None), the unpruned model. Cost: O(L^2 d / 4) a round, about
+positions whatever the content: 8 rounds by default); a zero row normalises to zero (the release's division gives
+NaN); the release's `scatter_reduce(sum)` is an `index_add` (the same sums; much faster on the CPU). K = N_V runs
+no round: every token, unchanged (`tokens` None), the unpruned model. Cost: O(L^2 d / 4) a round, about
 log2(N_V / K) rounds; shapes are fixed by (N_V, K): one capturable computation (`Capturable(batch=False)`).
 """
 from __future__ import annotations
@@ -102,7 +103,8 @@ def schedule(n: int, k: int, rounds: int) -> list[int]:
 
 
 def tome_merge(visual: torch.Tensor, budget: int, *, order: str = "sequence", ties: str = "lowest",
-               dtype: str = "float32", rounds: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+               dtype: str = "float32", rounds: int = 8
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rounds of `merge_round` until `budget` rows remain: (rows (K, d) in the compute dtype, sizes (K,),
     stands (K,) the original index each row stands at, group (N_V,) the final row of every token)."""
     n, dev = visual.shape[0], visual.device
