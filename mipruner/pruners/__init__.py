@@ -22,6 +22,9 @@ from . import pool  # noqa: E402,F401
 from . import evs  # noqa: E402,F401
 from . import vidcom2  # noqa: E402,F401
 from . import fastvid  # noqa: E402,F401
+from . import tome  # noqa: E402,F401
+from . import prunevid  # noqa: E402,F401
+from . import holitom  # noqa: E402,F401
 from .batched import prune_batch  # noqa: E402
 from .capture import Capturable  # noqa: E402
 
