@@ -40,8 +40,9 @@ def build_inputs(hub, fewer: bool = False) -> Inputs:
                      elem_id="image", height=300)
     video = gr.Video(sources=["upload"], label="Video (a few frames are sampled)", elem_id="video", height=300,
                      visible=False)
-    prompt = gr.Textbox(label="Prompt (Enter runs it; Shift+Enter: a new line)",
-                        placeholder="Ask a question about the image or video", elem_id="prompt", lines=2)
+    # one line at start (growing to 4 as it wraps): there Enter runs the prompt instead of adding a line
+    prompt = gr.Textbox(label="Prompt (Enter runs it)", placeholder="Ask a question about the image or video",
+                        elem_id="prompt", lines=1, max_lines=4)
     run = gr.Button("Run", variant="primary", elem_id="run")
     fewer_box = gr.Checkbox(value=fewer, visible=fewer, label=FEWER_LABEL, elem_id="fewer-views",
                             info="On this CPU, LLaVA-OneVision reads an image as 1 view instead of its 5 or so "
