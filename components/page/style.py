@@ -61,6 +61,10 @@ LAYOUT_CSS = """
   #controls-hint { display: block; margin: 0; padding: 0 4px; font-size: 0.8em; }
   #layout { margin-bottom: 36vh; }  /* room under the page's end for the sheet */
 }
+/* Run scrolls the status line to the top: as it and the panels fill in, the browser's scroll anchoring
+   would keep a node under them in place and push the status line off the screen */
+#results-col { overflow-anchor: none; }
+#status { scroll-margin-top: 8px; }  /* Run scrolls it into view with a little room above */
 /* a panel picture starts under its label and buttons; a picture swapped in shows once it has loaded */
 [id^="panel-"] .image-frame { padding-top: %dpx; box-sizing: border-box; }
 [id^="panel-"] img[data-swapping] { visibility: hidden; }
