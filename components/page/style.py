@@ -36,7 +36,7 @@ _STACKED = """
 PANEL_STRIP_PX = 30  # the strip above a panel picture that its label and buttons take
 
 LAYOUT_CSS = """
-#layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(280px, 330px); column-gap: 12px;
+#layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(250px, 280px); column-gap: 12px;
           grid-template-areas: "inputs controls" "results controls"; align-items: start; }
 #inputs-col { grid-area: inputs; } #controls-col { grid-area: controls; } #results-col { grid-area: results; }
 #layout > div { min-width: 0 !important; }
