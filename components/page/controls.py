@@ -20,6 +20,14 @@ from ..core.settings import DEFAULT_METHODS, Settings
 from .video import build_video_controls
 
 DEFAULT_SHARE = 10.0  # % of the visual tokens kept at start (LLaVA-1.5 in the paper: 64 of 576 = 11%)
+# a video's: 10% of 8 frames is under one frame, where EVS keeps frame 1 alone; 25% leaves it a frame's worth of
+# what changes over frames 2..T (and the per-frame split a share of each)
+VIDEO_SHARE = 25.0
+
+
+def default_share(frames: int = 0) -> float:
+    """The budget's default % for an input of `frames` frames (0 or 1: an image)."""
+    return VIDEO_SHARE if frames > 1 else DEFAULT_SHARE
 FEATURED = ("lam", "lam_rule", "tau", "aggregation", "normalization")  # MI-Pruner's own: shown above, the rest folded
 APP_FIELDS = ("methods", "unit", "budget", "text_mode", "heat")
 
@@ -151,7 +159,7 @@ def build_actions(max_new_tokens: int, auto_answers: bool) -> Actions:
     generate = gr.Button("Generate answers", elem_id="generate")
     with gr.Row():
         settings = gr.Textbox(label="Settings string (copy to reproduce this view; paste + Apply)", elem_id="settings",
-                              scale=4)
+                              scale=4, buttons=["copy"])
         apply = gr.Button("Apply", scale=1, elem_id="apply")
     return Actions(auto, max_new, generate, settings, apply)
 
@@ -192,18 +200,24 @@ def control_values(s: Settings, n_visual: int) -> list:
     return [list(s.methods), unit, budget, s.text_mode, s.heat, *vals]
 
 
-def budget_slider(unit: str, n_visual: int, value=None):
-    """The budget slider's range for a unit: 1-100 (%) or 1-N_V (tokens)."""
+def budget_slider(unit: str, n_visual: int, value=None, frames: int | None = None):
+    """The budget slider's range for a unit: 1-100 (%) or 1-N_V (tokens). frames: the new encoding's (given
+    by Run): a % budget still at the other medium's default moves to this one's (`default_share`)."""
+    share = default_share(frames or 0)
     if unit == "%":
+        other = DEFAULT_SHARE if share == VIDEO_SHARE else VIDEO_SHARE
+        if frames is not None and value is not None and float(value) == other:
+            value = share
         return gr.update(minimum=1, maximum=100, step=1, label="Budget (% of visual tokens)",
-                         value=DEFAULT_SHARE if value is None else value)
+                         value=share if value is None else value)
     if not n_visual:  # nothing encoded yet: N_V unknown, keep the range; Run sets it from the encoding
         label = "Budget (tokens; the range follows the image after Run)"
         return gr.update(label=label) if value is None else gr.update(label=label, value=int(value))
-    default = max(1, round(n_visual * DEFAULT_SHARE / 100))
+    default = max(1, round(n_visual * share / 100))
     return gr.update(minimum=1, maximum=n_visual, step=1, label=f"Budget (tokens of {n_visual})",
                      value=default if value is None else min(int(value), n_visual))
 
 
 __all__ = ["APP_FIELDS", "BOX_JS", "Actions", "Controls", "unbox", "build_actions", "build_controls", "budget_slider", "control_names", "control_values",
+           "default_share",
            "lam_props", "param_widget", "settings_from"]

@@ -12,6 +12,7 @@ from . import panels as P
 from .calls import Calls, event
 from .guards import guard_inputs
 from .handlers import ENCODE_FIELDS, Handlers
+from .style import RUN_WAIT_JS
 from .video import shown_for
 
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
@@ -81,9 +82,12 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     enc_ins = [state, *inp.encode_inputs(), ctl.box, inp.fewer]
     page_enc_outs = [*enc_outs, *([lam_ctl] if lam_ctl is not None else []), *[p.patch for p in res.panels], res.px,
                      res.py, res.patch_tokens, res.patch_info]
-    enc = inp.run.click(page_encode, enc_ins, page_enc_outs, show_progress_on=[res.status], **encoding, **private)
-    sub = inp.prompt.submit(page_encode, enc_ins, page_enc_outs, show_progress_on=[res.status], **encoding,
-                            **private)
+    # Run and Enter read the inputs once an example being loaded has arrived (RUN_WAIT_JS waits in the page)
+    wait = dict(js=RUN_WAIT_JS, queue=False, show_progress="hidden", **private)
+    enc = inp.run.click(None, None, None, **wait).then(page_encode, enc_ins, page_enc_outs,
+                                                       show_progress_on=[res.status], **encoding, **private)
+    sub = inp.prompt.submit(None, None, None, **wait).then(page_encode, enc_ins, page_enc_outs,
+                                                           show_progress_on=[res.status], **encoding, **private)
     for trigger in (inp.run.click, inp.prompt.submit):
         trigger(None, None, None, js=SHOW_RESULTS_JS, queue=False, show_progress="hidden", **private)
     on_encode = event(calls.encode, "encoding", "state", *ENCODE_FIELDS, *names, progress=True)

@@ -199,7 +199,8 @@ class Handlers:
                    for n in self.layer_names] if st.n_layers else [gr.update() for _ in self.layer_names])
         auto = st.lam_auto is not None and str(vals.get("lam_rule")) == "auto"
         return Encoded(st, msg, token_chips(st.tokens, heat),
-                       C.budget_slider(unit, st.n_visual, budget if unit == "%" else None), gr.update(value=heat),
+                       C.budget_slider(unit, st.n_visual, budget if unit == "%" else None, st.n_frames),
+                       gr.update(value=heat),
                        layers, gr.update(value=st.lam_auto) if auto else gr.update(), P.cleared_patches())
 
     @staticmethod

@@ -52,8 +52,10 @@ def build_panels(per_row: int = 3) -> list[Panel]:
                         mask=gr.Image(label="kept patches (click a patch to inspect it)", type="pil", format=IMAGE_FORMAT,
                                       interactive=False, visible=False, elem_id=f"panel-{i}-mask", height=IMAGE_HEIGHT,
                                       buttons=["download", "fullscreen"]),
+                        # the chart names its axes and legend itself: no label or button drawn over its bars
                         timeline=gr.Image(label=V.TIMELINE_LABEL, type="pil", format="png", interactive=False,
-                                          visible=False, elem_id=f"panel-{i}-timeline", buttons=["download"]),
+                                          visible=False, elem_id=f"panel-{i}-timeline", buttons=[],
+                                          show_label=False),
                         heat=gr.Image(label="scores", type="pil", format=IMAGE_FORMAT, interactive=False, visible=False, height=IMAGE_HEIGHT,
                                       elem_id=f"panel-{i}-heat", buttons=["download", "fullscreen"]),
                         pivot=gr.Image(label="pivot word of each patch", type="pil", format=IMAGE_FORMAT,
@@ -82,13 +84,21 @@ def cleared_patches() -> list:
     return [gr.update(visible=False, value=None) for _ in range(MAX_PANELS)] + [None] * 4
 
 
-def legend_html(legend: list[tuple[str, str]] | None) -> str:
+LEGEND_CHIPS = 12  # a legend shows this many entries, then says how many more (pool: one per kept patch)
+
+
+def legend_html(legend: list[tuple[str, str]] | None, cap: int = LEGEND_CHIPS) -> str:
+    """The colour legend under a panel: its first `cap` entries as chips, then how many it leaves out."""
     if not legend:
         return ""
+    more = len(legend) - cap if len(legend) > cap + 1 else 0
+    legend = legend[:cap] if more else legend
     chips = "".join(f'<span style="display:inline-block;margin:2px 6px 2px 0;white-space:nowrap">'
                     f'<span style="display:inline-block;width:12px;height:12px;background:{c};'
                     f'vertical-align:middle;margin-right:3px;border:1px solid #8884"></span>{html.escape(t)}</span>'
                     for t, c in legend)
+    if more:
+        chips += f'<span style="white-space:nowrap"><i>and {more} more (the picture shows every colour)</i></span>'
     return f'<div style="font-size:0.85em">{chips}</div>'
 
 
@@ -110,7 +120,9 @@ def method_notes(sel) -> str:
     """What a method chose for this input: the lambda applied (MI's lam_rule), an adaptive K, a
     withdrawal of every visual token, and the prefill compute of the selection."""
     notes = [sel.extras["lam_note"]] if "lam_note" in sel.extras else []
-    if sel.extras.get("k_rule", "fixed") != "fixed":
+    if "k_note" in sel.extras:  # the method says what set its K (EVS: its rate and the budget)
+        notes.append(sel.extras["k_note"])
+    elif sel.extras.get("k_rule", "fixed") != "fixed":
         notes.append(f"K = {sel.budget} chosen by k_rule {sel.extras['k_rule']} (the budget caps it)")
     elif "k_rule" not in sel.extras and sel.method and method_spec(sel.method).adaptive:
         notes.append(f"K = {sel.budget} chosen per input (the budget caps it)")
@@ -219,5 +231,5 @@ def reference_md(ans: dict | None, partial: str | None = None) -> str:
             + f"  \nLLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · {timing_line(ans)}")
 
 
-__all__ = ["PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field",
+__all__ = ["LEGEND_CHIPS", "PANEL_FIELDS", "Panel", "answer_md", "answer_updates", "build_panels", "cleared_patches", "heat_field",
            "legend_html", "live_updates", "panel_fields", "panel_updates", "patch_beside", "reference_md"]

@@ -23,6 +23,7 @@ from . import controls as C
 from .events import wire
 from .inputs import build_inputs
 from .results import build_results
+from .style import LAYOUT_CSS, PAGE_JS
 from .sweep import build_sweep
 
 STATE_TTL_S = 1800  # a session's state (its encodings) is dropped after 30 min without use
@@ -41,7 +42,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: Swee
     """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State). sweep_limits: the
     bounds on a visitor's sweep (`SweepLimits.for_server`: small and timed when hosted; default: local)."""
     # delete_cache: files Gradio wrote for this app (panel images, downloads) older than 2 h go, hourly
-    with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200)) as demo:
+    with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200), fill_width=True) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
         gr.Markdown(INTRO)
         with gr.Row(equal_height=False, elem_id="layout"):  # placed by LAYOUT_CSS
@@ -72,48 +73,12 @@ def warm_status(demo: gr.Blocks, warm) -> None:
     timer.tick(lambda: (warm.message, gr.Timer(active=warm.warming)), None, [line, timer], **now)
 
 
-# Wide screens: inputs | controls side by side, the results under both. Phones (one column): inputs,
-# then the results, then the controls, so the panels come right after Run and its examples instead
-# of below every control (a grid: the areas are placed, the page order stays inputs, controls, results);
-# there the controls stay in reach while the panels are on screen: a sheet fixed to the bottom of the
-# screen (a third of its height; the page gets as much room below its end). The sheet scrolls
-# vertically only: its widgets stack in one column at its width (Gradio's rows wrap; nothing wider
-# than the screen, no list scrolled inside it; the budget first), and it sits above everything the panels draw
-# (their labels and full-screen / download buttons are positioned: without a stacking context of
-# its own the sheet lost taps to them). A clicked patch's PMI box sits under the panel's kept-patch
-# image (#panel-N-patch).
-LAYOUT_CSS = """
-#layout { display: grid !important; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr);
-          grid-template-areas: "inputs controls" "results results"; align-items: start; }
-#inputs-col { grid-area: inputs; } #controls-col { grid-area: controls; } #results-col { grid-area: results; }
-#layout > div { min-width: 0 !important; }
-#controls-hint { display: none; }
-@media (max-width: 768px) {
-  #layout { grid-template-columns: minmax(0, 1fr); grid-template-areas: "inputs" "results" "controls"; }
-  #controls-col { position: fixed !important; left: 0; right: 0; bottom: 0; z-index: 1000; isolation: isolate;
-                  max-height: 34vh; overflow-y: auto; overflow-x: hidden; overscroll-behavior: contain;
-                  box-sizing: border-box; width: 100vw !important; padding: 4px 8px;
-                  display: flex !important; flex-direction: column !important; flex-wrap: nowrap !important;
-                  background: var(--background-fill-primary); border-top: 2px solid var(--color-accent);
-                  box-shadow: 0 -4px 12px #0003; }
-  #controls-col > * { flex: 0 0 auto !important; width: 100% !important; min-width: 0 !important;
-                      max-width: 100% !important; }
-  #controls-col > .row:has(#budget) { order: -1; }  /* the budget first: the control a phone moves most */
-  #controls-hint { order: -2; }
-  #controls-col .form { flex-wrap: nowrap !important; height: auto !important; }
-  #controls-col .row, #controls-col .row > .form { flex-wrap: wrap !important; }
-  #controls-col .row > *, #controls-col .row > .form > * { min-width: min(160px, 100%) !important; }
-  #controls-col .wrap, #controls-col fieldset { max-height: none !important; overflow: visible !important; }
-  #controls-hint { display: block; margin: 0; padding: 0 4px; font-size: 0.8em; }
-  body { padding-bottom: 36vh; }
-}
-"""
-
-
 def launch_kwargs(max_file_size: str = "50mb") -> dict:
-    """What `launch` needs: upload size limit, only assets/ served besides uploads, the layout's CSS."""
+    """What `launch` needs: upload size limit, only assets/ served besides uploads, the page's CSS and script
+    (`components.page.style`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")], "css": LAYOUT_CSS}
+    return {"max_file_size": max_file_size, "allowed_paths": [os.path.join(root, "assets")], "css": LAYOUT_CSS,
+            "js": PAGE_JS}
 
 
 __all__ = ["LAYOUT_CSS", "build_demo", "launch_kwargs", "warm_status"]

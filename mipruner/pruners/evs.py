@@ -34,7 +34,8 @@ device work, one capturable computation (`Capturable(static=("frame_index",))`, 
 
 Scores: d with frame 0 (and the tokens of no frame, which rank last) shown as 2, the ceiling of 1 - cos;
 `extras["dissimilarity"]` (T, P) float32 with row 0 = 1 (frame 0 against an empty frame), `extras["frames"]`
-the (T, P) token table, for drawing per frame. Errors, as sentences naming the field: a rate outside [0, 1), an
+the (T, P) token table, for drawing per frame, `extras["k_note"]` what the rate and the budget did (`k_note`, the
+app's panel note; host integers only). Errors, as sentences naming the field: a rate outside [0, 1), an
 input of one frame (an image, a 1-frame video; for Qwen, 2 sampled frames make one token-frame), frames of
 different sizes.
 """
@@ -54,6 +55,28 @@ def retained_count(per_frame: int, frames: int, q: float) -> int:
     """Tokens EVS keeps of a video of `frames` frames of `per_frame` tokens at rate q (vLLM's
     `compute_retained_tokens_count`): max(one frame, int(T P (1 - q)))."""
     return max(per_frame, int(per_frame * frames * (1 - q)))
+
+
+def k_note(per_frame: int, frames: int, q: float, budget: int) -> str:
+    """What the rate and the budget did to this input, in a sentence (the panel's note): K, where it came
+    from, and what it left to frames 2..T after frame 1, which EVS keeps first (it has no previous frame)."""
+    slots = per_frame * frames
+    if q == 0:
+        k, why = budget, f"K = {budget} of {slots} tokens (rate 0: the budget alone)"
+    else:
+        r = retained_count(per_frame, frames, q)
+        k = min(budget, r)
+        why = (f"K = {k} of {slots} tokens (rate {q:g}: max(one frame, int({frames} x {per_frame} x (1 - {q:g}))) = {r}"
+               + (f", capped by the budget {budget})" if budget < r else f", under the budget {budget})"))
+    if k < per_frame:
+        rest = (f"under one frame ({per_frame} tokens): frame 1 only (kept first), frames 2-{frames} get none; "
+                f"a budget over {per_frame} keeps what changes in them")
+    elif k == per_frame:
+        rest = f"frame 1 whole, frames 2-{frames} none (one frame's worth)"
+    else:
+        rest = (f"frame 1 whole ({per_frame}), then the {min(k, slots) - per_frame} tokens of frames 2-{frames} least "
+                "like the same patch of the previous frame")
+    return f"{why}; {rest}"
 
 
 def check_rate(q) -> float:
@@ -91,8 +114,9 @@ def evs_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int, *,
     scores = torch.full((n,), 2.0, dtype=torch.float32, device=dev)
     scores[tokens] = torch.cat([torch.full_like(d[:1], 2.0), d[1:]]).flatten()
     sel = Selection.from_order(picked, scores)
-    sel.extras.update(dissimilarity=d, frames=frames.index.clone())  # the table is memoized: a copy
+    sel.extras.update(dissimilarity=d, frames=frames.index.clone(),  # the table is memoized: a copy
+                      k_note=k_note(frames.per_frame, frames.count, q, budget))
     return sel
 
 
-__all__ = ["check_rate", "evs_pruner", "retained_count"]
+__all__ = ["check_rate", "evs_pruner", "k_note", "retained_count"]

@@ -1,8 +1,8 @@
 """A video on the page in a real browser (headless Chromium via Playwright), at 1,400 px and at 390 px: every
 frame of the panels' grid is drawn at least 160 px wide at 1,400 px and every patch at least 8 px at both
-(measured: 194.6 px a frame, 13.9 px a patch at 1,400; 160.6 and 11.5 at 390), a timeline of tokens kept per
-frame sits under every panel, a picked frame fills its panel, and a click on a known patch of frame k, in the grid
-or on the picked frame, inspects frame k's patch.
+(measured: 166.2 px a frame, 11.9 px a patch at 1,400 beside the controls' column; 160.6 and 11.5 at 390), a
+timeline of tokens kept per frame sits under every panel, a picked frame fills its panel, and a click on a known
+patch of frame k, in the grid or on the picked frame, inspects frame k's patch.
 
 Skips like tests/app/test_browser.py when chromium or playwright is missing (CI installs both)."""
 from __future__ import annotations
