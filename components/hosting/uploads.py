@@ -92,7 +92,7 @@ class _Request:
         self.delim = b"\r\n--" + _boundary(_header(scope, b"content-type") or "").encode("latin-1")
         self.tail = b"\r\n"  # the stream starts with its first delimiter, without the line break
         self.got = self.reserved = 0
-        self.done = False
+        self.done = self.aborted = False
         self.refusal: tuple[int, str] | None = None
         self.started = False  # the app began its answer
         self.answer = bytearray()  # the start of the app's answer to an upload (the paths it wrote)
@@ -113,7 +113,8 @@ class _Request:
         if error is not None:
             raise error
         if self.refusal is not None and not self.started:
-            await self._drain()
+            if self.refusal[0] != 408:  # a stalled body sends nothing more to drain
+                await self._drain()
             await _answer(self._send, *self.refusal)
 
     async def _check_declared(self, n: int):
@@ -129,9 +130,18 @@ class _Request:
                         self.scope.get("path"), status, f"{self.got:,}", sentence)
             self.refusal = (status, sentence)
 
+    def _stop(self):
+        """What the app reads once the body is refused or the client left. An upload's body ends in a part whose
+        header no parser accepts: Gradio's multipart parser then removes the files it began (it keeps them when
+        the body ends in a disconnect); any other body ends in a disconnect."""
+        if self.upload and not self.aborted:
+            self.aborted = True
+            return {"type": "http.request", "body": self.delim + b"\r\n\x00\r\n\r\n", "more_body": False}
+        return {"type": "http.disconnect"}
+
     async def receive(self):
         if self.refusal is not None:
-            return {"type": "http.disconnect"}
+            return self._stop()
         if self.done:  # the body is complete: what follows is the wait for a disconnect (a stream's answer)
             return await self._receive()
         limits = self.cap.limits
@@ -141,19 +151,19 @@ class _Request:
             message = await self._receive()
         if message is None:
             self.refuse(408, STALLED.format(idle=limits.idle_s, total=limits.body_s))
-            return {"type": "http.disconnect"}
-        if message["type"] != "http.request":
-            return message
+            return self._stop()
+        if message["type"] != "http.request":  # the client left half-way
+            return self._stop()
         chunk = message.get("body", b"")
         self.got += len(chunk)
         self.done = not message.get("more_body", False)
         if self.upload:
             if not await self._reserve(len(chunk) + limits.part_bytes * self._parts(chunk)):
                 self.refuse(413, FULL.format(cap=self.cap.files.max_bytes >> 20))
-                return {"type": "http.disconnect"}
+                return self._stop()
         elif self.got > limits.max_body_bytes:
             self.refuse(413, TOO_BIG.format(kb=limits.max_body_bytes >> 10))
-            return {"type": "http.disconnect"}
+            return self._stop()
         return message
 
     def _parts(self, chunk: bytes) -> int:
