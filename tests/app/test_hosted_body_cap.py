@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import anyio
 import pytest
@@ -194,3 +195,39 @@ def test_limits_come_from_the_flags():
     assert app.body_limits(args) == Limits(max_body_bytes=64 << 10, idle_s=5, body_s=100, per_client=8)
     with pytest.raises(SystemExit, match="--max-client-requests must be > 0"):
         app.body_limits(app.parse_args(["--model", "shapes-llava", "--max-client-requests", "0"]))
+
+
+def test_uploads_resume_once_old_panels_can_make_room(tmp_path):
+    """Issue 51: panels within one upload of the cap no longer lock uploads out: once they are old enough to go,
+    admitting an upload removes them (a young panel, a page may still fetch it, stays)."""
+    now = [1000.0]
+    files = FileBudget([tmp_path], 4 * MIB, min_age_s=30, interval_s=0, clock=lambda: now[0])
+    for i in range(3):
+        (tmp_path / f"p{i}").mkdir()
+        (tmp_path / f"p{i}" / "panel.png").write_bytes(b"x" * MIB)
+        os.utime(tmp_path / f"p{i}" / "panel.png", (now[0] - 5, now[0] - 5))  # young
+    assert not files.make_room(2 * MIB) and files.held == 0  # 3 MiB of young panels: a 2 MiB upload waits
+    now[0] += 60  # the panels aged
+    assert files.make_room(2 * MIB)  # the oldest panels went to make room
+    assert files.held == 2 * MIB and files.used() <= files.max_bytes and len(os.listdir(tmp_path)) == 1
+    files.release(2 * MIB)
+
+
+def test_the_event_loop_never_waits_for_a_walk_of_the_disk(tmp_path):
+    """Issue 51: the middleware's own steps take no lock a walk of the folders holds: with a walk in progress
+    (its lock held here), an upload and a JSON call are still counted and answered."""
+    files = FileBudget([tmp_path], 4 * MIB, interval_s=3600)
+    files.rescan()  # fresh: the running count is used as it is
+    cap = BodyCap(Routes(tmp_path), files)
+    body = [part(b"y" * 1000) + b"--" + BOUNDARY + b"--\r\n"]
+    got = []
+
+    def serve():
+        got.append(run(cap, scope(), body_of(body))[0])
+        got.append(run(cap, scope("/queue/join", multipart=False), body_of([b"{}"]))[0])
+    with files._scan_lock:  # another thread's walk of 100,000 files, say
+        loop = threading.Thread(target=serve, daemon=True)
+        loop.start()
+        loop.join(60)  # a step that waited for the walk would wait here until the walk ends: never
+        assert not loop.is_alive() and got == [200, 200]
+    assert files.held == 0 and files.used() > 1000
