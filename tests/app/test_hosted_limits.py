@@ -243,6 +243,38 @@ def test_idle_uploads_reserve_nothing_and_time_out(space):
     answers(space)
 
 
+def test_one_client_holds_a_bounded_number_of_requests(space):
+    import httpx
+
+    from components.hosting.uploads import BUSY
+
+    _, url, _, _ = space
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    slow = []
+    for _ in range(24):  # --max-client-requests 24: JSON calls that declare a body and never send it
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s.sendall(b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                  b"Content-Type: application/json\r\n\r\n")
+        slow.append(s)
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # the 25th request of this address is refused at once while they are in progress
+            r = httpx.get(url + "config", timeout=30)
+            if r.status_code == 429 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert (r.status_code, r.text) == (429, BUSY.format(n=24))
+        # each stalls and is stopped (--body-timeout-s 2); those past the cap (the fixture's own streams count
+        # for this address too) were refused at once
+        codes = [s.recv(4096)[:12] for s in slow]
+        assert set(codes) <= {b"HTTP/1.1 408", b"HTTP/1.1 429"} and codes.count(b"HTTP/1.1 408") >= 12, codes
+    finally:
+        for s in slow:
+            s.close()
+    assert httpx.get(url + "config", timeout=30).status_code == 200  # the address is served again
+    answers(space)
+
+
 def test_many_tiny_files_count_as_the_disk_holds_them(space):
     """Last: 1,000 one-byte files per request fill the cap with young uploads (a block and a folder each)."""
     _, url, cache, _ = space
