@@ -216,6 +216,27 @@ def test_video_decoding_is_bounded_while_it_runs(space, tmp_path):
     answers(space)
 
 
+def test_a_sweep_item_is_decoded_under_the_same_bounds(space, tmp_path):
+    import json
+    import zipfile
+
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from .test_hosted_sweeps import submit_sweep
+
+    _, url, cache, _ = space
+    video_of(tmp_path / "endless.mp4", 4000, (32, 32), True)
+    zipped = tmp_path / "set.zip"
+    with zipfile.ZipFile(zipped, "w") as zf:
+        zf.write(tmp_path / "endless.mp4", "endless.mp4")
+        zf.writestr("questions.jsonl", json.dumps({"media": "endless.mp4", "question": "what moves?", "answer": "yes"}))
+    with pytest.raises(AppError, match="more than 3,600 frames"):
+        submit_sweep(Client(url, verbose=False), zip_file=str(zipped), n=1).result(timeout=300)
+    assert on_disk(cache) <= CAP_MB << 20
+    answers(space)
+
+
 def test_idle_uploads_reserve_nothing_and_time_out(space):
     _, url, _, _ = space
     port = int(url.rstrip("/").rsplit(":", 1)[1])
