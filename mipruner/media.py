@@ -16,11 +16,10 @@ passes its official video processor's rule, the default is `sample_indices` (tra
 `video_utils.default_sample_indices_fn` with a frame count). Error messages name files by their
 base name only.
 
-Decoding is bounded while it runs (`DecodeLimits`): the frames decoded (counted, not read from the
-header, which may say 0 or lie), each frame's pixels as the decoder produces them (and the header's
-size before any frame is decoded), and the seconds spent decoding one video; over a bound the video is
-refused with a sentence. The bounds apply to every `load_video`, so every model adapter and every sweep
-item gets them; an app sets its own with `set_decode_limits` (app.py does, from its flags).
+Decoding is bounded while it runs (`DecodeLimits`): frames decoded (counted, not the header's count),
+each frame's pixels (the header's, then each decoded frame's) and seconds spent; past a bound the video
+is refused with a sentence. Every `load_video` applies them (model adapters, sweep items); an app sets
+its own with `set_decode_limits` (app.py does, from its flags).
 """
 from __future__ import annotations
 
@@ -77,10 +76,10 @@ class VideoInfo:
 
 @dataclass(frozen=True)
 class DecodeLimits:
-    """Bounds on decoding one video, checked while it decodes: frames decoded in one pass, pixels of a frame
-    and seconds in all (None: no bound on time)."""
+    """Bounds on decoding one video, checked while it decodes: frames in one pass, a frame's pixels, seconds
+    in all (None: no bound). The library's default bounds the pixels only (long evaluation videos decode)."""
 
-    frames: int = MAX_DECODE_FRAMES
+    frames: int | None = None  # None: any number (a stream that states no count is counted up to MAX_DECODE_FRAMES)
     pixels: int = MAX_FRAME_PIXELS
     seconds: float | None = None
 
@@ -90,15 +89,15 @@ _LIMITS = [DecodeLimits()]
 
 def set_decode_limits(limits: DecodeLimits) -> DecodeLimits:
     """Make `limits` the bounds of every later `load_video` without its own; returns the previous ones."""
-    if not (limits.frames >= 1 and limits.pixels >= 1 and (limits.seconds is None or limits.seconds > 0)):
+    if not ((limits.frames is None or limits.frames >= 1) and limits.pixels >= 1
+            and (limits.seconds is None or limits.seconds > 0)):
         raise ValueError(f"decode limits must be positive, got {limits}")
     old, _LIMITS[0] = _LIMITS[0], limits
     return old
 
 
 def decode_limits() -> DecodeLimits:
-    """The bounds `load_video` applies when given none (`set_decode_limits`)."""
-    return _LIMITS[0]
+    return _LIMITS[0]  # what `load_video` applies when given none (`set_decode_limits`)
 
 
 def is_video_path(path: str) -> bool:
@@ -233,7 +232,8 @@ def av_errors() -> tuple[type[BaseException], ...]:
 def _decode(path: str, wanted: set[int], limits: DecodeLimits, started: float
             ) -> tuple[dict[int, Image.Image], int, str]:
     """One decoding pass: the wanted frames as RGB images, the number of frames decoded (it stops
-    after the last wanted frame; with none wanted it counts them all), and the decoder's error when it
+    after the last wanted frame; with none wanted it counts them all, up to MAX_DECODE_FRAMES when
+    `limits` bound no frame count), and the decoder's error when it
     failed ("" if none). A MediaError when the pass goes past `limits` (frames decoded, a frame's pixels,
     seconds since `started`)."""
     import av
@@ -253,7 +253,9 @@ def _decode(path: str, wanted: set[int], limits: DecodeLimits, started: float
                 n += 1
                 if last is not None and n > last:
                     break
-                if n > limits.frames:
+                if last is None and limits.frames is None and n >= MAX_DECODE_FRAMES:
+                    break  # no bound set: a stream that states no count is counted this far, as before
+                if limits.frames is not None and n > limits.frames:
                     raise MediaError(f"video {name!r} has more than {limits.frames:,} frames; this app decodes at "
                                      "most that many (trim it to a short clip)")
                 if limits.seconds is not None and time.monotonic() - started > limits.seconds:
