@@ -2,7 +2,8 @@
 
     python app.py [--model ID|PATH] [--device cpu|cuda] [--dtype bf16|fp16|fp32] [--host H] [--port P] [--share]
                   [--allow-models IDS] [--max-model-gb GB] [--model-dirs DIRS] [--cache-mb MB] [--files-mb MB]
-                  [--plugins MODULES] [--compile auto|on|off]
+                  [--plugins MODULES] [--compile auto|on|off] [--max-body-kb KB] [--body-timeout-s S]
+                  [--max-client-requests N] [--max-decode-s S]
 
 Without --model (or MIPRUNER_MODEL) the app starts locally on the embedded model `shapes-llava`
 (assets/), so it works offline; on a Hugging Face Space (SPACE_ID set) on a small real model chosen for
@@ -31,6 +32,7 @@ from components.hosting.spaces_gpu import prepare
 prepare()  # on a ZeroGPU Space `spaces` patches torch: before anything imports it (components/hosting/spaces_gpu.py)
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+MAX_FRAME_PIXELS = 4096 * 2160  # the largest video frame the app decodes (4K)
 
 
 def _list(text: str) -> tuple[str, ...]:
@@ -66,6 +68,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--files-mb", type=int, default=int(os.environ.get("MIPRUNER_FILES_MB", 1024)),
                    help="uploads, rendered panels and exports kept on disk: an upload that does not fit is refused, "
                         "the oldest panels and exports are removed first (default 1024; env MIPRUNER_FILES_MB)")
+    p.add_argument("--max-body-kb", type=int, default=int(os.environ.get("MIPRUNER_MAX_BODY_KB", 1024)),
+                   help="largest request body that is not an upload (JSON calls), counted as it arrives (default "
+                        "1024; env MIPRUNER_MAX_BODY_KB)")
+    p.add_argument("--body-timeout-s", type=float, default=float(os.environ.get("MIPRUNER_BODY_TIMEOUT_S", 30)),
+                   help="a request body that sends nothing for this long is stopped (HTTP 408; default 30; a whole "
+                        "body may take 20 times this; env MIPRUNER_BODY_TIMEOUT_S)")
+    p.add_argument("--max-client-requests", type=int, default=int(os.environ.get("MIPRUNER_MAX_CLIENT_REQUESTS", 64)),
+                   help="requests of one client address in progress at once, past it HTTP 429 (default 64; env "
+                        "MIPRUNER_MAX_CLIENT_REQUESTS)")
+    p.add_argument("--max-decode-s", type=float, default=float(os.environ.get("MIPRUNER_MAX_DECODE_S", 30)),
+                   help="seconds one video may take to decode before it is refused, uploads and sweep items alike "
+                        "(0: no bound; default 30; env MIPRUNER_MAX_DECODE_S)")
     p.add_argument("--plugins", default=None,
                    help="modules or .py files registering more methods, comma-separated, imported at start-up "
                         "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
@@ -114,6 +128,31 @@ def file_budget(args: argparse.Namespace):
     return FileBudget([get_upload_folder()], args.files_mb << 20)
 
 
+def body_limits(args: argparse.Namespace):
+    """What one request may send (components/hosting/uploads.py), from the flags."""
+    from components.hosting.uploads import Limits
+
+    for flag, value in (("--max-body-kb", args.max_body_kb), ("--body-timeout-s", args.body_timeout_s),
+                        ("--max-client-requests", args.max_client_requests)):
+        if not value > 0:
+            raise SystemExit(f"{flag} must be > 0, got {value!r}")
+    return Limits(max_body_bytes=args.max_body_kb << 10, idle_s=args.body_timeout_s, body_s=20 * args.body_timeout_s,
+                  per_client=args.max_client_requests)
+
+
+def decode_bounds(args: argparse.Namespace):
+    """Bounds on decoding any video (mipruner/media.py), set for the whole process: frames decoded (as many as
+    an upload may state, components/core/checks.py), a frame's pixels (4096x2160) and --max-decode-s."""
+    from components.core.checks import MAX_VIDEO_FRAMES
+    from mipruner.media import DecodeLimits, set_decode_limits
+
+    if args.max_decode_s < 0:
+        raise SystemExit(f"--max-decode-s must be >= 0, got {args.max_decode_s!r}")
+    limits = DecodeLimits(frames=MAX_VIDEO_FRAMES, pixels=MAX_FRAME_PIXELS, seconds=args.max_decode_s or None)
+    set_decode_limits(limits)
+    return limits
+
+
 def build(args: argparse.Namespace, files=None):
     import torch
 
@@ -126,6 +165,7 @@ def build(args: argparse.Namespace, files=None):
     from components.page.ui import build_demo
     from mipruner.plugins import freeze, load_for_cli
 
+    decode_bounds(args)
     files = files or file_budget(args)  # Gradio's files in a folder of this app's own, kept under --files-mb
     dtype = getattr(torch, DTYPES[args.dtype]) if args.dtype else None
     hub = ModelHub(args.model, device=args.device, dtype=dtype, policy=model_policy(args),
@@ -194,10 +234,11 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     files = file_budget(args)
     demo = build(args, files)
-    # uploads are admitted under --files-mb (components/hosting/uploads.py): a full cap refuses them
+    # every body is counted as it arrives (components/hosting/uploads.py): uploads under --files-mb, other
+    # bodies under --max-body-kb, stalled ones stopped after --body-timeout-s
     demo.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, share=args.share,
                                                    state_session_capacity=args.max_sessions,
-                                                   app_kwargs=upload_app_kwargs(files),
+                                                   app_kwargs=upload_app_kwargs(files, body_limits(args)),
                                                    **launch_kwargs(args.max_file_size))
 
 

@@ -15,12 +15,18 @@ the frames that a sampling rule picks from the stream's frame count and fps: eac
 passes its official video processor's rule, the default is `sample_indices` (transformers'
 `video_utils.default_sample_indices_fn` with a frame count). Error messages name files by their
 base name only.
+
+Decoding is bounded while it runs (`DecodeLimits`): frames decoded (counted, not the header's count),
+each frame's pixels (the header's, then each decoded frame's) and seconds spent; past a bound the video
+is refused with a sentence. Every `load_video` applies them (model adapters, sweep items); an app sets
+its own with `set_decode_limits` (app.py does, from its flags).
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +37,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 VIDEO_EXTENSIONS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".gif", ".mpg", ".mpeg")
 MAX_DECODE_FRAMES = 10_000  # a guard against pathological streams
 MAX_IMAGE_PIXELS = 50_000_000  # larger pictures are refused from their header, before decoding
+MAX_FRAME_PIXELS = 8192 * 4320  # a video frame larger than 8K UHD is refused (header, then each decoded frame)
 
 
 class MediaError(ValueError):
@@ -65,6 +72,32 @@ class VideoInfo:
     width: int
     height: int
     exact: bool
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Bounds on decoding one video, checked while it decodes: frames in one pass, a frame's pixels, seconds
+    in all (None: no bound). The library's default bounds the pixels only (long evaluation videos decode)."""
+
+    frames: int | None = None  # None: any number (a stream that states no count is counted up to MAX_DECODE_FRAMES)
+    pixels: int = MAX_FRAME_PIXELS
+    seconds: float | None = None
+
+
+_LIMITS = [DecodeLimits()]
+
+
+def set_decode_limits(limits: DecodeLimits) -> DecodeLimits:
+    """Make `limits` the bounds of every later `load_video` without its own; returns the previous ones."""
+    if not ((limits.frames is None or limits.frames >= 1) and limits.pixels >= 1
+            and (limits.seconds is None or limits.seconds > 0)):
+        raise ValueError(f"decode limits must be positive, got {limits}")
+    old, _LIMITS[0] = _LIMITS[0], limits
+    return old
+
+
+def decode_limits() -> DecodeLimits:
+    return _LIMITS[0]  # what `load_video` applies when given none (`set_decode_limits`)
 
 
 def is_video_path(path: str) -> bool:
@@ -196,41 +229,63 @@ def av_errors() -> tuple[type[BaseException], ...]:
     return (av.error.FFmpegError, OSError)
 
 
-def _decode(path: str, wanted: set[int]) -> tuple[dict[int, Image.Image], int, str]:
+def _decode(path: str, wanted: set[int], limits: DecodeLimits, started: float
+            ) -> tuple[dict[int, Image.Image], int, str]:
     """One decoding pass: the wanted frames as RGB images, the number of frames decoded (it stops
-    after the last wanted frame; with none wanted it counts them all, up to MAX_DECODE_FRAMES),
-    and the decoder's error when it failed ("" if none)."""
+    after the last wanted frame; with none wanted it counts them all, up to MAX_DECODE_FRAMES when
+    `limits` bound no frame count), and the decoder's error when it
+    failed ("" if none). A MediaError when the pass goes past `limits` (frames decoded, a frame's pixels,
+    seconds since `started`)."""
     import av
 
+    name = os.path.basename(path)
     out: dict[int, Image.Image] = {}
     n, err = 0, ""
-    last = max(wanted) if wanted else MAX_DECODE_FRAMES - 1
+    last = max(wanted) if wanted else None
     with av.open(path) as container:
         stream = container.streams.video[0]
+        _check_pixels(name, int(stream.codec_context.width or 0), int(stream.codec_context.height or 0), limits)
         try:
             for frame in container.decode(stream):
+                _check_pixels(name, frame.width, frame.height, limits)
                 if n in wanted:
                     out[n] = frame.to_image().convert("RGB")
                 n += 1
-                if n > last:
+                if last is not None and n > last:
                     break
+                if last is None and limits.frames is None and n >= MAX_DECODE_FRAMES:
+                    break  # no bound set: a stream that states no count is counted this far, as before
+                if limits.frames is not None and n > limits.frames:
+                    raise MediaError(f"video {name!r} has more than {limits.frames:,} frames; this app decodes at "
+                                     "most that many (trim it to a short clip)")
+                if limits.seconds is not None and time.monotonic() - started > limits.seconds:
+                    raise MediaError(f"decoding video {name!r} took over {limits.seconds:g} s, the most this app "
+                                     "spends on one video; use a shorter or smaller clip")
         except av.error.FFmpegError as e:
             err = f"(codec {stream.codec_context.name!r}): {_reason(e, path)}"
     return out, n, err
 
 
-def load_video(path, num_frames: int = 8, sample: Callable[[int, float], list[int]] | None = None) -> Video:
+def _check_pixels(name: str, width: int, height: int, limits: DecodeLimits) -> None:
+    if width * height > limits.pixels:
+        raise MediaError(f"video {name!r} has frames of {width}x{height} pixels; this app decodes frames of at most "
+                         f"{limits.pixels / 1e6:,.1f} megapixels (scale it down)")
+
+
+def load_video(path, num_frames: int = 8, sample: Callable[[int, float], list[int]] | None = None,
+               limits: DecodeLimits | None = None) -> Video:
     """Decode a video with PyAV and keep the frames `sample(total_frames, fps)` picks (default:
     `sample_indices(total_frames, num_frames)`), in the order given.
 
     total_frames is the stream's own frame count when it states one, else the number of frames
     decoded; when a picked frame cannot be decoded (the stream holds fewer frames than it states),
     the frames are picked again from the decodable count. Raises MediaError for a missing or
-    unreadable file, a file with no video stream, a video with no decodable frame, and whatever
-    `sample` raises.
+    unreadable file, a file with no video stream, a video with no decodable frame, a video past
+    `limits` (default: `decode_limits()`), and whatever `sample` raises.
     """
     path = os.fspath(path)
     name = os.path.basename(path)
+    limits = limits or decode_limits()
     if sample is None:
         if num_frames < 1:
             raise MediaError(f"num_frames must be >= 1, got {num_frames}")
@@ -238,14 +293,15 @@ def load_video(path, num_frames: int = 8, sample: Callable[[int, float], list[in
         def sample(total, fps):
             return sample_indices(total, num_frames)
     info = probe_video(path)
+    started = time.monotonic()
     try:
-        total, err = (info.frames, "") if info.exact else _decode(path, set())[1:]
+        total, err = (info.frames, "") if info.exact else _decode(path, set(), limits, started)[1:]
         idx = [int(i) for i in sample(total, info.fps)] if total else []
-        got, n, err = _decode(path, set(idx)) if idx else ({}, total, err)
+        got, n, err = _decode(path, set(idx), limits, started) if idx else ({}, total, err)
         if any(i not in got for i in idx):  # fewer decodable frames than stated
-            total = _decode(path, set())[1]
+            total = _decode(path, set(), limits, started)[1]
             idx = [int(i) for i in sample(total, info.fps)] if total else []
-            got, n, err = _decode(path, set(idx)) if idx else ({}, total, err)
+            got, n, err = _decode(path, set(idx), limits, started) if idx else ({}, total, err)
     except av_errors() as e:
         raise MediaError(f"cannot read video {name!r}: {_reason(e, path)}") from None
     if not total or not idx or any(i not in got for i in idx):

@@ -129,17 +129,23 @@ def touch(path, size: int, mtime: float):
 
 
 def test_file_budget_removes_the_oldest_files_first(tmp_path):
+    from mipruner.files import disk_bytes
+
     now = [10_000.0]
-    fb = FileBudget([tmp_path], 2500, interval_s=60, min_age_s=30, clock=lambda: now[0])
     for i, age in enumerate((900, 600, 300, 100, 5)):  # 5 files of 1000 bytes, one per folder
         touch(str(tmp_path / f"h{i}" / "image.jpeg"), 1000, now[0] - age)
-    assert fb.maybe_prune() == 3  # over 2500: the three oldest go (the newest is young anyway)
+    # what the disk holds for one of them: its blocks and its folder's (the budget counts those, not 1000 bytes)
+    unit = disk_bytes(os.stat(tmp_path / "h0" / "image.jpeg")) + disk_bytes(os.stat(tmp_path / "h0"))
+    fb = FileBudget([tmp_path], int(2.5 * unit), interval_s=60, min_age_s=30, clock=lambda: now[0])
+    assert fb.total() == 5 * unit
+    assert fb.maybe_prune() == 3  # over 2.5 units: the three oldest go (the newest is young anyway)
     assert sorted(os.listdir(tmp_path)) == ["h3", "h4"]  # their empty folders too
-    touch(str(tmp_path / "h5" / "a.png"), 2000, now[0] - 200)
+    assert fb.used() == 2 * unit  # the running count followed the removals
+    touch(str(tmp_path / "h5" / "a.png"), 1000, now[0] - 200)
     assert fb.maybe_prune() == 0  # within the interval: no scan
     now[0] += 61
     assert fb.maybe_prune() == 1 and sorted(os.listdir(tmp_path)) == ["h3", "h4"]  # h5 was the oldest
-    touch(str(tmp_path / "h6" / "b.png"), 3000, now[0])
+    touch(str(tmp_path / "h6" / "b.png"), 3 * unit, now[0])
     assert fb.prune() == 2 and os.listdir(tmp_path) == ["h6"]  # over the cap, but h6 is too young to go
 
 

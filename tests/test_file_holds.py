@@ -70,5 +70,7 @@ def test_files_are_pruned_to_make_room_for_every_hold(tmp_path):
         os.utime(p, (now - age, now - age))
     with Sweep(files, 4 * MIB):
         assert sorted(os.listdir(tmp_path)) == ["f0", "f1", "f2"]  # 3 + 4 MiB fit
-        with Sweep(files, 3 * MIB):  # 3 + 4 + 3 = 10 MiB: the two oldest files go
+        # 3 + 4 + 3 = 10 MiB (and the folders' blocks): the two oldest files go, with their folders
+        with Sweep(files, 3 * MIB - 64 * 1024):
             assert sorted(os.listdir(tmp_path)) == ["f2"]
+            assert files.used() == files.total() <= files.max_bytes  # the running count is what the disk holds

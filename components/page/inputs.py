@@ -36,7 +36,10 @@ def build_inputs(hub, fewer: bool = False) -> Inputs:
     gr.Markdown(hub.startup_message or "", elem_id="model-status")
     # one source of truth for the medium: "use" picks it and shows its input alone (Run encodes what shows)
     use = gr.Radio(["image", "video"], value="image", label="Use", elem_id="use")
-    image = gr.Image(type="filepath", sources=["upload", "clipboard", "webcam"], label="Image",
+    # image_mode=None: Gradio hands the uploaded file on as it is; its default ("RGB") would decode and
+    # re-save a non-RGB upload, in the format the payload's name says, before any size check.
+    # `mipruner.media.load_image` reads the size from the header and refuses a bomb before decoding.
+    image = gr.Image(type="filepath", image_mode=None, sources=["upload", "clipboard", "webcam"], label="Image",
                      elem_id="image", height=300)
     video = gr.Video(sources=["upload"], label="Video (a few frames are sampled)", elem_id="video", height=300,
                      visible=False)

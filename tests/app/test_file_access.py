@@ -65,30 +65,45 @@ def test_every_payload_shape_is_read_and_symlinks_are_resolved(tmp_path):
 
 
 def test_uploads_are_admitted_under_the_cap_and_kept_while_young(tmp_path):
-    from mipruner.files import FileBudget, FilesFull
+    from mipruner.files import FileBudget, FilesFull, disk_bytes
 
+    (tmp_path / "probe").write_bytes(b"x")
+    block = disk_bytes(os.stat(tmp_path / "probe"))  # what the disk holds for one small file (blocks, not bytes)
+    os.remove(tmp_path / "probe")
     now = [1000.0]
-    fb = FileBudget([tmp_path], 1000, min_age_s=0, upload_age_s=60, clock=lambda: now[0])
-    with fb.admit(600):
-        assert fb.held == 600
+    # interval_s=0: every admit walks the folder (the files written here by hand are not in the running count)
+    fb = FileBudget([tmp_path], 10 * block, min_age_s=0, upload_age_s=60, interval_s=0, rescan_s=0,
+                    clock=lambda: now[0])
+    with fb.admit(6 * block):
+        assert fb.held == 6 * block
         with pytest.raises(FilesFull):  # two uploads on their way: the second does not fit beside the first
-            with fb.admit(500):
+            with fb.admit(5 * block):
                 pass
         (tmp_path / "up").mkdir()
-        (tmp_path / "up" / "photo.png").write_bytes(b"x" * 600)
+        (tmp_path / "up" / "photo.png").write_bytes(b"x" * (6 * block - 100))
     fb.uploaded([tmp_path / "up" / "photo.png"])
-    assert fb.held == 0 and fb.total() == 600
+    on_disk = disk_bytes(os.stat(tmp_path / "up" / "photo.png")) + disk_bytes(os.stat(tmp_path / "up"))
+    assert fb.held == 0 and fb.used() == on_disk == fb.total() >= 7 * block  # its folder counts too
     with pytest.raises(FilesFull):
-        with fb.admit(500):
+        with fb.admit(10 * block - on_disk + 1):
             pass
-    (tmp_path / "panel.png").write_bytes(b"x" * 700)  # the app's own file: over the cap
+    (tmp_path / "panel.png").write_bytes(b"x" * 4 * block)  # the app's own file: over the cap
     os.utime(tmp_path / "panel.png", (900, 900))
     os.utime(tmp_path / "up" / "photo.png", (800, 800))  # older than the panel, but a visitor's upload
     assert fb.prune() == 1 and (tmp_path / "up" / "photo.png").exists() and not (tmp_path / "panel.png").exists()
-    (tmp_path / "panel.png").write_bytes(b"x" * 700)
+    (tmp_path / "panel.png").write_bytes(b"x" * 2 * block)  # within the cap now, but one upload fills it
+    os.utime(tmp_path / "panel.png", (900, 900))
+    with fb.admit(2 * block):  # the old panel makes room for the upload: the cap never locks itself shut
+        assert not (tmp_path / "panel.png").exists() and (tmp_path / "up" / "photo.png").exists()
+    with pytest.raises(FilesFull):  # a young upload is never pruned to make room for another
+        with fb.admit(10 * block - on_disk + 1):
+            pass
+    assert (tmp_path / "up" / "photo.png").exists()
+    (tmp_path / "panel.png").write_bytes(b"x" * 4 * block)
     os.utime(tmp_path / "panel.png", (900, 900))
     now[0] += 61  # the upload is no longer young: the oldest file goes first again
     assert fb.prune() == 1 and not (tmp_path / "up" / "photo.png").exists() and (tmp_path / "panel.png").exists()
+    assert not (tmp_path / "up").exists() and fb.used() == fb.total()  # its folder went with it
 
 
 # ------------------------------------------------------------------------------- through the running app
