@@ -67,6 +67,38 @@ class Merge:
     of: torch.Tensor
 
 
+@dataclass(frozen=True)
+class DecodeStage:
+    """A method's decode-time stage (`DecoderRun.decode`): from decoder layer `layer` on, each decoding
+    step attends to the visual tokens `fn(step)` names (a `DecodeStep` in, an (N_V,) bool mask or None
+    out); recorded on the Selection as `extras["decode"]` and run by the answer's one greedy loop."""
+
+    layer: int
+    fn: Callable
+
+
+class DecodeStep:
+    """One decoding step as a decode-time stage sees it (built by the greedy loop, one per step).
+
+    index: 1 for the step that feeds the first generated token, 2 for the next, ...; present (N_V,)
+    bool: the visual tokens in the KV cache at layer `layer`-1 (those earlier stages kept); state: a
+    dict the stage keeps across the steps of one answer (e.g. the previous step's attention).
+    """
+
+    def __init__(self, index: int, present: torch.Tensor, attention: Callable[[], torch.Tensor], state: dict):
+        self.index, self.present, self.state = index, present, state
+        self._attention, self._memo = attention, None
+
+    def attention(self) -> torch.Tensor:
+        """(N_V,) float32 head-mean attention probabilities of the new token at layer `layer`-1 over the
+        visual keys (the softmax over every key it attends to, as FastV's row; 0 for visual tokens not
+        present). Computed when asked for, from the layer's attention input (a forward pre-hook removed
+        after the answer) and the keys it cached; no other attention is computed."""
+        if self._memo is None:
+            self._memo = self._attention()
+        return self._memo
+
+
 class StageView:
     """The sequence entering decoder layer `layer`, before the stage drops anything.
 
@@ -125,6 +157,9 @@ class StageView:
         """
         from ._probe import last_token_attention, layer_attention, rater_attention
 
+        if self.layer == 0:
+            raise ValueError("a stage at layer 0 (before the LLM) reads no attention: read view.hidden(...), "
+                             "the LLM's input embeddings")
         idx = self._queries(queries)
         if layer == "this":
             block = self._run._prompt.lm.layers[self.layer]
@@ -168,6 +203,8 @@ class StageView:
         """(len(positions),) float32 L1 norm of each row's keys at layer K-1 (post-norm, post-rotary,
         KV heads concatenated), as DART ranks its pivots."""
         memo = self._prefix.memo
+        if self.layer == 0:
+            raise ValueError("a stage at layer 0 (before the LLM) has no keys yet: read view.hidden(...)")
         if "key_l1" not in memo:
             memo["key_l1"] = self._prefix.probe["keys"][0].float().abs().sum(dim=(0, 2))
         k = memo["key_l1"]
@@ -183,8 +220,10 @@ class DecoderRun:
     LLM input embeddings (len, d) of those rows.
     """
 
-    def __init__(self, prompt, cache: dict | None, positions: str):
+    def __init__(self, prompt, cache: dict | None, positions: str, encoded=None):
         self._prompt, self._cache, self._renumber = prompt, cache, positions == "renumber"
+        self._encoded = encoded
+        self.decode_stage: DecodeStage | None = None
         self.n_layers, self.length = prompt.n_layers, prompt.length
         vis = prompt.visual_positions
         self.visual_positions, self.n_visual = vis, int(vis.numel())
@@ -206,17 +245,44 @@ class DecoderRun:
         bad = [msg for (_, msg), good in zip(self._checks, ok.tolist()) if not good]
         return bad[0] if bad else None
 
+    @property
+    def frame_index(self) -> torch.Tensor:
+        """(N_V,) int64 video frame of each visual token, -1 for tokens of no frame (`Encoded.frame_index`;
+        one frame, 0, for an image): the input of `mipruner.pruners.video.frame_slots`."""
+        if self._encoded is None:
+            return torch.zeros(self.n_visual, dtype=torch.long, device=self.visual_positions.device)
+        return self._encoded.frame_index.to(self.visual_positions.device)
+
+    def decode(self, layer: int, fn: Callable[["DecodeStep"], torch.Tensor | None]) -> None:
+        """A decode-time stage: at every decoding step after the first token, `fn(step)` (a `DecodeStep`:
+        the new token's attention at layer `layer`-1 over the visual keys, `step.state` kept across
+        steps) returns the (N_V,) bool mask of the visual tokens the layers `layer`.. attend to at that
+        step (None: every one present). The others are masked in the attention over the KV cache, not
+        deleted: a later step may attend to them again. One per method; 1 <= layer < depth."""
+        from ._run import _int
+
+        if self.decode_stage is not None:
+            raise ValueError("run.decode is called once per method (one decode-time stage)")
+        if not callable(fn):
+            raise ValueError(f"run.decode takes a function of the step, got {type(fn).__name__}")
+        layer = _int("decode layer", layer, 1, self.n_layers - 1)
+        self.decode_stage = DecodeStage(layer, fn)
+
     def embeddings(self, positions: torch.Tensor) -> torch.Tensor:
         return self._prompt.embeds[0].index_select(0, positions.to(self._prompt.embeds.device))
 
     def at(self, layer: int) -> StageView:
-        """Run the decoder up to layer `layer` (1 <= layer <= depth, above the last stage's) and
-        return the view of its input."""
-        from ._decoder import advance, prefill_cache
+        """Run the decoder up to layer `layer` (0 <= layer <= depth, above the last stage's) and
+        return the view of its input. Layer 0 is the LLM's input (a pre-LLM step: `view.hidden`
+        are the input embeddings; no attention or keys yet); its `keep` drops rows before any layer."""
+        from ._decoder import advance, prefill_cache, start
         from ._run import _int, _prefix
 
         if self._open is not None:
             raise ValueError(f"stage at layer {self._open.layer}: call run.keep(view, ...) before the next run.at")
+        if self._prefix is None and layer == 0 and not isinstance(layer, bool):
+            self._open = StageView(self, start(self._prompt))
+            return self._open
         lo = 1 if self._prefix is None else self._prefix.layer + 1
         if self._prefix is not None and isinstance(layer, int) and not isinstance(layer, bool) and layer < lo:
             raise ValueError(f"stages must ascend: run.at({layer}) comes after the stage at layer {self._prefix.layer}; "
@@ -225,7 +291,11 @@ class DecoderRun:
         if self._prefix is None:
             prefix = _prefix(self._prompt, layer, self._cache)  # shared per (encoding, layer)
         else:
-            if self._kv is None:
+            if self._kv is None and self._prefix.layer == 0:
+                from transformers import DynamicCache
+
+                self._kv = DynamicCache(config=self._prompt.lm.config)
+            elif self._kv is None:
                 self._kv = prefill_cache(self._prompt, self._prefix)
             prefix = advance(self._prompt, self._prefix, layer, cache=self._kv, probe="all")
         self._open = StageView(self, prefix)
@@ -271,7 +341,7 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
     if cache is not None and key in cache:
         sel = cache[key]
         return dataclasses.replace(sel, extras=dict(sel.extras))
-    run = DecoderRun(prompt, cache, positions)
+    run = DecoderRun(prompt, cache, positions, encoded)
     try:
         sel = fn(run, k, **params)
     except Exception as e:
@@ -279,12 +349,12 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
         if msg is not None:
             raise ValueError(f"{name!r}: {msg}") from e
         raise
-    if run._open is not None or not run.stages:
-        raise ValueError(f"{name!r}: every run.at needs a run.keep (and at least one stage)")
-    last = run.stages[-1]
+    if run._open is not None or not (run.stages or run.decode_stage):
+        raise ValueError(f"{name!r}: every run.at needs a run.keep (and at least one stage or a run.decode)")
+    last = run.stages[-1] if run.stages else None
     vis = prompt.visual_positions
-    kept = torch.isin(vis, last.rows)  # (N_V,) the visual tokens the last stage keeps
-    if last.merge_rows is not None:
+    kept = torch.isin(vis, last.rows) if last is not None else torch.ones_like(vis, dtype=torch.bool)
+    if last is not None and last.merge_rows is not None:
         kept &= ~torch.isin(vis, last.merge_rows.to(vis.device))
     if isinstance(sel, Selection):
         shown = torch.zeros_like(kept)
@@ -296,14 +366,17 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
         raise ValueError(f"{name!r}: {msg}")
     if isinstance(sel, Selection):
         sel.extras["stages"] = tuple(run.stages)
-        sel.extras.setdefault("layer", last.layer)
+        if run.decode_stage is not None:
+            sel.extras["decode"] = run.decode_stage
+        sel.extras.setdefault("layer", last.layer if last is not None else 0)
         n_text = prompt.length - run.n_visual
         gone = [s.layer for s in run.stages if int(s.rows.numel()) == n_text]  # no visual row left (one read each)
         if gone:
             sel.extras["withdrawn_at"] = gone[0]
         if cache is not None:
             cache[key] = sel
-            cache[_LAST] = (tuple(run.stages), run._prefix)
+            if run._prefix is not None:
+                cache[_LAST] = (tuple(run.stages), run._prefix)
         sel = dataclasses.replace(sel, extras=dict(sel.extras))
     return sel
 
@@ -351,4 +424,4 @@ def prefill_logits(adapter, encoded, selection: Selection) -> torch.Tensor:
     return staged_prefill_logits(adapter, encoded, selection)
 
 
-__all__ = ["DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "prefill_logits", "register_inllm"]
+__all__ = ["DecodeStage", "DecodeStep", "DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "prefill_logits", "register_inllm"]
