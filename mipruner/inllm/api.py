@@ -382,12 +382,13 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
 
 
 def register_inllm(name: str, *, label: str = "", params: tuple[Param, ...] = (), score_label: str | None = "score",
-                   positions: str = "original", adaptive: bool = False):
+                   positions: str = "original", adaptive: bool = False, video: bool = False):
     """Register `fn(run: DecoderRun, budget: int, **params) -> Selection` as in-LLM method `name`.
 
     params: its `Param`s (keywords of fn, defaults equal); positions: "original" or "renumber"
     (module docstring); adaptive: the method chooses K per input, the budget as its cap (it may
-    keep fewer). The method is then used like every other: `mipruner.select`, `mipruner.answer`,
+    keep fewer); video: it selects along time (reads `run.frame_index`, needs 2+ frames: the checker gives it
+    a video, the app offers it on videos). The method is then used like every other: `mipruner.select`, `mipruner.answer`,
     the app, `python -m mipruner.eval`, the sweeps, the lmms-eval model, the checker.
     """
     if positions not in POSITIONS:
@@ -410,7 +411,7 @@ def register_inllm(name: str, *, label: str = "", params: tuple[Param, ...] = ()
         from ._run import answer
 
         register_pruner(name, stage="llm", needs=("adapter",), params=params, label=label, answer=answer,
-                        score_label=score_label, **({"adaptive": True} if adaptive else {}))(method)
+                        score_label=score_label, video=video, **({"adaptive": True} if adaptive else {}))(method)
         return method
 
     return deco

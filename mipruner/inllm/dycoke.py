@@ -66,7 +66,7 @@ def _dp(span: torch.Tensor, prune_ratio: float, ties: str, dtype):
 
 
 @register_inllm("dycoke", label="DyCoke (video)", params=PARAMS, positions="renumber", adaptive=True,
-                score_label="kept by TTM (1) or merged away (0)")
+                video=True, score_label="kept by TTM (1) or merged away (0)")
 @torch.no_grad()
 def dycoke(run: DecoderRun, budget: int, *, dycoke_k: float = 0.7, dycoke_p: float = 0.7, dycoke_l: int = 3,
            dycoke_ties: str = "topk", dycoke_dtype: str = "model") -> Selection:
