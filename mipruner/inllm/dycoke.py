@@ -19,9 +19,11 @@ are restated in `mipruner.pruners.dycoke`:
                   the attention over the KV cache, not deleted (the release gathers the kept rows of its full
                   cache at each step: the same keys).
 
-Budget: the method is adaptive, the budget its cap: TTM's tokens beyond it are trimmed, whole frames' first,
-then those of pruned frames in order. Keep-all: budget N_V with dycoke_k = dycoke_p = 0 is the unpruned model
-bit for bit. The fidelity options `dycoke_ties` and `dycoke_dtype` (`mipruner.pruners.dycoke`) choose the
+Budget: the method is adaptive, the budget its cap. dycoke_k = 0 (the default): the budget alone decides how
+many tokens each pruned frame keeps (what the whole frames and the tokens of no frame leave of it, shared
+evenly); dycoke_k > 0: int((1 - k) P), capped so; tokens still beyond the budget are trimmed, those of pruned
+frames first. Keep-all: the budget N_V at dycoke_k = 0 keeps every token, and then DP keeps every token too
+(decoding included): the unpruned model bit for bit. The fidelity options `dycoke_ties` and `dycoke_dtype` (`mipruner.pruners.dycoke`) choose the
 release's `topk` tie order and its compute dtype (the default) or ours (stable, float32); on DP the dtype
 casts the attention to the model's dtype before ranking (the release's softmax is cast back to it). DP's
 decode layer is clamped to depth - 1 on a shallower decoder (`extras["decode_layer"]`).
@@ -31,14 +33,14 @@ from __future__ import annotations
 import torch
 
 from ..pruners._registry import Param
-from ..pruners.dycoke import DTYPES, TIES, check_option, dp_keep, ttm_keep
+from ..pruners.dycoke import DTYPES, TIES, check_option, dp_keep, pruned_frames, ttm_keep
 from ..pruners.selection import Selection
 from ..pruners.video import NotApplicable, frame_slots
 from .api import DecoderRun, DecodeStep, register_inllm
 
 PARAMS = (
-    Param.real("dycoke_k", 0.7, 0.0, 1.0, "TTM's merging ratio k: a pruned frame keeps int((1 - k) P) of its P tokens "
-               "(DyCoke: 0.7; 0 keeps all)", high_open=True, step=0.05, code="dk"),
+    Param.real("dycoke_k", 0.0, 0.0, 1.0, "TTM's merging ratio k: a pruned frame keeps int((1 - k) P) of its P tokens, "
+               "capped by the budget (DyCoke: 0.7; 0: the budget alone decides)", high_open=True, step=0.05, code="dk"),
     Param.real("dycoke_p", 0.7, 0.0, 1.0, "DP's pruning ratio p: a decoding step attends to int(S (1 - p)) of the S "
                "visual tokens when its attention moved (DyCoke: 0.7; 0 keeps all)", high_open=True, step=0.05,
                code="dp"),
@@ -68,7 +70,7 @@ def _dp(span: torch.Tensor, prune_ratio: float, ties: str, dtype):
 @register_inllm("dycoke", label="DyCoke (video)", params=PARAMS, positions="renumber", adaptive=True,
                 video=True, score_label="kept by TTM (1) or merged away (0)")
 @torch.no_grad()
-def dycoke(run: DecoderRun, budget: int, *, dycoke_k: float = 0.7, dycoke_p: float = 0.7, dycoke_l: int = 3,
+def dycoke(run: DecoderRun, budget: int, *, dycoke_k: float = 0.0, dycoke_p: float = 0.7, dycoke_l: int = 3,
            dycoke_ties: str = "topk", dycoke_dtype: str = "model") -> Selection:
     """DyCoke: temporal token merging before the LLM, then dynamic KV pruning at every decoding step."""
     ties, dt = check_option("dycoke_ties", dycoke_ties, TIES), check_option("dycoke_dtype", dycoke_dtype, DTYPES)
@@ -80,8 +82,12 @@ def dycoke(run: DecoderRun, budget: int, *, dycoke_k: float = 0.7, dycoke_p: flo
         raise NotApplicable("DyCoke merges tokens across frames: this input has 1 frame (an image or a 1-frame "
                             "video; Qwen makes one token-frame of 2 sampled frames); give it a video of more frames")
     x = view.hidden(vis)  # (N_V, d) the LLM's input embeddings of the visual tokens
-    keep_tp = ttm_keep(x.index_select(0, frames.index.flatten()).view(frames.count, frames.per_frame, -1),
-                       float(dycoke_k), ties=ties, dtype=dt)
+    t, p = frames.count, frames.per_frame
+    pruned = len(pruned_frames(t))
+    room = (budget - int(frames.outside.numel()) - (t - pruned) * p) // max(pruned, 1)  # what the budget leaves
+    count = max(0, min(p if dycoke_k == 0 else int((1 - float(dycoke_k)) * p), room))
+    keep_tp = ttm_keep(x.index_select(0, frames.index.flatten()).view(t, p, -1), float(dycoke_k), ties=ties,
+                       dtype=dt, count=count)
     whole = keep_tp.all(dim=1, keepdim=True).expand_as(keep_tp)  # tokens of frames kept whole rank first
     key = torch.full((run.n_visual,), 2, dtype=torch.long, device=dev)
     key.index_copy_(0, frames.index.flatten(), torch.where(keep_tp, 1 - whole.long(), torch.full_like(key[:1], 2)
@@ -92,7 +98,8 @@ def dycoke(run: DecoderRun, budget: int, *, dycoke_k: float = 0.7, dycoke_p: flo
     run.keep(view, kept)
     span = kept[~torch.isin(kept, frames.outside)][:-1]  # the release's span: the merged tokens less the last
     layer = min(int(dycoke_l), run.n_layers - 1)
-    run.decode(layer, _dp(span, float(dycoke_p), ties, x.dtype if dt == "model" else None))
+    p_dp = float(dycoke_p) if kept.numel() < run.n_visual else 0.0  # keep-all: every token, decoding included
+    run.decode(layer, _dp(span, p_dp, ties, x.dtype if dt == "model" else None))
     scores = torch.zeros(run.n_visual, dtype=torch.float32, device=dev)
     scores[kept] = 1.0
     sel = Selection.from_order(kept, scores)

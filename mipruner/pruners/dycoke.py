@@ -53,11 +53,20 @@ def largest(scores: torch.Tensor, k: int, ties: str) -> torch.Tensor:
     return torch.sort(scores, descending=True, stable=True).indices[:k]
 
 
-def ttm_keep(x: torch.Tensor, merge_ratio: float, *, ties: str = "topk", dtype: str = "model") -> torch.Tensor:
-    """TTM's kept slots: (T, P) bool of x (T, P, d), the frame tokens in frame order (module docstring)."""
+def pruned_frames(t: int) -> list[int]:
+    """The frames TTM prunes of a video of t frames (the others stay whole): the odd frames of the pairs and
+    frame i+2 of each group of four (i = 0, 4, ... < t - 4)."""
+    odd = list(range(1, 2 * len(range(0, t - 1, 2)), 2))
+    return sorted(odd + [i + 2 for i in range(0, t - 4, 4)])
+
+
+def ttm_keep(x: torch.Tensor, merge_ratio: float, *, ties: str = "topk", dtype: str = "model",
+             count: int | None = None) -> torch.Tensor:
+    """TTM's kept slots: (T, P) bool of x (T, P, d), the frame tokens in frame order (module docstring).
+    count: the tokens each pruned frame keeps, instead of int((1 - merge_ratio) P)."""
     t, p = int(x.shape[0]), int(x.shape[1])
     x = x if dtype == "model" else x.float()
-    n = int((1 - merge_ratio) * p)
+    n = int((1 - merge_ratio) * p) if count is None else int(count)
     keep = torch.ones(t, p, dtype=torch.bool, device=x.device)
     starts = list(range(0, t - 1, 2))
     if not starts:
@@ -93,4 +102,4 @@ def dp_keep(attention: torch.Tensor, previous: torch.Tensor | None, prune_ratio:
     return torch.where(moved, top, torch.ones_like(top))
 
 
-__all__ = ["DTYPES", "TIES", "check_option", "dp_keep", "largest", "smallest", "ttm_keep"]
+__all__ = ["DTYPES", "TIES", "check_option", "dp_keep", "largest", "pruned_frames", "smallest", "ttm_keep"]

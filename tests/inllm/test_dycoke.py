@@ -54,7 +54,7 @@ def _recorded(sel):
 def test_equals_the_release(encoded, family):
     a, e = encoded(family)
     cache: dict = {}
-    sel = mipruner.select(a, e, "dycoke", e.n_visual, cache=cache)
+    sel = mipruner.select(a, e, "dycoke", e.n_visual, cache=cache, dycoke_k=0.7)  # the release's k and p
     table, outside = _frames(e)
     prompt = prompt_of(a, e)
     x = prompt.embeds[0, prompt.visual_positions.cpu()]
@@ -82,7 +82,7 @@ def test_equals_the_release(encoded, family):
 def test_keep_all_is_the_unpruned_model(encoded, family):
     a, e = encoded(family)
     cache: dict = {}
-    sel = mipruner.select(a, e, "dycoke", e.n_visual, cache=cache, dycoke_k=0.0, dycoke_p=0.0)
+    sel = mipruner.select(a, e, "dycoke", e.n_visual, cache=cache)  # the defaults: the budget decides
     assert sel.keep.tolist() == list(range(e.n_visual))
     assert torch.equal(inllm.staged_prefill_logits(a, e, sel), a.prefill_logits(e))
     ref = a.generate(e, max_new_tokens=6)
@@ -94,7 +94,7 @@ def test_keep_all_is_the_unpruned_model(encoded, family):
 
 def test_decode_savings_are_counted_and_the_hook_is_removed(encoded):
     a, e = encoded("llava_onevision")
-    sel = mipruner.select(a, e, "dycoke", e.n_visual)
+    sel = mipruner.select(a, e, "dycoke", e.n_visual, dycoke_k=0.7)
     ans = mipruner.answer(a, e, sel, max_new_tokens=6, min_new_tokens=6)
     lm = a.text_decoder()
     assert all(not layer.self_attn._forward_pre_hooks for layer in lm.layers)
@@ -130,7 +130,35 @@ def test_compute_dtype_option():
         assert [torch.nonzero(k).flatten().tolist() for k in keep] == [sorted(r.tolist()) for r in ref]
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_onevision"])
+def test_the_budget_decides_at_k_0(encoded, family):
+    from mipruner.pruners.dycoke import pruned_frames
+
+    a, e = encoded(family)
+    table, outside = _frames(e)
+    t, p = table.shape
+    whole = (t - len(pruned_frames(t))) * p + outside.numel()
+    for k in (whole + len(pruned_frames(t)), whole + 2 * len(pruned_frames(t)) + 1, whole - 1):
+        sel = mipruner.select(a, e, "dycoke", k)
+        share = max(0, (k - whole) // len(pruned_frames(t)))
+        assert sel.budget == min(k, whole + share * len(pruned_frames(t))) <= k
+
+
 def test_misuse_is_one_sentence(encoded):
     a, e = encoded("qwen2_vl")
     with pytest.raises(ValueError, match="dycoke_ties"):
         mipruner.select(a, e, "dycoke", e.n_visual, dycoke_ties="random")
+
+
+def test_the_panel_shows_the_decoding_savings(encoded):
+    from components.core.answers import answer_dict
+    from components.page.panels import answer_md
+
+    a, e = encoded("qwen2_5_vl")
+    sel = mipruner.select(a, e, "dycoke", e.n_visual, dycoke_k=0.7)
+    ans = mipruner.answer(a, e, sel, max_new_tokens=4, min_new_tokens=4)
+    d = answer_dict(ans)
+    assert d["decode_visual"] == round(sum(ans.decode_visual) / len(ans.decode_visual), 1) < sel.budget
+    assert f"{d['decode_visual']} of {sel.budget} visual keys read per step from layer {d['decode_layer']}" \
+        in answer_md(d, "")
+    assert "decode_visual" not in answer_dict(mipruner.answer(a, e, None, max_new_tokens=4))
