@@ -221,7 +221,7 @@ def generate(adapter, encoded: Encoded, keep, *, layer: int | None, max_new_toke
     if stages or decode is not None:
         def run_stages(prompt) -> Started:
             prefix, kv = staged_prefix(prompt, stages, cache)
-            n_rows = int(prefix.rows.numel())
+            n_rows = prompt.length if prefix.rows is None else int(prefix.rows.numel())
             return Started(prefix, kv, None, None, n_rows, n_rows - (prompt.length - encoded.n_visual))
 
         return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_stages, decode)

@@ -59,7 +59,7 @@ def test_a_decode_only_method_keeping_all_is_unpruned(model, registered):
 
 def _masked_reference(ad, enc, hidden: torch.Tensor, layer: int, n: int) -> list[int]:
     """Greedy tokens with the visual tokens `hidden` (bool (N_V,)) masked as keys from `layer` on at every
-    decoding step (not at prefill), the layers called one by one on a stock DynamicCache."""
+    decoding step (not at prefill), the layers called one by one on a stock DynamicCache; EOS masked."""
     from transformers import DynamicCache
 
     from mipruner.inllm._prompt import prompt_of
@@ -72,7 +72,12 @@ def _masked_reference(ad, enc, hidden: torch.Tensor, layer: int, n: int) -> list
     for block in lm.layers:
         h = block(h, attention_mask=None, position_embeddings=pe, position_ids=p.layer_positions,
                   past_key_values=cache)
-    tokens = [int(p.head(lm.norm(h))[0, -1].argmax())]
+    def pick(logits):  # EOS masked: n tokens forced (min_new_tokens = n)
+        logits = logits.float().clone()
+        logits[list(p.eos)] = float("-inf")
+        return int(logits.argmax())
+
+    tokens = [pick(p.head(lm.norm(h))[0, -1])]
     for t in range(1, n):
         x = lm.embed_tokens(torch.tensor([[tokens[-1]]]))
         r = torch.full((*p.rope_positions.shape[:-1], 1), p.next_position + t - 1, dtype=torch.long)
@@ -82,7 +87,7 @@ def _masked_reference(ad, enc, hidden: torch.Tensor, layer: int, n: int) -> list
         for i, block in enumerate(lm.layers):
             x = block(x, attention_mask=mask if i >= layer else None, position_embeddings=pe,
                       position_ids=None if p.layer_positions is None else r.view(1, 1), past_key_values=cache)
-        tokens.append(int(p.head(lm.norm(x))[0, -1].argmax()))
+        tokens.append(pick(p.head(lm.norm(x))[0, -1]))
     return tokens
 
 
