@@ -115,6 +115,7 @@ def test_a_masking_stage_equals_masking_the_keys(model, registered):
         hidden[::2] = False
         want = _masked_reference(ad, enc, hidden, 1, 6)
     assert got.token_ids == want
+    assert want != ad.generate(enc, max_new_tokens=6, min_new_tokens=6).token_ids  # the masking changes the answer
     assert list(got.decode_visual) == [int((~hidden).sum())] * 5
     assert [(i, k) for i, k, _ in seen] == [(i, i) for i in range(1, 6)]  # one call a step, state kept
     assert all(0 < s < 1 for _, _, s in seen)  # a share of the row's probabilities: the visual keys'
