@@ -12,7 +12,7 @@ after the first layers, `norm`, and the output head. Masks come from transformer
 is replaced and no state of the model is changed; the only hook (FastV/DART signal capture, in
 `run_prefix`) is a forward pre-hook removed in a `finally`.
 
-The continuation (`prefill` / `greedy`):
+The continuation (`continue_prefix`, `_greedy.greedy`):
   layers 0..K-1  the full sequence (L tokens), positions as in the unpruned model;
   layers K..     only the kept rows (every text token + the kept visual tokens, L' of them), each
                  keeping its ORIGINAL position (the rotary cos/sin are gathered from the full
@@ -27,17 +27,15 @@ Several stages (`Stage`, `advance`, `apply_stage`, `run_staged`): the same, once
 says which rows remain from its layer K_s on (a subset of the rows before it) and, optionally,
 which of those rows enter K_s holding the mean of other rows' hidden states (merged tokens, in the
 slot of a dropped row, at that row's position). Layer group [K_s, K_s+1) runs on stage s's rows
-and holds their KV; decoding runs each group against its own cache. One stage at K is FastV.
+and holds their KV; decoding (`_greedy.greedy`) runs each group against its own cache. One stage at K
+is FastV.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-
-from ..models.common.greedy import greedy as engine_greedy
 
 from ._probe import last_token_attention
 from ._prompt import Prompt
@@ -49,11 +47,6 @@ def layer_kind(config, i: int) -> str:
     if types:
         return types[i]
     return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
-
-
-def window_of(config, i: int) -> int | None:
-    """Layer i's sliding window (None for full attention)."""
-    return getattr(config, "sliding_window", None) if layer_kind(config, i) == "sliding_attention" else None
 
 
 def _mask(lm, kind: str, h: torch.Tensor, cache, layer_positions, layer_idx: int, key_mask=None):
@@ -336,144 +329,3 @@ def prefill_cache(prompt: Prompt, prefix: Prefix):
     for i, (k, v) in enumerate(prefix.kv):
         cache.update(k, v, i)
     return cache
-
-
-def _group_rows(prompt: Prompt, stages, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, which) of the prompt rows a layer's KV cache holds: `rows` (R,) sequence positions (the
-    last stage at or below `layer`, else all), `which` (R,) the original visual index of each row, N_V
-    for text and merged rows (always attended)."""
-    vis, dev = prompt.visual_positions, prompt.embeds.device
-    n = int(vis.numel())
-    st = [s for s in stages if s.layer <= layer]
-    rows = st[-1].rows.to(dev) if st else torch.arange(prompt.length, device=dev)
-    lookup = torch.full((prompt.length,), n, dtype=torch.long, device=dev)
-    lookup[vis.to(dev)] = torch.arange(n, device=dev)
-    if st and st[-1].merge_rows is not None:
-        lookup[st[-1].merge_rows.to(dev)] = n
-    return rows, lookup.index_select(0, rows)
-
-
-class _DecodeRun:
-    """A decode-time stage (`api.DecodeStage`) inside the greedy loop: the pre-hook reading layer L-1's
-    attention input of the new token, the cache columns of the visual tokens, the key masks of the
-    layer groups from L on, and the per-step count of visual keys attended (`attended`)."""
-
-    def __init__(self, prompt: Prompt, stages, decode):
-        self.prompt, self.decode, self.layer = prompt, decode, int(decode.layer)
-        self.n = int(prompt.visual_positions.numel())
-        dev = prompt.embeds.device
-        rows, which = _group_rows(prompt, stages, self.layer - 1)
-        self.present = torch.zeros(self.n + 1, dtype=torch.bool, device=dev).scatter_(0, which, True)[:self.n]
-        self.col = torch.zeros(self.n + 1, dtype=torch.long, device=dev).scatter_(
-            0, which, torch.arange(rows.numel(), device=dev))[:self.n]  # cache column of each visual token present
-        self.which = {}  # layer group start -> `which` of its cache rows
-        self.state: dict = {}
-        self.attended: list[torch.Tensor] = []
-        self.seen: dict = {}
-        self.keep_ext = None
-        self.handle = None
-
-    def open(self):
-        attn = self.prompt.lm.layers[self.layer - 1].self_attn
-        me, seen = threading.get_ident(), self.seen
-
-        def pre_hook(_module, args, kwargs):
-            if threading.get_ident() != me:  # another request running the same model meanwhile
-                return
-            seen["x"] = args[0] if args else kwargs["hidden_states"]
-            seen["cos_sin"] = kwargs["position_embeddings"]
-
-        self.handle = attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
-
-    def close(self):
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-
-    def _attention(self, cache) -> torch.Tensor:
-        attn = self.prompt.lm.layers[self.layer - 1].self_attn
-        keys = cache.layers[self.layer - 1].keys
-        row = last_token_attention(attn, self.seen["x"], self.seen["cos_sin"], keys,
-                                   window_of(self.prompt.lm.config, self.layer - 1))
-        return row.index_select(0, self.col) * self.present
-
-    def choose(self, index: int, cache) -> None:
-        """Run the stage's function for step `index`; its mask is applied from layer L on."""
-        from .api import DecodeStep
-
-        step = DecodeStep(index, self.present, lambda: self._attention(cache), self.state)
-        keep = self.decode.fn(step)
-        keep = self.present if keep is None else torch.as_tensor(keep, device=self.present.device).to(torch.bool)
-        if keep.shape != self.present.shape:
-            raise ValueError(f"a decode-time stage returns an ({self.n},) bool mask of the visual tokens, "
-                             f"got shape {tuple(keep.shape)}")
-        keep = keep & self.present
-        self.attended.append(keep.sum())
-        self.keep_ext = torch.cat([keep, keep.new_ones(1)])
-
-    def key_mask(self, prompt: Prompt, stages, group: range, generated: int) -> torch.Tensor | None:
-        """(kv_len,) bool cache positions group `group` attends to this step, None below layer L."""
-        if group.start < self.layer:
-            return None
-        if group.start not in self.which:
-            self.which[group.start] = _group_rows(prompt, stages, group.start)[1]
-        which = self.which[group.start]
-        return torch.cat([self.keep_ext.index_select(0, which), self.keep_ext.new_ones(generated)])
-
-
-def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, keep: torch.Tensor | None,
-           max_new_tokens: int, min_new_tokens: int = 0, on_first: Callable[[], None] | None = None,
-           decode=None, attended: list | None = None) -> list[int]:
-    """Greedy decoding after the pruned prefill. `cache` holds the prefix's layers (< K) already.
-
-    rows: the rows kept from layer K on (FastV), or None for a staged prefix (`run_staged`).
-    decode: a decode-time stage (`api.DecodeStage`) run at every step in this one loop; `attended`
-    (a list) receives the number of visual keys the layers from its layer on attended at each step."""
-    embed = prompt.lm.embed_tokens
-    if rows is not None:
-        prefix = apply_stage(prompt, prefix, Stage(prefix.layer, rows))
-    h = continue_prefix(prompt, prefix, None, None, cache)
-    logits = logits_of(prompt, h, last_only=True)[0, -1]
-    eos = list(prompt.eos)
-    # layer groups between stages: each group's masks are sized against its own cache length; a
-    # renumbering stage's group decodes at the unpruned position minus the rows it dropped
-    bounds = sorted({0, prompt.n_layers, *(st.layer for st in prefix.stages),
-                     *((decode.layer,) if decode is not None else ())})
-    groups = [range(a, b) for a, b in zip(bounds, bounds[1:])]
-    by_layer = {st.layer: st for st in prefix.stages}
-    last_at = [max([st for st in prefix.stages if st.layer <= g.start], key=lambda st: st.layer, default=None)
-               for g in groups]
-    shifts = [prompt.length - int(st.rows.numel()) if st is not None and st.renumber else 0 for st in last_at]
-    del by_layer
-    dyn = _DecodeRun(prompt, prefix.stages, decode) if decode is not None else None
-
-    done = [0]
-
-    def step(tokens: torch.Tensor, _mask) -> torch.Tensor:  # one token through the layer groups: (1, V)
-        done[0] += 1
-        x = embed(tokens[:, None])  # (1, 1, d)
-        inputs: dict[int, tuple] = {}
-        for group, shift in zip(groups, shifts):
-            if shift not in inputs:
-                rope, layer_pos = prompt.step_positions(prompt.next_position + done[0] - 1 - shift)
-                inputs[shift] = (prompt.lm.rotary_emb(x, rope), layer_pos)
-            pe, layer_pos = inputs[shift]
-            key_mask = None
-            if dyn is not None:
-                if group.start == dyn.layer:
-                    dyn.choose(done[0], cache)
-                key_mask = dyn.key_mask(prompt, prefix.stages, group, done[0])
-            x = run_layers(prompt, x, group, pe, layer_pos, cache, key_mask=key_mask)
-        return logits_of(prompt, x, last_only=True)[0, -1][None]
-
-    # the decoding engine's one greedy loop (EOS masked below min_new_tokens, stop at EOS)
-    if dyn is not None:
-        dyn.open()
-    try:
-        ids, _ = engine_greedy(step, logits[None], None, max_new_tokens, eos, [], min_new_tokens, on_first=on_first)
-    finally:
-        if dyn is not None:
-            dyn.close()
-    if dyn is not None and attended is not None and dyn.attended:
-        attended.extend(torch.stack(dyn.attended).tolist())  # one transfer after the loop
-    return ids[0]

@@ -162,7 +162,7 @@ def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, 
     """The greedy answer every in-LLM method gives, timed one way: `run_layers(prompt)` runs (or reuses)
     the pruned layers, then the rest decode. prefill_s: from the call to the first new token (the
     prompt and `run_layers` included); decode_s: the rest (CUDA synchronised at both marks)."""
-    from ._decoder import greedy
+    from ._greedy import greedy
 
     max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
     min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)

@@ -3,19 +3,8 @@
 A method declares, in one decorated function, at which decoder layer(s) it acts, what it reads
 there and what each stage keeps; mipruner runs the layers (for every family that runs FastV),
 records the stages on the `Selection` and replays them for the answer, in the app, the
-evaluation, the sweeps and the lmms-eval model, without patching transformers:
-
-    from mipruner import Param, Selection
-    from mipruner.inllm import register_inllm
-
-    @register_inllm("lastdrop", label="Last-token drop", params=(Param.integer("layer", 2, 1, None, "..."),))
-    def lastdrop(run, budget, *, layer=2):
-        view = run.at(layer)                                # layers 0..layer-1 on the full prompt
-        att = view.attention("last")[0]                     # (L,) the last prompt token's row, layer-1
-        scores = att[view.columns(run.visual_positions)]    # (N_V,) one per visual token
-        order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-        run.keep(view, order)                               # from `layer` on: the text + these tokens
-        return Selection.from_order(order, scores)
+evaluation, the sweeps and the lmms-eval model, without patching transformers (a method in a few
+lines: docs/plugins.md, "In-LLM methods: the stage API").
 
 `run` is a `DecoderRun` (one per selection); `run.at(K)` runs the decoder up to layer K on the
 rows the earlier stages left and returns a `StageView` of the sequence entering layer K;
@@ -25,17 +14,17 @@ with ascending layers, one `keep` after each. The returned Selection's `keep` mu
 tokens the last stage keeps (what masks show; `budget` of them unless the method is adaptive).
 A stage may keep none (`run.keep(view, [])`): every visual token is withdrawn from layer K on
 and the text goes on alone; the selection's `keep` is then empty, at any budget, and
-`extras["withdrawn_at"]` = K (masks, panels and eval say "all withdrawn from layer K").
+`extras["withdrawn_at"]` = K (masks, panels and eval say "all withdrawn from layer K"). `run.at(0)` is
+a pre-LLM step (the input embeddings); `run.decode(layer, fn)` a decode-time stage (`DecodeStep`).
 
 Positions (`positions=` of `register_inllm`): "original" (FastV's semantics: every remaining row
 keeps its position) or "renumber" (each remaining row moves down by the rows dropped before it:
 1-D positions become 0..L'-1, as PyramidDrop's and SparseVLM v1.5's `arange`; decoding continues
 after them). Either way keeping every token is the unpruned model bit for bit.
 
-Caching (the `cache=` dict `mipruner.select` passes, one per encoding): the layers before a
-method's first stage are run once per (encoding, layer) and shared by every method and budget;
-a selection is cached per (method, K, parameters); the answer reuses the layers the latest
-selection ran, or the shared first layers of a one-stage method, else replays the stages.
+Caching (`cache=`, one dict per encoding): the layers before a method's first stage run once per
+(encoding, layer), shared by every method and budget; a selection is cached per (method, K, parameters);
+the answer reuses the latest selection's layers, or a one-stage method's shared ones, else replays.
 """
 from __future__ import annotations
 
@@ -49,6 +38,7 @@ import torch
 
 from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection
+from ._decode_stage import DecodeStage, DecodeStep
 
 POSITIONS = ("original", "renumber")
 QUERIES = ("last", "after", "text")
@@ -65,38 +55,6 @@ class Merge:
     rows: torch.Tensor
     members: torch.Tensor
     of: torch.Tensor
-
-
-@dataclass(frozen=True)
-class DecodeStage:
-    """A method's decode-time stage (`DecoderRun.decode`): from decoder layer `layer` on, each decoding
-    step attends to the visual tokens `fn(step)` names (a `DecodeStep` in, an (N_V,) bool mask or None
-    out); recorded on the Selection as `extras["decode"]` and run by the answer's one greedy loop."""
-
-    layer: int
-    fn: Callable
-
-
-class DecodeStep:
-    """One decoding step as a decode-time stage sees it (built by the greedy loop, one per step).
-
-    index: 1 for the step that feeds the first generated token, 2 for the next, ...; present (N_V,)
-    bool: the visual tokens in the KV cache at layer `layer`-1 (those earlier stages kept); state: a
-    dict the stage keeps across the steps of one answer (e.g. the previous step's attention).
-    """
-
-    def __init__(self, index: int, present: torch.Tensor, attention: Callable[[], torch.Tensor], state: dict):
-        self.index, self.present, self.state = index, present, state
-        self._attention, self._memo = attention, None
-
-    def attention(self) -> torch.Tensor:
-        """(N_V,) float32 head-mean attention probabilities of the new token at layer `layer`-1 over the
-        visual keys (the softmax over every key it attends to, as FastV's row; 0 for visual tokens not
-        present). Computed when asked for, from the layer's attention input (a forward pre-hook removed
-        after the answer) and the keys it cached; no other attention is computed."""
-        if self._memo is None:
-            self._memo = self._attention()
-        return self._memo
 
 
 class StageView:
@@ -247,18 +205,15 @@ class DecoderRun:
 
     @property
     def frame_index(self) -> torch.Tensor:
-        """(N_V,) int64 video frame of each visual token, -1 for tokens of no frame (`Encoded.frame_index`;
-        one frame, 0, for an image): the input of `mipruner.pruners.video.frame_slots`."""
+        """(N_V,) int64 frame of each visual token, -1 of none (`Encoded.frame_index`; 0 for an image)."""
         if self._encoded is None:
             return torch.zeros(self.n_visual, dtype=torch.long, device=self.visual_positions.device)
         return self._encoded.frame_index.to(self.visual_positions.device)
 
     def decode(self, layer: int, fn: Callable[["DecodeStep"], torch.Tensor | None]) -> None:
-        """A decode-time stage: at every decoding step after the first token, `fn(step)` (a `DecodeStep`:
-        the new token's attention at layer `layer`-1 over the visual keys, `step.state` kept across
-        steps) returns the (N_V,) bool mask of the visual tokens the layers `layer`.. attend to at that
-        step (None: every one present). The others are masked in the attention over the KV cache, not
-        deleted: a later step may attend to them again. One per method; 1 <= layer < depth."""
+        """A decode-time stage (one per method, 1 <= layer < depth): at each decoding step after the first
+        token `fn(step: DecodeStep)` returns the (N_V,) bool visual tokens the layers from `layer` on attend
+        to (None: all present); the others are masked over the KV cache, not deleted."""
         from ._run import _int
 
         if self.decode_stage is not None:
@@ -272,9 +227,8 @@ class DecoderRun:
         return self._prompt.embeds[0].index_select(0, positions.to(self._prompt.embeds.device))
 
     def at(self, layer: int) -> StageView:
-        """Run the decoder up to layer `layer` (0 <= layer <= depth, above the last stage's) and
-        return the view of its input. Layer 0 is the LLM's input (a pre-LLM step: `view.hidden`
-        are the input embeddings; no attention or keys yet); its `keep` drops rows before any layer."""
+        """Run the decoder up to layer `layer` (0 <= layer <= depth, above the last stage's) and return
+        the view of its input; layer 0: the input embeddings (no attention or keys), a pre-LLM drop."""
         from ._decoder import advance, prefill_cache, start
         from ._run import _int, _prefix
 
@@ -291,11 +245,7 @@ class DecoderRun:
         if self._prefix is None:
             prefix = _prefix(self._prompt, layer, self._cache)  # shared per (encoding, layer)
         else:
-            if self._kv is None and self._prefix.layer == 0:
-                from transformers import DynamicCache
-
-                self._kv = DynamicCache(config=self._prompt.lm.config)
-            elif self._kv is None:
+            if self._kv is None:
                 self._kv = prefill_cache(self._prompt, self._prefix)
             prefix = advance(self._prompt, self._prefix, layer, cache=self._kv, probe="all")
         self._open = StageView(self, prefix)
