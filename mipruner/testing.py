@@ -43,6 +43,7 @@ from .pruners.signals import Signals, encode_kwargs
 
 N_V, D, N_T = 48, 16, 5
 HEADS, D_F = 3, 24  # heads of the random per-head attention; width of the random pre-projector features
+VIDEO_FRAMES = 8  # frames of the checker's clip (`embedded_encoding(video=True)`): DyCoke groups frames in fours
 FRAMES = 4  # frames of the random video (frame_index) given to the video methods and the per-frame option
 SCORE_LABEL_CHARS = 60  # a colour bar's caption
 
@@ -295,8 +296,8 @@ def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> lis
 
 def embedded_encoding(model: str = "shapes-llava", device=None, signals=None, video: bool = False):
     """(adapter, encoding) of a red square on noise with attention (and `signals`: what a method asks for
-    more, `MethodSpec.signals`), on the embedded model; `video`: a 4-frame clip of the square moving
-    (what a video method, `MethodSpec.video`, is checked on)."""
+    more, `MethodSpec.signals`), on the embedded model; `video`: a VIDEO_FRAMES-frame clip of the square
+    moving (what a video method, `MethodSpec.video`, is checked on: long enough for DyCoke's groups of four)."""
     from PIL import Image
 
     from .media import Video
@@ -312,8 +313,8 @@ def embedded_encoding(model: str = "shapes-llava", device=None, signals=None, vi
         arr[20:60, 30 + shift:70 + shift] = (255, 0, 0)
         return Image.fromarray(arr)
 
-    media = Video(frames=[picture(8 * i) for i in range(4)], indices=[0, 1, 2, 3], fps=4.0, total_frames=4) \
-        if video else picture(0)
+    media = Video(frames=[picture(4 * i) for i in range(VIDEO_FRAMES)], indices=list(range(VIDEO_FRAMES)), fps=4.0,
+                  total_frames=VIDEO_FRAMES) if video else picture(0)
     kw = encode_kwargs(Signals.of(True, signals))
     return adapter, adapter.encode(media, "What colour is the square?", **kw)
 

@@ -117,6 +117,12 @@ def test_latency_video_report_carries_the_ratios(tmp_path):
     assert lat["generate"]["prompt_tokens"] == lat["ours-none"]["prompt_tokens"]
     assert rep["video"]["4"]["ttft"]["evs_ttft_vs_none"] == round(
         lat["ours-" + latency_video.label("evs")]["ttft_ms"]["median"] / lat["ours-none"]["ttft_ms"]["median"], 3)
+    d = rep["video"]["4"]["decode"]  # DyCoke's decode-time stage: fewer decoding FLOPs than keep-all's
+    dec = {c["method"]: c for c in rep["cells"] if c["kind"] == "decode"}
+    assert set(dec) == {"dycoke", "dycoke-keep-all"} and d["steps"] == 1
+    assert 0 < d["decode_flops_share"] < 1 and 0 <= d["visual_keys_share"] < 1
+    assert d["decode_ms_ratio"] == round(dec["dycoke"]["decode_ms_per_token"]["median"]
+                                         / dec["dycoke-keep-all"]["decode_ms_per_token"]["median"], 3)
 
 
 def test_ops_video_rows_of_an_image_method_per_frame(tmp_path):

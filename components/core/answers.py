@@ -28,9 +28,14 @@ STREAM_EVERY_S = 0.25  # the page's answers are redrawn at most this often while
 
 def answer_dict(ans) -> dict:
     """An `Answer` as the page and the API report it: text, input sizes, its own timing, new tokens."""
-    return {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
-            **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in own_timing(ans).items()},  # its own share
-            "new_tokens": len(ans.token_ids)}
+    out = {"text": ans.text, "input_tokens": ans.input_tokens, "visual_tokens": ans.visual_tokens,
+           **{k: (round(v, 2) if isinstance(v, float) else v) for k, v in own_timing(ans).items()},  # its own share
+           "new_tokens": len(ans.token_ids)}
+    read = getattr(ans, "decode_visual", None)  # a decode-time stage's visual keys read per step (DyCoke)
+    if read:
+        out["decode_visual"] = round(sum(read) / len(read), 1)
+        out["decode_layer"] = int(ans.decode_layer)
+    return out
 
 
 @dataclass

@@ -111,9 +111,12 @@ def answer_md(ans: dict | None, generated_hint: str, partial: str | None = None)
         return f"*{generated_hint}*"
     if "error" in ans:
         return f"**No answer:** {ans['error']}"
+    decoding = "" if "decode_visual" not in ans else (
+        f" · decoding: {ans['decode_visual']} of {ans['visual_tokens']} visual keys read per step from layer "
+        f"{ans['decode_layer']}")
     return (f"**Answer:** {ans['text'] or '(empty)'}  \n"
             f"LLM input {ans['input_tokens']} tokens ({ans['visual_tokens']} visual) · "
-            f"{timing_line(ans)} ({ans['new_tokens']} tokens)")
+            f"{timing_line(ans)} ({ans['new_tokens']} tokens){decoding}")
 
 
 def method_notes(sel) -> str:

@@ -21,6 +21,11 @@ rounds each running every cell of the group once, in turn):
               of `--lengths[0]` tokens. Ratios of the TTFT medians: evs / none and evs / generate, each beside
               its floor: the same ratio of the cells' LLM prefill FLOPs (`floors.cell_floor` with no tower
               pass, `mipruner.compute`'s formula; in ms where the device's figures are known).
+  decode F    (the same F, answers of more than one token) DyCoke, whose DP masks visual keys at every decoding
+              step: `decode dycoke-keep-all` (budget N_V, the in-LLM loop unpruned) and `decode dycoke` (the
+              release's k = p = 0.7), per-token decode time from the answer's own marks; decode_ms_ratio beside
+              its floor, the decoding's FLOPs share (`mipruner.compute.decode_compute`). The keys are masked,
+              not gathered: SDPA still reads every cached key, so the time falls less than the FLOPs count.
 """
 from __future__ import annotations
 
@@ -104,6 +109,52 @@ def generate_run(adapter, clock, enc, n: int):
     return run
 
 
+DYCOKE = {"dycoke_k": 0.7, "dycoke_p": 0.7}  # the release's ratios (at the budget N_V: TTM and DP as released)
+
+
+def decode_run(adapter, clock, enc, n: int, params: dict, log: list):
+    """DyCoke's answer of n tokens on a cached encoding (`params` {}: keep-all, the in-LLM loop unpruned),
+    its per-token decode time from the answer's own marks; each answer appended to `log`."""
+    def run(_media, _prompt):
+        t0 = clock.mark()
+        cache: dict = {}
+        sel = mipruner.select(adapter, enc, "dycoke", enc.n_visual, cache=cache, **params)
+        ans = mipruner.answer(adapter, enc, sel, max_new_tokens=n, min_new_tokens=n, cache=cache)
+        t1 = clock.mark()
+        log.append((sel, ans))
+        return {"total_ms": clock.ms(t0, t1), "ttft_ms": None, "prompt_tokens": ans.input_tokens,
+                "decode_ms_per_token": 1000 * ans.decode_s / max(1, len(ans.token_ids) - 1),
+                "new_tokens": len(ans.token_ids)}
+
+    return run
+
+
+def decode_cells(adapter, clock, enc, frames: int, n: int) -> tuple[list, dict]:
+    """The decode group of DyCoke (its DP masks visual keys per step): keep-all vs the release's ratios."""
+    g = f"decode F={frames}"
+    logs = {"none": [], "dycoke": []}
+    cells = [_cell("decode", "dycoke-keep-all", g, decode_run(adapter, clock, enc, n, {}, logs["none"]), length=n),
+             _cell("decode", "dycoke", g, decode_run(adapter, clock, enc, n, DYCOKE, logs["dycoke"]), length=n)]
+    return cells, logs
+
+
+def decode_goals(adapter, enc, cells: list[dict], frames: int, logs: dict) -> dict:
+    """DyCoke's per-token decode time over keep-all's, beside its decoding FLOPs share (`decode_compute`)."""
+    from mipruner.compute import adapter_shape, decode_compute
+
+    med = {c["method"]: c["decode_ms_per_token"]["median"] for c in cells
+           if c.get("frames") == frames and c["kind"] == "decode" and c.get("decode_ms_per_token")}
+    out = {}
+    if logs["dycoke"]:
+        sel, ans = logs["dycoke"][-1]
+        dc = decode_compute(adapter_shape(adapter), int(enc.text.shape[0]), enc.n_visual, sel, ans)
+        out.update(decode_flops_share=round(dc.flops_share, 4), visual_keys_share=round(dc.visual_keys_share, 4),
+                   steps=dc.steps, ttm_kept=int(sel.budget))
+    if med.get("dycoke") and med.get("dycoke-keep-all"):
+        out["decode_ms_ratio"] = round(med["dycoke"] / med["dycoke-keep-all"], 3)
+    return out
+
+
 def frame_cells(adapter, clock, lay, enc, k: int, methods, ttft: bool, n: int) -> tuple[list, list, dict]:
     """(prefill group cells, ttft group cells, {method: selection}) of one frame count."""
     sels = {m: mipruner.select(adapter, enc, m, k, cache={}, strict=False, **params(m)) for m in methods}
@@ -183,6 +234,11 @@ def format_video(report: dict) -> str:
                 lines.append(f"  {key}: {t[key + '_text']} [floor {'-' if r is None else f'{r:.3f}'} ({basis})]")
         for c in (c for c in report["cells"] if c.get("frames") == int(f) and c["kind"] == "latency"):
             lines.append(f"    {c['method']:<16} TTFT {ci(c.get('ttft_ms'))} ms, prompt {c.get('prompt_tokens')}")
+        d = v.get("decode") or {}
+        if "decode_flops_share" in d:
+            lines.append(f"  dycoke decode (k=p=0.7, TTM keeps {d['ttm_kept']}): per token "
+                         f"{d.get('decode_ms_ratio', '-')} x keep-all's [floor {d['decode_flops_share']:.3f} (decode "
+                         f"FLOPs); visual keys read {d['visual_keys_share']:.3f} of unpruned, {d['steps']} steps]")
     return "\n".join(lines)
 
 
@@ -233,5 +289,15 @@ def run(a, report: dict, dev: dict, clock, save, run_phase, summarize) -> None:
         entry["methods"] = video_goals(report["cells"], frames, methods, compute)
         if ttft:
             entry["ttft"] = ttft_goals(report["cells"], frames)
+        if ttft and "dycoke" in mipruner.list_pruners() and n > 1:
+            dec, logs = decode_cells(adapter, clock, enc, frames, n)
+            print(f"decode F={frames}: {len(dec)} cells, {a.warmup} warm-up rounds, {a.repeats} interleaved rounds")
+            with torch.inference_mode():
+                run_phase(dec, [(media, prompt)], a.repeats, a.warmup, clock)
+            for c in dec:
+                s = summarize(c)
+                s["frames"] = frames
+                report["cells"].append(s)
+            entry["decode"] = decode_goals(adapter, enc, report["cells"], frames, logs)
         report["video"][str(frames)] = entry
         save()

@@ -32,6 +32,8 @@ from .api import prefill_logits as staged_prefill_logits
 from . import fastv  # noqa: E402,F401
 from . import dart  # noqa: E402,F401
 from . import sparsevlm  # noqa: E402,F401
+from . import pyramiddrop  # noqa: E402,F401
+from . import dycoke  # noqa: E402,F401
 
 __all__ = ["DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "answer", "generate", "prefill_logits",
            "prepare", "register_inllm", "staged_prefill_logits"]

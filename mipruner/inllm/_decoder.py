@@ -12,7 +12,7 @@ after the first layers, `norm`, and the output head. Masks come from transformer
 is replaced and no state of the model is changed; the only hook (FastV/DART signal capture, in
 `run_prefix`) is a forward pre-hook removed in a `finally`.
 
-The continuation (`prefill` / `greedy`):
+The continuation (`continue_prefix`, `_greedy.greedy`):
   layers 0..K-1  the full sequence (L tokens), positions as in the unpruned model;
   layers K..     only the kept rows (every text token + the kept visual tokens, L' of them), each
                  keeping its ORIGINAL position (the rotary cos/sin are gathered from the full
@@ -27,17 +27,15 @@ Several stages (`Stage`, `advance`, `apply_stage`, `run_staged`): the same, once
 says which rows remain from its layer K_s on (a subset of the rows before it) and, optionally,
 which of those rows enter K_s holding the mean of other rows' hidden states (merged tokens, in the
 slot of a dropped row, at that row's position). Layer group [K_s, K_s+1) runs on stage s's rows
-and holds their KV; decoding runs each group against its own cache. One stage at K is FastV.
+and holds their KV; decoding (`_greedy.greedy`) runs each group against its own cache. One stage at K
+is FastV.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-
-from ..models.common.greedy import greedy as engine_greedy
 
 from ._probe import last_token_attention
 from ._prompt import Prompt
@@ -51,12 +49,15 @@ def layer_kind(config, i: int) -> str:
     return "sliding_attention" if getattr(config, "sliding_window", None) is not None else "full_attention"
 
 
-def _mask(lm, kind: str, h: torch.Tensor, cache, layer_positions, layer_idx: int):
-    """The model's own mask for queries `h` against the layer group starting at `layer_idx`."""
+def _mask(lm, kind: str, h: torch.Tensor, cache, layer_positions, layer_idx: int, key_mask=None):
+    """The model's own mask for queries `h` against the layer group starting at `layer_idx`; key_mask
+    (kv_len,) bool: the cache positions attended (a decode-time stage's, passed as the public 2-D
+    attention mask), None: every one."""
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     kv_len = h.shape[1] + (cache.get_seq_length(layer_idx) if cache is not None else 0)
-    ones = torch.ones(1, kv_len, dtype=torch.long, device=h.device)  # no padding (batch 1)
+    ones = torch.ones(1, kv_len, dtype=torch.long, device=h.device) if key_mask is None \
+        else key_mask.to(torch.long)[None]  # no padding (batch 1)
     fn = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
     return fn(config=lm.config, inputs_embeds=h, attention_mask=ones, past_key_values=cache,
               position_ids=layer_positions, layer_idx=layer_idx)
@@ -64,18 +65,19 @@ def _mask(lm, kind: str, h: torch.Tensor, cache, layer_positions, layer_idx: int
 
 def run_layers(prompt: Prompt, h: torch.Tensor, layers: range, position_embeddings, layer_positions,
                cache=None, deepstack_rows: torch.Tensor | None = None,
-               deepstack: list[torch.Tensor] | None = None) -> torch.Tensor:
+               deepstack: list[torch.Tensor] | None = None, key_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Decoder layers `layers` on hidden states h (1, q, d); returns the new hidden states.
 
     deepstack_rows: (n,) row indices of h that are visual tokens; deepstack: per layer i, (n, d)
     features added to those rows after layer i (Qwen3-VL), already restricted to the kept tokens.
+    key_mask: (kv_len,) bool cache positions the queries attend to (`_mask`), None: all.
     """
     lm = prompt.lm
     masks: dict[str, object] = {}
     for i in layers:
         kind = layer_kind(lm.config, i)
         if kind not in masks:  # built before the group's first layer of this kind touches the cache
-            masks[kind] = _mask(lm, kind, h, cache, layer_positions, i)
+            masks[kind] = _mask(lm, kind, h, cache, layer_positions, i, key_mask)
         out = lm.layers[i](h, attention_mask=masks[kind], position_embeddings=position_embeddings,
                            position_ids=layer_positions, past_key_values=cache)
         h = out[0] if isinstance(out, tuple) else out
@@ -327,42 +329,3 @@ def prefill_cache(prompt: Prompt, prefix: Prefix):
     for i, (k, v) in enumerate(prefix.kv):
         cache.update(k, v, i)
     return cache
-
-
-def greedy(prompt: Prompt, prefix: Prefix, cache, rows: torch.Tensor | None, keep: torch.Tensor | None,
-           max_new_tokens: int, min_new_tokens: int = 0, on_first: Callable[[], None] | None = None) -> list[int]:
-    """Greedy decoding after the pruned prefill. `cache` holds the prefix's layers (< K) already.
-
-    rows: the rows kept from layer K on (FastV), or None for a staged prefix (`run_staged`)."""
-    embed = prompt.lm.embed_tokens
-    if rows is not None:
-        prefix = apply_stage(prompt, prefix, Stage(prefix.layer, rows))
-    h = continue_prefix(prompt, prefix, None, None, cache)
-    logits = logits_of(prompt, h, last_only=True)[0, -1]
-    eos = list(prompt.eos)
-    # layer groups between stages: each group's masks are sized against its own cache length; a
-    # renumbering stage's group decodes at the unpruned position minus the rows it dropped
-    bounds = sorted({0, prompt.n_layers, *(st.layer for st in prefix.stages)})
-    groups = [range(a, b) for a, b in zip(bounds, bounds[1:])]
-    by_layer = {st.layer: st for st in prefix.stages}
-    shifts = [prompt.length - int(by_layer[g.start].rows.numel())
-              if g.start in by_layer and by_layer[g.start].renumber else 0 for g in groups]
-
-    device = prompt.embeds.device
-    done = [0]
-
-    def step(tokens: torch.Tensor, _mask) -> torch.Tensor:  # one token through the layer groups: (1, V)
-        done[0] += 1
-        x = embed(tokens[:, None])  # (1, 1, d)
-        inputs: dict[int, tuple] = {}
-        for group, shift in zip(groups, shifts):
-            if shift not in inputs:
-                rope, layer_pos = prompt.step_positions(prompt.next_position + done[0] - 1 - shift)
-                inputs[shift] = (prompt.lm.rotary_emb(x, rope), layer_pos)
-            pe, layer_pos = inputs[shift]
-            x = run_layers(prompt, x, group, pe, layer_pos, cache)
-        return logits_of(prompt, x, last_only=True)[0, -1][None]
-
-    # the decoding engine's one greedy loop (EOS masked below min_new_tokens, stop at EOS)
-    ids, _ = engine_greedy(step, logits[None], None, max_new_tokens, eos, [], min_new_tokens, on_first=on_first)
-    return ids[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import time
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -109,7 +110,7 @@ def staged_prefill_logits(adapter, encoded: Encoded, selection: Selection) -> to
     from ._decoder import continue_prefix, logits_of, run_staged
 
     stages = selection.extras.get("stages")
-    if not stages:
+    if stages is None or (not stages and selection.extras.get("decode") is None):
         raise ValueError("not a staged in-LLM selection (its extras lack the stages)")
     prompt = _get_prompt(adapter, encoded, None)
     prefix = run_staged(prompt, stages)
@@ -157,11 +158,11 @@ class Started(NamedTuple):
 
 
 def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, min_new_tokens,
-                 run_layers: Callable[[object], Started]) -> Answer:
+                 run_layers: Callable[[object], Started], decode=None) -> Answer:
     """The greedy answer every in-LLM method gives, timed one way: `run_layers(prompt)` runs (or reuses)
     the pruned layers, then the rest decode. prefill_s: from the call to the first new token (the
     prompt and `run_layers` included); decode_s: the rest (CUDA synchronised at both marks)."""
-    from ._decoder import greedy
+    from ._greedy import greedy
 
     max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
     min_new_tokens = _int("min_new_tokens", min_new_tokens, 0, max_new_tokens)
@@ -179,12 +180,27 @@ def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, 
         sync()
         first.append(time.perf_counter())
 
-    ids = greedy(prompt, run.prefix, run.kv, run.rows, run.idx, max_new_tokens, min_new_tokens, on_first)
+    attended: list[int] = []
+    ids = greedy(prompt, run.prefix, run.kv, run.rows, run.idx, max_new_tokens, min_new_tokens, on_first,
+                 decode=decode, attended=attended)
     sync()
     t2 = time.perf_counter()
-    return Answer(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
-                  input_tokens=run.input_tokens, visual_tokens=run.visual_tokens, prefill_s=first[0] - t0,
-                  decode_s=t2 - first[0])
+    kw = dict(text=adapter.tokenizer.decode(ids, skip_special_tokens=True), token_ids=ids,
+              input_tokens=run.input_tokens, visual_tokens=run.visual_tokens, prefill_s=first[0] - t0,
+              decode_s=t2 - first[0])
+    if decode is None:
+        return Answer(**kw)
+    return DecodeAnswer(**kw, decode_layer=int(decode.layer), decode_visual=tuple(attended))
+
+
+@dataclass
+class DecodeAnswer(Answer):
+    """The answer of a method with a decode-time stage: as `Answer`, and `decode_visual`, the visual
+    keys the layers from `decode_layer` on attended at each decoding step (one per generated token
+    after the first), what `mipruner.compute.decode_compute` counts."""
+
+    decode_layer: int = 0
+    decode_visual: tuple = ()
 
 
 @torch.no_grad()
@@ -201,13 +217,14 @@ def generate(adapter, encoded: Encoded, keep, *, layer: int | None, max_new_toke
     method of `mipruner.inllm.register_inllm`) is pruned as its stages say (`layer` is not read).
     """
     stages = keep.extras.get("stages") if isinstance(keep, Selection) else None
-    if stages:
+    decode = keep.extras.get("decode") if isinstance(keep, Selection) else None
+    if stages or decode is not None:
         def run_stages(prompt) -> Started:
             prefix, kv = staged_prefix(prompt, stages, cache)
-            n_rows = int(prefix.rows.numel())
+            n_rows = prompt.length if prefix.rows is None else int(prefix.rows.numel())
             return Started(prefix, kv, None, None, n_rows, n_rows - (prompt.length - encoded.n_visual))
 
-        return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_stages)
+        return timed_greedy(adapter, encoded, cache, max_new_tokens, min_new_tokens, run_stages, decode)
 
     def run_layers(prompt) -> Started:
         from transformers import DynamicCache
@@ -237,4 +254,4 @@ def _sync_fn(adapter):
     return lambda: None
 
 
-__all__ = ["answer", "generate", "prefill_logits", "prepare", "staged_prefill_logits", "timed_greedy", "Started"]
+__all__ = ["DecodeAnswer", "answer", "generate", "prefill_logits", "prepare", "staged_prefill_logits", "timed_greedy", "Started"]

@@ -3,19 +3,8 @@
 A method declares, in one decorated function, at which decoder layer(s) it acts, what it reads
 there and what each stage keeps; mipruner runs the layers (for every family that runs FastV),
 records the stages on the `Selection` and replays them for the answer, in the app, the
-evaluation, the sweeps and the lmms-eval model, without patching transformers:
-
-    from mipruner import Param, Selection
-    from mipruner.inllm import register_inllm
-
-    @register_inllm("lastdrop", label="Last-token drop", params=(Param.integer("layer", 2, 1, None, "..."),))
-    def lastdrop(run, budget, *, layer=2):
-        view = run.at(layer)                                # layers 0..layer-1 on the full prompt
-        att = view.attention("last")[0]                     # (L,) the last prompt token's row, layer-1
-        scores = att[view.columns(run.visual_positions)]    # (N_V,) one per visual token
-        order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-        run.keep(view, order)                               # from `layer` on: the text + these tokens
-        return Selection.from_order(order, scores)
+evaluation, the sweeps and the lmms-eval model, without patching transformers (a method in a few
+lines: docs/plugins.md, "In-LLM methods: the stage API").
 
 `run` is a `DecoderRun` (one per selection); `run.at(K)` runs the decoder up to layer K on the
 rows the earlier stages left and returns a `StageView` of the sequence entering layer K;
@@ -25,17 +14,17 @@ with ascending layers, one `keep` after each. The returned Selection's `keep` mu
 tokens the last stage keeps (what masks show; `budget` of them unless the method is adaptive).
 A stage may keep none (`run.keep(view, [])`): every visual token is withdrawn from layer K on
 and the text goes on alone; the selection's `keep` is then empty, at any budget, and
-`extras["withdrawn_at"]` = K (masks, panels and eval say "all withdrawn from layer K").
+`extras["withdrawn_at"]` = K (masks, panels and eval say "all withdrawn from layer K"). `run.at(0)` is
+a pre-LLM step (the input embeddings); `run.decode(layer, fn)` a decode-time stage (`DecodeStep`).
 
 Positions (`positions=` of `register_inllm`): "original" (FastV's semantics: every remaining row
 keeps its position) or "renumber" (each remaining row moves down by the rows dropped before it:
 1-D positions become 0..L'-1, as PyramidDrop's and SparseVLM v1.5's `arange`; decoding continues
 after them). Either way keeping every token is the unpruned model bit for bit.
 
-Caching (the `cache=` dict `mipruner.select` passes, one per encoding): the layers before a
-method's first stage are run once per (encoding, layer) and shared by every method and budget;
-a selection is cached per (method, K, parameters); the answer reuses the layers the latest
-selection ran, or the shared first layers of a one-stage method, else replays the stages.
+Caching (`cache=`, one dict per encoding): the layers before a method's first stage run once per
+(encoding, layer), shared by every method and budget; a selection is cached per (method, K, parameters);
+the answer reuses the latest selection's layers, or a one-stage method's shared ones, else replays.
 """
 from __future__ import annotations
 
@@ -49,6 +38,7 @@ import torch
 
 from ..pruners._registry import Param, register_pruner
 from ..pruners.selection import Selection
+from ._decode_stage import DecodeStage, DecodeStep
 
 POSITIONS = ("original", "renumber")
 QUERIES = ("last", "after", "text")
@@ -125,6 +115,9 @@ class StageView:
         """
         from ._probe import last_token_attention, layer_attention, rater_attention
 
+        if self.layer == 0:
+            raise ValueError("a stage at layer 0 (before the LLM) reads no attention: read view.hidden(...), "
+                             "the LLM's input embeddings")
         idx = self._queries(queries)
         if layer == "this":
             block = self._run._prompt.lm.layers[self.layer]
@@ -168,6 +161,8 @@ class StageView:
         """(len(positions),) float32 L1 norm of each row's keys at layer K-1 (post-norm, post-rotary,
         KV heads concatenated), as DART ranks its pivots."""
         memo = self._prefix.memo
+        if self.layer == 0:
+            raise ValueError("a stage at layer 0 (before the LLM) has no keys yet: read view.hidden(...)")
         if "key_l1" not in memo:
             memo["key_l1"] = self._prefix.probe["keys"][0].float().abs().sum(dim=(0, 2))
         k = memo["key_l1"]
@@ -183,8 +178,10 @@ class DecoderRun:
     LLM input embeddings (len, d) of those rows.
     """
 
-    def __init__(self, prompt, cache: dict | None, positions: str):
+    def __init__(self, prompt, cache: dict | None, positions: str, encoded=None):
         self._prompt, self._cache, self._renumber = prompt, cache, positions == "renumber"
+        self._encoded = encoded
+        self.decode_stage: DecodeStage | None = None
         self.n_layers, self.length = prompt.n_layers, prompt.length
         vis = prompt.visual_positions
         self.visual_positions, self.n_visual = vis, int(vis.numel())
@@ -206,17 +203,40 @@ class DecoderRun:
         bad = [msg for (_, msg), good in zip(self._checks, ok.tolist()) if not good]
         return bad[0] if bad else None
 
+    @property
+    def frame_index(self) -> torch.Tensor:
+        """(N_V,) int64 frame of each visual token, -1 of none (`Encoded.frame_index`; 0 for an image)."""
+        if self._encoded is None:
+            return torch.zeros(self.n_visual, dtype=torch.long, device=self.visual_positions.device)
+        return self._encoded.frame_index.to(self.visual_positions.device)
+
+    def decode(self, layer: int, fn: Callable[["DecodeStep"], torch.Tensor | None]) -> None:
+        """A decode-time stage (one per method, 1 <= layer < depth): at each decoding step after the first
+        token `fn(step: DecodeStep)` returns the (N_V,) bool visual tokens the layers from `layer` on attend
+        to (None: all present); the others are masked over the KV cache, not deleted."""
+        from ._run import _int
+
+        if self.decode_stage is not None:
+            raise ValueError("run.decode is called once per method (one decode-time stage)")
+        if not callable(fn):
+            raise ValueError(f"run.decode takes a function of the step, got {type(fn).__name__}")
+        layer = _int("decode layer", layer, 1, self.n_layers - 1)
+        self.decode_stage = DecodeStage(layer, fn)
+
     def embeddings(self, positions: torch.Tensor) -> torch.Tensor:
         return self._prompt.embeds[0].index_select(0, positions.to(self._prompt.embeds.device))
 
     def at(self, layer: int) -> StageView:
-        """Run the decoder up to layer `layer` (1 <= layer <= depth, above the last stage's) and
-        return the view of its input."""
-        from ._decoder import advance, prefill_cache
+        """Run the decoder up to layer `layer` (0 <= layer <= depth, above the last stage's) and return
+        the view of its input; layer 0: the input embeddings (no attention or keys), a pre-LLM drop."""
+        from ._decoder import advance, prefill_cache, start
         from ._run import _int, _prefix
 
         if self._open is not None:
             raise ValueError(f"stage at layer {self._open.layer}: call run.keep(view, ...) before the next run.at")
+        if self._prefix is None and layer == 0 and not isinstance(layer, bool):
+            self._open = StageView(self, start(self._prompt))
+            return self._open
         lo = 1 if self._prefix is None else self._prefix.layer + 1
         if self._prefix is not None and isinstance(layer, int) and not isinstance(layer, bool) and layer < lo:
             raise ValueError(f"stages must ascend: run.at({layer}) comes after the stage at layer {self._prefix.layer}; "
@@ -271,7 +291,7 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
     if cache is not None and key in cache:
         sel = cache[key]
         return dataclasses.replace(sel, extras=dict(sel.extras))
-    run = DecoderRun(prompt, cache, positions)
+    run = DecoderRun(prompt, cache, positions, encoded)
     try:
         sel = fn(run, k, **params)
     except Exception as e:
@@ -279,12 +299,12 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
         if msg is not None:
             raise ValueError(f"{name!r}: {msg}") from e
         raise
-    if run._open is not None or not run.stages:
-        raise ValueError(f"{name!r}: every run.at needs a run.keep (and at least one stage)")
-    last = run.stages[-1]
+    if run._open is not None or not (run.stages or run.decode_stage):
+        raise ValueError(f"{name!r}: every run.at needs a run.keep (and at least one stage or a run.decode)")
+    last = run.stages[-1] if run.stages else None
     vis = prompt.visual_positions
-    kept = torch.isin(vis, last.rows)  # (N_V,) the visual tokens the last stage keeps
-    if last.merge_rows is not None:
+    kept = torch.isin(vis, last.rows) if last is not None else torch.ones_like(vis, dtype=torch.bool)
+    if last is not None and last.merge_rows is not None:
         kept &= ~torch.isin(vis, last.merge_rows.to(vis.device))
     if isinstance(sel, Selection):
         shown = torch.zeros_like(kept)
@@ -296,25 +316,29 @@ def _staged_select(name: str, fn: Callable, positions: str, adapter, encoded, bu
         raise ValueError(f"{name!r}: {msg}")
     if isinstance(sel, Selection):
         sel.extras["stages"] = tuple(run.stages)
-        sel.extras.setdefault("layer", last.layer)
+        if run.decode_stage is not None:
+            sel.extras["decode"] = run.decode_stage
+        sel.extras.setdefault("layer", last.layer if last is not None else 0)
         n_text = prompt.length - run.n_visual
         gone = [s.layer for s in run.stages if int(s.rows.numel()) == n_text]  # no visual row left (one read each)
         if gone:
             sel.extras["withdrawn_at"] = gone[0]
         if cache is not None:
             cache[key] = sel
-            cache[_LAST] = (tuple(run.stages), run._prefix)
+            if run._prefix is not None:
+                cache[_LAST] = (tuple(run.stages), run._prefix)
         sel = dataclasses.replace(sel, extras=dict(sel.extras))
     return sel
 
 
 def register_inllm(name: str, *, label: str = "", params: tuple[Param, ...] = (), score_label: str | None = "score",
-                   positions: str = "original", adaptive: bool = False):
+                   positions: str = "original", adaptive: bool = False, video: bool = False):
     """Register `fn(run: DecoderRun, budget: int, **params) -> Selection` as in-LLM method `name`.
 
     params: its `Param`s (keywords of fn, defaults equal); positions: "original" or "renumber"
     (module docstring); adaptive: the method chooses K per input, the budget as its cap (it may
-    keep fewer). The method is then used like every other: `mipruner.select`, `mipruner.answer`,
+    keep fewer); video: it selects along time (reads `run.frame_index`, needs 2+ frames: the checker gives it
+    a video, the app offers it on videos). The method is then used like every other: `mipruner.select`, `mipruner.answer`,
     the app, `python -m mipruner.eval`, the sweeps, the lmms-eval model, the checker.
     """
     if positions not in POSITIONS:
@@ -337,7 +361,7 @@ def register_inllm(name: str, *, label: str = "", params: tuple[Param, ...] = ()
         from ._run import answer
 
         register_pruner(name, stage="llm", needs=("adapter",), params=params, label=label, answer=answer,
-                        score_label=score_label, **({"adaptive": True} if adaptive else {}))(method)
+                        score_label=score_label, video=video, **({"adaptive": True} if adaptive else {}))(method)
         return method
 
     return deco
@@ -351,4 +375,4 @@ def prefill_logits(adapter, encoded, selection: Selection) -> torch.Tensor:
     return staged_prefill_logits(adapter, encoded, selection)
 
 
-__all__ = ["DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "prefill_logits", "register_inllm"]
+__all__ = ["DecodeStage", "DecodeStep", "DecoderRun", "Merge", "POSITIONS", "QUERIES", "StageView", "prefill_logits", "register_inllm"]

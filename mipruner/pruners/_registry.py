@@ -177,8 +177,8 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
         sig = inspect.signature(fn)
         if PER_FRAME.name in sig.parameters or any(p.name == PER_FRAME.name for p in params):
             raise ValueError(f"{name!r}: 'per_frame' is the registry's option of every pre-LLM method, not its own")
-        if video and (stage == "llm" or "frame_index" not in sig.parameters):
-            raise ValueError(f"{name!r}: video=True is for a pre-LLM method that takes frame_index=")
+        if video and stage != "llm" and "frame_index" not in sig.parameters:  # an in-LLM one reads run.frame_index
+            raise ValueError(f"{name!r}: video=True is for a method that takes frame_index= (or an in-LLM one)")
         positional = ("adapter", "encoded", "budget") if stage == "llm" else ("visual", "text", "budget")
         declared = {p.name: p for p in params}
         for k, p in sig.parameters.items():

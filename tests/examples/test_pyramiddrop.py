@@ -1,4 +1,5 @@
-"""PyramidDrop, the example in-LLM plug-in (examples/pyramiddrop), on tiny checkpoints with 4 decoder
+"""PyramidDrop, the example in-LLM plug-in (examples/pyramiddrop) and the package's built-in `pdrop` (the
+same rule, `mipruner.inllm.pyramiddrop`), on tiny checkpoints with 4 decoder
 layers (stages at 1, 2, 3: the release's 8 / 16 / 24 of 32, scaled):
 
   release      on LLaVA-1.5 with the released ratios (0.5, 0.25, 0.125 of N_V): each stage's kept
@@ -23,8 +24,22 @@ from ..inllm.test_sparsevlm import paths  # noqa: F401  (4 decoder layers, every
 from .pdrop_reference import reference_pdrop
 
 
-def test_schedule(pyramiddrop):
-    sched = pyramiddrop.schedule
+def test_the_builtin_pdrop_is_the_example(pyramiddrop, adapters, encoded):
+    from mipruner.inllm import pyramiddrop as builtin
+
+    assert builtin.schedule is not pyramiddrop.schedule  # the package's own copy of the rule
+    for fam, media in (("qwen2_vl", "image"), ("llava", "image")):
+        ad, enc = adapters[fam], encoded[fam, media]
+        for k in (1, enc.n_visual // 3):
+            a, b = (mipruner.select(ad, enc, n, k) for n in ("pyramiddrop", "pdrop"))
+            assert torch.equal(a.keep, b.keep) and torch.equal(a.extras["survived"], b.extras["survived"])
+
+
+@pytest.mark.parametrize("sched_of", ["example", "builtin"])
+def test_schedule(pyramiddrop, sched_of):
+    from mipruner.inllm import pyramiddrop as builtin
+
+    sched = pyramiddrop.schedule if sched_of == "example" else builtin.schedule
     assert sched(72, 576, 32, 0.5) == ((8, 16, 24), (288, 144, 72))  # the released setting
     assert sched(2, 16, 4, 0.5) == ((1, 2, 3), (8, 4, 2))
     assert sched(16, 16, 4, 0.5) == ((1, 2, 3), (16, 16, 16))  # keep-all: every stage keeps all
@@ -32,12 +47,13 @@ def test_schedule(pyramiddrop):
     assert sched(3, 16, 2, 0.5) == ((1,), (3,))  # shallow: the last stage only
 
 
-def test_equals_the_released_forward(pyramiddrop, adapters, encoded):
+@pytest.mark.parametrize("name", ["pyramiddrop", "pdrop"])
+def test_equals_the_released_forward(pyramiddrop, adapters, encoded, name):
     ad, enc = adapters["llava"], encoded["llava", "image"]
     n = enc.n_visual
     k = int(n * 0.125)
     cache: dict = {}
-    sel = mipruner.select(ad, enc, "pyramiddrop", k, cache=cache)
+    sel = mipruner.select(ad, enc, name, k, cache=cache)
     assert sel.extras["layers"].tolist() == [1, 2, 3] and sel.budget == k
     vis = enc.state["visual_positions"].cpu()
     assert torch.equal(vis, torch.arange(int(vis[0]), int(vis[0]) + n))  # one contiguous image span
@@ -58,12 +74,13 @@ def test_equals_the_released_forward(pyramiddrop, adapters, encoded):
     assert not torch.allclose(ours[-1], ad.prefill_logits(enc)[-1], atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["pyramiddrop", "pdrop"])
 @pytest.mark.parametrize("fam,media", CASES, ids=[_id(c) for c in CASES])
-def test_keep_all_is_the_unpruned_model(pyramiddrop, adapters, encoded, fam, media):
+def test_keep_all_is_the_unpruned_model(pyramiddrop, adapters, encoded, fam, media, name):
     ad, enc = adapters[fam], encoded[fam, media]
     ref, ans = ad.prefill_logits(enc), ad.generate(enc, max_new_tokens=5)
     cache: dict = {}
-    sel = mipruner.select(ad, enc, "pyramiddrop", enc.n_visual, cache=cache)
+    sel = mipruner.select(ad, enc, name, enc.n_visual, cache=cache)
     assert sel.keep.tolist() == list(range(enc.n_visual)) and sel.extras["layers"].tolist() == [1, 2, 3]
     assert torch.equal(inllm.staged_prefill_logits(ad, enc, sel), ref)
     for c in (cache, None):

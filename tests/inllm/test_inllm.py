@@ -337,7 +337,7 @@ def test_budget_rerank_and_generate_reuse_the_prefix(adapters, encoded):
 # ------------------------------------------------------------------------------------ errors
 def test_api_and_errors(adapters, encoded):
     ad, enc = adapters["llava"], encoded["llava", "image"]
-    assert mipruner.list_pruners("llm") == ["dart", "fastv", "sparsevlm"]
+    assert mipruner.list_pruners("llm") == ["dart", "dycoke", "fastv", "pdrop", "sparsevlm"]
     assert mipruner.get_pruner("fastv").defaults() == {"layer": 2}
     assert mipruner.get_pruner("dart").defaults() == {"layer": 2, "image_pivots": 4, "text_pivots": 4,
                                                       "count_rule": "budget"}
