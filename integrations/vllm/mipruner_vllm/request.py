@@ -6,7 +6,8 @@ Keys (all optional; without `mipruner_method` nothing is pruned):
   mipruner_budget  tokens kept per image: an int in [1, N], or a float in (0, 1], a share of N
   mipruner_query   the words the text-reading methods score against (vLLM hands the multimodal
                    processor no prompt, so the client sends them; they enter vLLM's item hash)
-  mipruner_<param> any parameter of the method, e.g. mipruner_lam=0.5, mipruner_seed=3
+  mipruner_<param> any parameter of the method, e.g. mipruner_lam=0.5, mipruner_seed=3 (the MI family's
+                   lam follows mipruner.select's rule, read from mipruner_query, unless given)
 
 `parse` validates everything (a ValueError naming the field: vLLM answers HTTP 400 and keeps
 serving); `PruneRequest.to_tensor` carries the checked request to the worker as bytes, since vLLM's
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mipruner.pruners._registry import get_pruner
+from mipruner.pruners.lam_rule import resolve_lam
 from mipruner.pruners.selection import resolve_budget
 
 PREFIX = "mipruner_"
@@ -45,12 +47,12 @@ def why_not(name: str) -> str | None:
     if spec.stage == "vision":
         return (f"mipruner_method {name!r} reads the vision encoder's attention ({', '.join(sorted(spec.needs))}), "
                 f"which vLLM's fused attention kernels do not return: use a projector-stage method")
-    if spec.adaptive:
-        return (f"mipruner_method {name!r} chooses its own token count after the encoder runs, but vLLM fixes each "
-                f"image's placeholder count before scheduling: use a method with a fixed count")
     if spec.video:
         return (f"mipruner_method {name!r} selects along time and needs a video; this plug-in prunes images "
                 f"(for Qwen videos use vLLM's own video_pruning_rate)")
+    if spec.adaptive:
+        return (f"mipruner_method {name!r} chooses its own token count after the encoder runs, but vLLM fixes each "
+                f"image's placeholder count before scheduling: use a method with a fixed count")
     missing = sorted(set(spec.needs) - {"text"}) + sorted(set(spec.inputs) - GIVEN_INPUTS)
     if missing:
         return f"mipruner_method {name!r} needs {', '.join(missing)}, which this vLLM integration does not provide"
@@ -118,8 +120,10 @@ def parse(kwargs, tokenize) -> PruneRequest | None:
         bound = spec.bind(params)
     except TypeError as e:
         raise ValueError(f"mipruner_method {method!r}: {e}") from None
+    if "lam_rule" in spec.param_names:  # the MI family's lam from the question, as mipruner.select does
+        bound, _ = resolve_lam(bound, query or "", spec.param("lam").default)
     json.dumps(bound)  # plain values only (they travel as JSON)
-    return PruneRequest(method, budget, dict(params), ids)
+    return PruneRequest(method, budget, bound, ids)
 
 
 def check_budget(req: PruneRequest, n: int) -> int:
