@@ -123,8 +123,6 @@ BAD = [  # (mm_processor_kwargs, words the ValueError must contain)
 
 def test_bad_request_is_a_value_error_and_the_engine_serves_on(engine):
     fam, llm, adapter, _ = engine
-    if fam != "llava":
-        pytest.skip("the front-end checks are family-independent (processing.ProcessorMixin): run on one engine")
     img = IMAGES[fam][0]
     before = run(llm, adapter, img, [{"mipruner_method": "similarity", "mipruner_budget": 4,
                                       "mipruner_query": QUESTION}])[0]
