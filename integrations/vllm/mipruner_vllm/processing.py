@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.parse import EmbeddingItems
 from vllm.multimodal.processing.processor import PromptReplacement
 
 from .request import PruneRequest, check_budget, parse, strip
@@ -55,6 +56,9 @@ class ProcessorMixin:
         req = self._mipruner_request(hf_processor_mm_kwargs)
         if req is None:
             return updates
+        if isinstance(mm_items.get("image"), EmbeddingItems):
+            raise ValueError("mipruner_method prunes images given as pixels; this request gives image embeddings "
+                             "(prune them before sending, with mipruner.prune)")
         for i, up in enumerate(updates):
             if up.modality == "image" and isinstance(up, PromptReplacement):
                 updates[i] = dataclasses.replace(up, replacement=_pruned(up.replacement, req))

@@ -107,7 +107,10 @@ def parse(kwargs, tokenize) -> PruneRequest | None:
     budget = ours.pop(BUDGET)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
         raise ValueError(f"mipruner_budget must be an int (tokens) or a float in (0, 1] (a share), got {budget!r}")
-    resolve_budget(budget, 1 << 30)  # the form (>= 1, or a share in (0, 1]); the range against N per image
+    try:  # the form here (an int >= 1, or a share in (0, 1]); the range against each image's N in check_budget
+        resolve_budget(budget, 1 << 30)
+    except ValueError as e:
+        raise ValueError(f"mipruner_budget: {e}") from None
     query = ours.pop(QUERY, None)
     if query is not None and not isinstance(query, str):
         raise ValueError(f"mipruner_query must be a string, got {query!r}")

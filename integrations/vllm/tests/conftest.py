@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
-import tiny_models  # noqa: E402
+from mipruner_vllm import tiny as tiny_models  # noqa: E402
 
 FAMILIES = {  # family -> (builder, our architecture)
     "llava": (tiny_models.build_llava, "MiPrunerLlavaForConditionalGeneration"),

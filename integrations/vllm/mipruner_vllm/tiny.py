@@ -1,4 +1,5 @@
-"""Tiny random-weight LLaVA-1.5 and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them.
+"""Small random-weight LLaVA-1.5 and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
+(the anchor tests and `python -m mipruner.bench vllm`).
 
 Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
 tokenizer, processor) and mipruner's own adapter on the same weights (the transformers reference).
@@ -26,10 +27,12 @@ def _rename(path: Path, old: str, new: str) -> None:
                   metadata={"format": "pt"})
 
 
-def build_llava(path: Path, seed: int = 0):
+def build_llava(path: Path, seed: int = 0, image_size: int | None = None):
+    """image_size: the tower's input side (None: 56 px, 16 tokens; 336: LLaVA-1.5's 576 tokens)."""
     from mipruner.models.llava.random_weights import build_random_llava
 
-    adapter, _ = build_random_llava(dtype=torch.float32, seed=seed, **LLAVA_SHAPE)
+    shape = dict(LLAVA_SHAPE, **({"image_size": image_size} if image_size else {}))
+    adapter, _ = build_random_llava(dtype=torch.float32, seed=seed, **shape)
     adapter.model.save_pretrained(path)
     adapter.processor.save_pretrained(path)
     _rename(path, "vision_tower.", "vision_tower.vision_model.")  # the hub layout transformers saves, less vision_model.
