@@ -20,6 +20,8 @@ COMMANDS = {
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "space-cost": ("mipruner.bench.space_cost", "a CPU Space's waits (start-up, encode, answers, a view) at the smallest "
                    "suggested model's real shape; --params: every suggested model's size"),
+    "vllm": ("mipruner.bench.vllm", "TTFT and req/s through vLLM with and without pruning (the mipruner-vllm plug-in), "
+             "interleaved, with the prompt-length floor"),
     "browser": ("mipruner.bench.browser", "slider move -> every panel updated in Chromium (p50/p95), embedded model"),
 }
 # maintainers' tools that left the package, and where they are in a checkout

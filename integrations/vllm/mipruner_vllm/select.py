@@ -1,0 +1,42 @@
+"""The worker's side: one image's projected tokens -> the K rows the LLM reads, chosen by `mipruner.prune`.
+
+Runs in vLLM's `embed_multimodal`, on the request the front end already checked (`request.parse`),
+so nothing here should raise for a user's input. `RECORD` keeps the last selections made in this
+process (bounded) when MIPRUNER_VLLM_RECORD=1: the tests read the kept indices from it.
+"""
+from __future__ import annotations
+
+import collections
+import os
+
+import torch
+
+from mipruner.pruners._registry import get_pruner, prune
+
+from .request import PruneRequest
+
+RECORD: collections.deque = collections.deque(maxlen=64)
+
+
+def grid_rows(h: int, w: int, device) -> torch.Tensor:
+    """(h*w, 3) int64 rows (view 0, row, col) of one image's token grid, row-major (pool's `grid`)."""
+    r = torch.arange(h, device=device).repeat_interleave(w)
+    c = torch.arange(w, device=device).repeat(h)
+    return torch.stack([torch.zeros_like(r), r, c], dim=1)
+
+
+def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int]):
+    """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the image's N tokens.
+    embed_ids: (Q,) ids -> (Q, d) the LLM's input embeddings (the query's T); hw: the token grid."""
+    spec = get_pruner(req.method)
+    text = None
+    if req.query_ids:
+        ids = torch.tensor(req.query_ids, dtype=torch.long, device=visual.device)
+        text = embed_ids(ids).to(visual.dtype)
+    extra = {"grid": grid_rows(*hw, visual.device)} if "grid" in spec.inputs else {}
+    sel = prune(req.method, visual=visual, text=text if "text" in spec.needs else None, budget=req.k(visual.shape[0]),
+                **req.params, **extra)
+    rows = sel.tokens.to(visual.dtype) if sel.tokens is not None else visual[sel.keep]
+    if os.environ.get("MIPRUNER_VLLM_RECORD") == "1":
+        RECORD.append({"method": req.method, "n": int(visual.shape[0]), "keep": sel.keep.cpu()})
+    return rows, sel.keep

@@ -1,0 +1,79 @@
+"""Small random-weight LLaVA-1.5 and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
+(the anchor tests and `python -m mipruner.bench vllm`).
+
+Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
+tokenizer, processor) and mipruner's own adapter on the same weights (the transformers reference).
+Shapes: attention heads of 32 or more (vLLM's CPU attention takes head sizes 32, 64, 80, ...), LLM
+weights drawn with std 0.2 so answers depend on the kept tokens.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LLAVA_SHAPE = dict(image_size=56, patch=14, vision_layers=2, vision_width=64, llm_layers=2, llm_width=128,
+                   llm_ffn=256, text_init=0.2)  # 4 x 4 = 16 visual tokens; 1 LLM head of 128
+
+
+def _rename(path: Path, old: str, new: str) -> None:
+    """Rewrite the safetensors key prefix `old` as `new` (transformers 5 saves CLIP's tower without
+    `vision_model.`; vLLM's loader reads the hub checkpoints' layout, which has it)."""
+    for f in path.glob("*.safetensors"):
+        sd = load_file(f)
+        save_file({(new + k[len(old):] if k.startswith(old) else k): v.contiguous() for k, v in sd.items()}, f,
+                  metadata={"format": "pt"})
+
+
+def build_llava(path: Path, seed: int = 0, image_size: int | None = None):
+    """image_size: the tower's input side (None: 56 px, 16 tokens; 336: LLaVA-1.5's 576 tokens)."""
+    from mipruner.models.llava.random_weights import build_random_llava
+
+    shape = dict(LLAVA_SHAPE, **({"image_size": image_size} if image_size else {}))
+    adapter, _ = build_random_llava(dtype=torch.float32, seed=seed, **shape)
+    adapter.model.save_pretrained(path)
+    adapter.processor.save_pretrained(path)
+    _rename(path, "vision_tower.", "vision_tower.vision_model.")  # the hub layout transformers saves, less vision_model.
+    return path, adapter
+
+
+def build_qwen2_5_vl(path: Path, seed: int = 0):
+    import transformers as tf
+
+    from mipruner.models.common.random_build import build_model
+    from mipruner.models.qwen.qwen2_vl import Qwen2_5_VLAdapter
+    from mipruner.models.qwen.random_weights import CHAT_TEMPLATE, CLIP_MEAN, CLIP_STD, build_tokenizer
+
+    tok = build_tokenizer()
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in [
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
+    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+                  tokens_per_second=2)
+    text = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, vocab_size=len(tok),
+                tie_word_embeddings=True, bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]})
+    config = tf.Qwen2_5_VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=True, **ids)
+    config.text_config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = build_model(tf.AutoModelForImageTextToText.from_config, config, device="cpu", dtype=torch.float32)
+    unit = 28  # pixels per merged token, per side
+    size = {"shortest_edge": 16 * unit * unit, "longest_edge": 64 * unit * unit}
+    ip = tf.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
+                                     image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    vp = tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
+                                  image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    proc = tf.Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
+    model.save_pretrained(path)
+    proc.save_pretrained(path)
+    adapter = Qwen2_5_VLAdapter(model, tok, ip, {"size": size}, name="tiny-qwen2_5_vl")
+    return path, adapter
+
+
+def architectures(path: Path) -> list[str]:
+    return json.loads((Path(path) / "config.json").read_text())["architectures"]

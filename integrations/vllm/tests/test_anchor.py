@@ -1,0 +1,136 @@
+"""The anchor tests: mipruner's pruning inside vLLM equals unmodified vLLM at K = N, and equals
+mipruner's own transformers path on the same kept tokens at K < N (kept indices and greedy tokens).
+
+One in-process engine per family (conftest.engine); unmodified vLLM runs once per family in a
+process of its own with every plug-in off (stock_vllm.py).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mipruner
+from mipruner import register_pruner, Selection
+from mipruner_vllm import select as worker
+from images import image
+
+QUESTION = "what is in the image ?"
+TOKENS = 8
+# (width, height, seed): a square image (16 tokens in both families) and, for Qwen, a tall one (4 x 6).
+IMAGES = {"llava": [(56, 56, 0), (90, 40, 1)], "qwen2_5_vl": [(112, 112, 0), (112, 168, 1)]}
+
+
+@register_pruner("vllm_test_first", label="First K (a test plug-in)", score_label=None)
+def first_k(visual, text, budget):
+    """A method registered the plug-in way, in the test: the first K tokens."""
+    n = visual.shape[0]
+    return Selection.from_order(torch.arange(budget, device=visual.device), torch.zeros(n, device=visual.device))
+
+
+def prompt_of(adapter) -> str:
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    return adapter.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+
+def sampling():
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+
+
+def run(llm, adapter, img, kwargs_list):
+    """vLLM's outputs for one image under each mm_processor_kwargs, submitted as one batch."""
+    reqs = [{"prompt": prompt_of(adapter), "multi_modal_data": {"image": image(*img)}, "mm_processor_kwargs": kw}
+            for kw in kwargs_list]
+    worker.RECORD.clear()
+    return llm.generate(reqs, sampling(), use_tqdm=False)
+
+
+def reference(fam, adapter, img, method=None, budget=None, **params):
+    """(kept indices or None, greedy tokens) of mipruner's transformers path on the same image and question."""
+    enc = mipruner.encode_for(adapter, image(*img), QUESTION, [method] if method else [])
+    sel = None if method is None else mipruner.select(adapter, enc, method, budget, **params)
+    pos = {"positions": "compact"} if fam == "llava" else {}
+    ans = mipruner.answer(adapter, enc, sel, max_new_tokens=TOKENS, min_new_tokens=TOKENS, **pos)
+    return (None if sel is None else sel.keep.tolist()), list(ans.token_ids)
+
+
+def test_keep_all_equals_unmodified_vllm(engine, tmp_path):
+    fam, llm, adapter, path = engine
+    kinds = [{}, {"mipruner_method": "random", "mipruner_budget": 1.0}, {"mipruner_method": "mi", "mipruner_budget": 1.0,
+                                                                          "mipruner_query": QUESTION}]
+    ours = {img: [list(o.outputs[0].token_ids) for o in run(llm, adapter, img, kinds)] for img in IMAGES[fam]}
+    spec = {"model": str(path), "max_tokens": TOKENS,
+            "requests": [{"prompt": prompt_of(adapter), "image": list(img)} for img in IMAGES[fam]]}
+    (tmp_path / "req.json").write_text(json.dumps(spec))
+    subprocess.run([sys.executable, str(Path(__file__).with_name("stock_vllm.py")), str(tmp_path / "req.json"),
+                    str(tmp_path / "out.json")], check=True, timeout=600)
+    stock = json.loads((tmp_path / "out.json").read_text())
+    for img, want in zip(IMAGES[fam], stock):
+        assert ours[img] == [want] * len(kinds), (fam, img)
+        assert reference(fam, adapter, img)[1] == want, (fam, img)  # and transformers' unpruned answer
+
+
+CASES = [  # (method, budget, params): one batch per image, every request its own method and budget
+    ("mi", 8, {"lam": 0.5}), ("mi", 4, {}), ("similarity", 6, {}), ("divprune", 5, {}), ("random", 7, {"seed": 3}),
+    ("cdpruner", 4, {"theta": 0.5}), ("pool", 4, {}), ("vllm_test_first", 3, {}),
+]
+
+
+def test_pruned_equals_transformers_path(engine):
+    fam, llm, adapter, _ = engine
+    for img in IMAGES[fam]:
+        kwargs = [{"mipruner_method": m, "mipruner_budget": k, "mipruner_query": QUESTION,
+                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in CASES]
+        full = run(llm, adapter, img, [{}])[0]
+        outs = run(llm, adapter, img, kwargs)  # all in one batch: each must get its own selection
+        records = list(worker.RECORD)
+        n = adapter_tokens = None
+        for (method, k, params), out in zip(CASES, outs):
+            keep, tokens = reference(fam, adapter, img, method, k, **params)
+            n = len(full.prompt_token_ids) - len(out.prompt_token_ids) + k
+            adapter_tokens = adapter_tokens or n
+            assert n == adapter_tokens, (fam, img, method)  # prompt shorter by exactly N - K
+            mine = [r for r in records if r["method"] == method and len(r["keep"]) == k]
+            assert len(mine) == 1, (fam, img, method, [(r["method"], len(r["keep"])) for r in records])
+            assert mine[0]["keep"].tolist() == keep, (fam, img, method)
+            assert list(out.outputs[0].token_ids) == tokens, (fam, img, method, k)
+        if method == "vllm_test_first":
+            assert keep == list(range(k))
+
+
+BAD = [  # (mm_processor_kwargs, words the ValueError must contain)
+    ({"mipruner_method": "mii", "mipruner_budget": 4}, "did you mean 'mi'"),
+    ({"mipruner_method": "fastv", "mipruner_budget": 4}, "inside the language model"),
+    ({"mipruner_method": "visionzip", "mipruner_budget": 4}, "attention"),
+    ({"mipruner_method": "mi_adaptive", "mipruner_budget": 4, "mipruner_query": QUESTION}, "fixed count"),
+    ({"mipruner_method": "evs", "mipruner_budget": 4}, "video"),
+    ({"mipruner_method": "random", "mipruner_budget": 99}, "mipruner_budget"),
+    ({"mipruner_method": "random", "mipruner_budget": 0}, "budget"),
+    ({"mipruner_method": "random", "mipruner_budget": "8"}, "mipruner_budget"),
+    ({"mipruner_method": "random"}, "mipruner_budget is missing"),
+    ({"mipruner_budget": 4}, "without mipruner_method"),
+    ({"mipruner_method": "mi", "mipruner_budget": 4}, "mipruner_query"),
+    ({"mipruner_method": "mi", "mipruner_budget": 4, "mipruner_query": QUESTION, "mipruner_lam": 7}, "lam"),
+    ({"mipruner_method": "random", "mipruner_budget": 4, "mipruner_nope": 1}, "nope"),
+]
+
+
+def test_bad_request_is_a_value_error_and_the_engine_serves_on(engine):
+    fam, llm, adapter, _ = engine
+    img = IMAGES[fam][0]
+    before = run(llm, adapter, img, [{"mipruner_method": "similarity", "mipruner_budget": 4,
+                                      "mipruner_query": QUESTION}])[0]
+    for kw, words in BAD:
+        with pytest.raises(ValueError) as err:
+            run(llm, adapter, img, [kw])
+        assert words.lower() in str(err.value).lower(), (kw, str(err.value))
+    after = run(llm, adapter, img, [{"mipruner_method": "similarity", "mipruner_budget": 4,
+                                     "mipruner_query": QUESTION}])[0]
+    assert list(after.outputs[0].token_ids) == list(before.outputs[0].token_ids)
+    assert len(after.prompt_token_ids) == len(before.prompt_token_ids)
