@@ -7,20 +7,45 @@ the app, eval, sweeps and the lmms-eval model make for each method.
 A plug-in that breaks the selection contract (`ContractError`) already says so in one sentence; any other
 exception is reduced to its type and the first line of its message. KeyboardInterrupt and SystemExit are
 never caught.
+
+A selection that cannot be drawn (`drawing`, around a panel's drawing) is the same: a `DrawingError`, one
+sentence in its own panel, never the view's error, whatever the drawing raised (a built-in's ValueError
+included, which `request_errors` would otherwise make the request's).
 """
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+import contextlib
+import logging
+from typing import Callable, Iterator, TypeVar
 
 from .pruners._registry import ContractError
 from .pruners.video import NotApplicable
 
 T = TypeVar("T")
+log = logging.getLogger("mipruner.failures")
+
+
+class DrawingError(RuntimeError):
+    """A method chose its tokens but its panel could not be drawn: costs that panel only."""
+
+
+@contextlib.contextmanager
+def drawing(method: str) -> Iterator[None]:
+    """Around the drawing of `method`'s panel: any Exception becomes a `DrawingError` (logged with its
+    traceback), so the method's panel shows one sentence and the view goes on with the others."""
+    try:
+        yield
+    except DrawingError:
+        raise
+    except Exception as exc:  # noqa: BLE001: a drawing may fail anyhow; it costs only its own panel
+        log.warning("the panel of %r could not be drawn", method, exc_info=True)
+        raise DrawingError(f"{method!r} chose its tokens, but its panel could not be drawn "
+                           "(the server log has the details)") from exc
 
 
 def sentence(method: str | None, exc: BaseException) -> str:
     """One line saying that `method` failed and why."""
-    if isinstance(exc, ContractError):
+    if isinstance(exc, (ContractError, DrawingError)):
         return str(exc).splitlines()[0]
     if isinstance(exc, NotApplicable):  # a video method on an image: not a failure, a fact about the input
         return f"{method!r} does not apply here: {(str(exc).strip().splitlines() or [''])[0]}"
@@ -51,4 +76,4 @@ def request_errors(method: str) -> tuple:
     return () if get_pruner(method).origin else (ValueError,)
 
 
-__all__ = ["guarded", "request_errors", "sentence"]
+__all__ = ["DrawingError", "drawing", "guarded", "request_errors", "sentence"]

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from PIL import Image
 
 from . import viz, viz_video
+from .failures import drawing
 from .pruners import Selection
 
 
@@ -44,7 +45,14 @@ def render_view(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, A
 
     drawn(key, values, draw): `draw()`, or the drawing made last under `key` from equal `values`
     (`CachedEncoding.drawn`); keys are per label, so two panels of one method keep their own maps.
-    heat_token: a scoring-text token index for the MI methods' PMI heatmap (None: the scores)."""
+    heat_token: a scoring-text token index for the MI methods' PMI heatmap (None: the scores). A drawing that
+    fails is a `failures.DrawingError`: it costs this panel only (`engine.view` shows its sentence)."""
+    with drawing(method):
+        return _draw(enc, sel, layout, drawn, method=method, label=label, heat_token=heat_token, prune_ms=prune_ms)
+
+
+def _draw(enc, sel: Selection, layout: viz.Layout, drawn: Callable[[Any, Any, Callable], Any], *,
+          method: str, label: str, heat_token: int | None, prune_ms: float) -> MethodView:
     t0 = time.perf_counter()
     mask = viz.kept_mask(enc, sel, layout=layout)
     pivot = legend = None

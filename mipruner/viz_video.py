@@ -107,9 +107,11 @@ def _timeline(kept: tuple[int, ...], total: tuple[int, ...], width: int, height:
     rgb, bars, zero, per_token, path, font = _axes(total, width, height)
     img = Image.fromarray(rgb.copy())
     draw = ImageDraw.Draw(img)
+    base = round(zero) - 1  # the bars' bottom row of pixels
     for (x0, x1), k in zip(bars, kept):  # one rectangle a frame: F <= a few hundred
-        if k:
-            draw.rectangle((int(x0), round(zero - k * per_token), int(x1) - 1, round(zero) - 1), fill=KEPT_RGB)
+        if k:  # a kept token is at least one pixel tall, however many the frame has (its top never under its base)
+            draw.rectangle((int(x0), min(round(zero - k * per_token), base), max(int(x1) - 1, int(x0)), base),
+                           fill=KEPT_RGB)
     if len(total) <= 16:  # the counts over each bar while there is room for them
         face = ImageFont.truetype(path, max(8, round(0.8 * font)))
         for (x0, x1), k, t in zip(bars, kept, total):

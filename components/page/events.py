@@ -53,7 +53,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     view_outs = [*res.view_outputs(), res.reference, act.settings, res.view_json, res.tokens]
     # the page's view event writes only the panels (each output costs the page's script time)
     live_ins = [state, res.shown, res.ask, res.raw, res.raw_open, act.auto, ctl.box, res.frame]
-    live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw]
+    live_outs = [*res.view_outputs(), res.reference, act.settings, res.shown, res.ask, res.raw, res.notice]
     gen_outs = [*res.answer_outputs(), res.reference, res.answers_json]
     auto_ins, auto_outs = [state, res.shown, ctl.box, act.max_new], [*gen_outs, res.view_json]
     enc_outs = [state, res.status, res.tokens, ctl.budget, ctl.heat, *layer_ctls]

@@ -9,6 +9,7 @@ The outputs that change a widget's properties are `gr.update` dicts (`controls.b
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +27,7 @@ from . import controls as C
 from . import panels as P
 from . import video as V
 
+log = logging.getLogger("mipruner.app")
 ENCODE_FIELDS = ("model", "model_path", "use", "image", "video", "prompt")  # /encode's names, before the controls
 
 
@@ -115,17 +117,25 @@ class View:
 
 @dataclass
 class Live:
-    """The page's view: only what changed since its last one, and the follow-up counters."""
+    """The page's view: only what changed since its last one, and the follow-up counters; or, when the
+    controls were refused, every output left as it is and the refusal's sentence in `notice`."""
 
     panels: list  # one update or bare value per panel field (`panels.live_updates`)
-    reference: str
-    settings: str
-    shown: dict  # {"props": what the page now shows, "summary": the view's data}
+    reference: Any
+    settings: Any
+    shown: dict  # {"props": what the page now shows, "summary": the view's data, "refused": the notice is up}
     ask: Any  # the answers' counter (bumped when answering automatically)
     raw: Any  # the raw data's counter (bumped while its accordion is open)
+    notice: Any = None  # the refusal line above the panels: its sentence, "" to clear it, or an empty update
 
     def outputs(self) -> list:
-        return [*self.panels, self.reference, self.settings, self.shown, self.ask, self.raw]
+        return [*self.panels, self.reference, self.settings, self.shown, self.ask, self.raw, self.notice]
+
+
+def refusal_md(sentence: str) -> str:
+    """The refusal line's Markdown: the sentence, and that the panels still show the last settings drawn."""
+    text = plain(sentence).replace("*", "\\*").replace("_", "\\_")
+    return f"**Not applied:** {text[:1].upper()}{text[1:]}. The panels still show the last settings that worked."
 
 
 @dataclass
@@ -229,11 +239,26 @@ class Handlers:
     def live(self, st, vals: dict, *, shown=None, ask=0, raw=0, raw_open=False, auto=False, frame=0) -> Live:
         """The view as the page gets it: props only where they changed since `shown`; `ask` bumped when
         answering automatically, `raw` while the raw data is open (each starts its own event)."""
-        v = self.view(st, vals, frame)
+        try:
+            v = self.view(st, vals, frame)
+        except UserError as e:  # the controls refused: a view event (outside the queue) shows no error of its own
+            return self.refused(shown, str(e))
+        except Exception:  # noqa: BLE001 - the traceback goes to the server log; the page gets a sentence
+            log.exception("unexpected error while drawing the panels")
+            return self.refused(shown, "something went wrong while drawing the panels (the server log has the details)")
         updates, props = P.live_updates(v.fields, (shown or {}).get("props"))
         bump = lambda n, yes: int(n or 0) + 1 if yes else n  # noqa: E731
+        notice = "" if (shown or {}).get("refused") else gr.skip()  # clear a refusal once the panels follow again
         return Live(updates, v.reference, v.settings, {"props": props, "summary": v.summary}, bump(ask, auto),
-                    bump(raw, raw_open))
+                    bump(raw, raw_open), notice)
+
+    @staticmethod
+    def refused(shown, sentence: str) -> Live:
+        """The page's view when its controls are refused: nothing redrawn, no answers or raw-data event, and the
+        sentence in the refusal line (Gradio's page shows no error toast for an event outside the queue)."""
+        keep = gr.skip()
+        return Live([keep] * (P.PANEL_FIELDS * MAX_PANELS), keep, keep, {**(shown or {}), "refused": True}, keep,
+                    keep, refusal_md(sentence))
 
     def generate(self, st, vals: dict, max_new_tokens=None, progress=None, *, bare: bool = False) -> Answers:
         """The unpruned reference answer and every panel's. bare: values only (the page's panels are shown)."""
@@ -322,4 +347,4 @@ class Handlers:
 
 
 __all__ = ["ENCODE_FIELDS", "Answers", "Encoded", "Handlers", "Inspected", "Live", "Media", "View", "controls_for",
-           "controls_of", "token_chips"]
+           "controls_of", "refusal_md", "token_chips"]

@@ -1,5 +1,5 @@
-"""The results area: status line, scored prompt tokens, reference answer, the method panels, patch
-inspection and downloads."""
+"""The results area: status line, scored prompt tokens, reference answer, the refusal line (why the panels
+did not follow the controls), the method panels, patch inspection and downloads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ class Results:
     raw_open: gr.State
     raw_box: gr.Accordion
     frame: gr.Slider | None = None  # a video's frame the panels show (0: all side by side)
+    notice: gr.Markdown | None = None  # the refusal line over the panels: why the controls were not applied
 
     def view_outputs(self) -> list:
         """What a view update writes: every panel field, reference, settings box is added by the caller."""
@@ -50,6 +51,7 @@ def build_results() -> Results:
     reference = gr.Markdown(P.reference_md(None), elem_id="reference")
     frame = gr.Slider(0, 1, value=0, step=1, visible=False, elem_id="frame",
                       label="Frame the panels show (0: every frame, two a row; pick one to see it at full width)")
+    notice = gr.Markdown("", elem_id="notice")  # over the panels: why they did not follow the controls
     panels = P.build_panels()
     with gr.Accordion("Inspect a patch (click one in any kept-patch image)", open=False):
         with gr.Row():
@@ -65,7 +67,7 @@ def build_results() -> Results:
         answers_json = gr.JSON(label="answers", elem_id="answers-json")
     return Results(status, tokens, reference, panels, px, py, inspect, patch_tokens, patch_info, export, files,
                    view_json, answers_json, gr.State(None), gr.Number(0, visible="hidden", elem_id="ask"),
-                   gr.Number(0, visible="hidden", elem_id="raw"), gr.State(False), raw_box, frame)
+                   gr.Number(0, visible="hidden", elem_id="raw"), gr.State(False), raw_box, frame, notice)
 
 
 __all__ = ["Results", "build_results"]

@@ -10,6 +10,7 @@ from the registry through the engine.
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 
 import gradio as gr
@@ -22,6 +23,8 @@ from ..core.sweep_queue import Pace, SweepLimits, SweepQueue
 from ..hosting.spaces_gpu import on_zero_gpu
 from . import controls as C
 from .calls import named
+
+log = logging.getLogger("mipruner.app")
 
 DEFAULT_METHODS = ("mi", "random", "similarity")
 PLOT_LABELS = {"acc": "accuracy", "f1": "F1", "yes_rate": "yes-rate", "query_recall": "query recall",
@@ -130,6 +133,11 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls, limits: Sweep
         """The sweep from the area's fields; the fixed parameters and text mode from the page's controls
         (whose own method choice does not matter here)."""
         methods, param, values, budget = fields[:4]
+        if not isinstance(param, str):  # the API may send anything: the sweep's parsing reads text
+            raise UserError(f"Parameter to sweep: choose one of its choices, got {str(param)[:40]!r}")
+        if values is not None and not isinstance(values, str):
+            raise UserError(f"{SL.VALUES}: give the values as text, comma-separated (such as 4,8,16), "
+                            f"got {str(values)[:40]!r}")
         s = C.settings_from(list(vals[0] or ["mi"]), *vals[1:])
         return SL.make_sweep(methods, param, values, budget, s.params, s.text_mode, logic.max_new_tokens)
 
@@ -166,6 +174,10 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls, limits: Sweep
                                SL.points_table(result))
         except UserError as e:
             _error(e)
+        except Exception:  # noqa: BLE001 - the traceback goes to the server log; the caller gets a sentence
+            log.exception("unexpected error while sweeping")
+            _error("Something went wrong while sweeping. Try again, or try other values or another question set; "
+                   "the server log has the details.")
 
     on_run.__annotations__ = {"request": gr.Request}  # Gradio finds gr.Request by annotation
 

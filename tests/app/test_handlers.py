@@ -91,7 +91,7 @@ def test_live_sends_props_only_where_they_changed(handlers, encoded):
     again = handlers.live(st, vals, shown=first.shown, ask=first.ask, raw=first.raw, raw_open=True, auto=False)
     assert again.ask == 4 and again.raw == 6
     assert not any(isinstance(u, dict) and u.get("__type__") == "update" for u in again.panels)  # bare values
-    assert again.shown["props"] == first.shown["props"] and len(again.outputs()) == len(first.panels) + 5
+    assert again.shown["props"] == first.shown["props"] and len(again.outputs()) == len(first.panels) + 6
 
 
 def test_inspect_scales_the_patch_pmi_and_asks_for_a_point(handlers, encoded):

@@ -25,7 +25,10 @@ def parse_value(param: str, value):
     if param == "budget":
         if isinstance(value, str):
             t = value.strip()
-            value = float(t) if any(c in t for c in ".eE") else int(t)
+            try:
+                value = float(t) if any(c in t for c in ".eE") else int(t)
+            except ValueError:  # "NaN", "ten", "1/2": a sentence, not int()'s wording
+                raise ValueError(f"budget must be a number (tokens, or a share in (0, 1]), got {t[:40]!r}") from None
         return check_budget(value)
     if param == "text_mode":
         if str(value).strip() not in TEXT_MODES:

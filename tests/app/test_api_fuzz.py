@@ -1,0 +1,129 @@
+"""Malformed calls to every API endpoint, as a script or an attacker sends them (bounded: about 1,000 calls, one
+session that has encoded the example image): each input of /encode, /view, /inspect, /export, /settings,
+/generate and /sweep in turn replaced by a value of the wrong type, out of range, NaN, infinity, empty, huge or
+nested, and calls with one value too few or too many. Every refusal carries a plain sentence (never None or
+empty, never a Python exception's text such as "invalid literal for int()"), and the server keeps answering."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+
+from components.core.examples import load_examples
+
+from .test_bad_inputs import assert_plain
+
+EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
+ENDPOINTS = ("settings", "view", "inspect", "export", "encode", "generate", "sweep")
+BAD = [None, "", "abc", "NaN", -1, 0, 10**12, float("nan"), float("inf"), -1e308, [], {}, [1, "x"], {"a": 1}, True,
+       "x" * 5000, [[1]]]
+PYTHON_WORDING = re.compile(r"invalid literal|could not convert|object has no attribute|unsupported operand|"
+                            r"NoneType|list index|not subscriptable|takes \d+ positional|\w+Error\b")
+
+
+class Session:
+    """Queue calls with any JSON (NaN included) in one session, by api_name, every input given."""
+
+    def __init__(self, url: str):
+        import httpx
+
+        self.http, self.url, self.session = httpx, url.rstrip("/") + "/", uuid.uuid4().hex[:11]
+        cfg = httpx.get(self.url + "config", timeout=30).json()
+        comps = {c["id"]: c for c in cfg["components"]}
+        self.deps = {d["api_name"]: d for d in cfg["dependencies"] if d.get("api_visibility", "public") != "private"}
+        self.defaults = {a: [comps[c]["props"].get("value") for c in d["inputs"]] for a, d in self.deps.items()}
+        self.labels = {a: [comps[c]["props"].get("label") for c in d["inputs"]] for a, d in self.deps.items()}
+
+    def call(self, api: str, data: list, timeout: float = 120) -> tuple[bool, object]:
+        body = json.dumps({"data": data, "fn_index": self.deps[api]["id"], "session_hash": self.session,
+                           "event_data": None, "trigger_id": None}, allow_nan=True)
+        r = self.http.post(self.url + "gradio_api/queue/join", content=body,
+                           headers={"content-type": "application/json"}, timeout=timeout)
+        r.raise_for_status()
+        event = r.json()["event_id"]
+        with self.http.stream("GET", self.url + "gradio_api/queue/data", params={"session_hash": self.session},
+                              timeout=timeout) as s:
+            for line in s.iter_lines():
+                if line.startswith("data:"):
+                    msg = json.loads(line[5:])
+                    if msg.get("event_id") == event and msg.get("msg") == "process_completed":
+                        out = msg.get("output") or {}
+                        return bool(msg.get("success")), out.get("data") if msg.get("success") else out.get("error")
+        raise AssertionError(f"no answer to {api}")
+
+
+@pytest.fixture(scope="module")
+def api(app_url):
+    import httpx
+
+    s = Session(app_url)
+    with open(EXAMPLE["path"], "rb") as f:
+        path = httpx.post(s.url + "gradio_api/upload", files={"files": f}, timeout=30).json()[0]
+    enc = list(s.defaults["encode"])
+    labels = s.labels["encode"]
+    enc[labels.index("Image")] = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "scene.png"}
+    enc[labels.index("Prompt")] = EXAMPLE["prompt"]
+    ok, out = s.call("encode", enc)
+    assert ok, out
+    controls = enc[labels.index("Prompt") + 1:]  # the controls, as /view takes them after the state
+    s.bases = {"encode": enc, "view": [None, *controls], "export": [None, *controls],
+               "inspect": [None, *controls, 10, 10], "generate": [None, *controls, 2],
+               "settings": [None, "methods=mi,random budget=16"]}
+    sweep = list(s.defaults["sweep"])
+    at = s.labels["sweep"].index
+    sweep[at("Methods")], sweep[at("Items")] = ["random"], 1
+    sweep[at("Values (comma-separated; budgets: tokens, or shares in (0, 1])")] = "4"
+    s.bases["sweep"] = sweep
+    return s
+
+
+def cases(api) -> list[tuple[str, str, list]]:
+    """(endpoint, what was changed, the data): one value too few or too many, then each input replaced by
+    each BAD value: every field of /view; of /encode, /inspect and /generate their own (their controls are
+    /view's); of /sweep the sweep area's fields (a run on a bad value is refused before it starts)."""
+    out = []
+    for name in ENDPOINTS:
+        base = api.bases[name]
+        out += [(name, "one value too few", base[:-1]), (name, "one value too many", [*base, 1]),
+                (name, "no values", [])]
+        n_ctl = len(api.bases["view"])  # state + the controls: /view's fields; the others add their own
+        fields = {"view": range(1, n_ctl), "encode": range(1, len(base) - n_ctl + 1),
+                  "sweep": range(1, api.labels["sweep"].index("Curves (empty ones are left out)") + 1)}.get(
+                      name, range(n_ctl, len(base)) if name != "settings" else range(1, 2))
+        for i in fields:
+            for bad in BAD:
+                out.append((name, f"input {i} ({api.labels[name][i]}) = {str(bad)[:20]}", [*base[:i], bad, *base[i + 1:]]))
+    return out
+
+
+def test_every_malformed_call_gets_a_sentence(api):
+    todo = cases(api)
+    assert 500 <= len(todo) <= 1100, len(todo)  # bounded
+    refused, problems = 0, []
+    for name, what, data in todo:
+        ok, out = api.call(name, data)
+        if ok:
+            continue
+        refused += 1
+        try:
+            assert isinstance(out, str) and len(out.strip()) >= 6 and out.strip() != "None", out  # "set seed"
+            assert not PYTHON_WORDING.search(out), out
+            assert_plain(out if len(out) >= 10 else f"{out} (short)")
+        except AssertionError as e:
+            problems.append((name, what, str(e)[:200]))
+    assert not problems, f"{len(problems)} of {refused} refusals without a sentence: {problems[:20]}"
+    assert refused >= len(todo) // 3, refused  # the cases are malformed: most are refused
+    ok, out = api.call("view", api.bases["view"])  # the server still answers
+    assert ok, out
+
+
+def test_a_sweep_of_nan_values_names_the_field(api):
+    base = list(api.bases["sweep"])
+    values = api.labels["sweep"].index("Values (comma-separated; budgets: tokens, or shares in (0, 1])")
+    for text in ("NaN", "4, NaN", "inf", "ten"):
+        base[values] = text
+        ok, out = api.call("sweep", base)
+        assert not ok and out.startswith("Values"), (text, out)
+        assert re.search("(is not|must be) a number", out) and not PYTHON_WORDING.search(out), out
