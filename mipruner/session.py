@@ -3,14 +3,22 @@ prompt, text mode, model). Sessions share no mutable state; the engine holds non
 
 Memory stays bounded however many sessions come and go: each session keeps a few encodings
 (count and idle age), and one `CacheBudget` caps the bytes of every session's cached encodings
-together, dropping the least recently used first, whichever session holds it. `FileBudget` does
-the same for files the app writes (rendered panels, exports) on disk.
+together, dropping the least recently used first, whichever session holds it. What an entry holds is
+all of it: the encoding (its decoded frames, recorded attention and blocks), the selection cache, the
+picture the panels reuse, the drawn maps and the answers (`nbytes` walks them all). Bytes dropped go
+back to the operating system (`release`), not only to the allocator's free lists: a server's threads
+otherwise keep them in their malloc arenas and its RSS climbs past the cap. `FileBudget` does the
+same for files the app writes (rendered panels, exports) on disk.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import itertools
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -22,6 +30,45 @@ from PIL import Image
 from . import viz
 from .files import FileBudget  # noqa: F401 - its home was this module
 from .media import media_hash  # noqa: F401 - the one media hasher (the lmms answer cache uses it too)
+
+
+class Release:
+    """Hands memory freed by dropped entries back to the operating system, at most once per `every_s` seconds.
+
+    CPython frees an entry's tensors, arrays and images at once, but glibc's malloc keeps the pages in the
+    arena of the thread that freed them (a server runs its handlers on many threads, one arena each), so the
+    process' RSS only ever grows to the sum of every arena's high-water mark. `__call__` collects reference
+    cycles (an entry's lazy geometry closes over its encoding) and calls glibc's `malloc_trim(0)`, which
+    returns every arena's free pages; elsewhere (no glibc) it only collects. `count` says how often it ran."""
+
+    def __init__(self, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.clock = float(every_s), clock
+        self._last = -float("inf")
+        self._lock = threading.Lock()
+        self.count = 0
+        self._trim = _malloc_trim()
+
+    def __call__(self, force: bool = False) -> bool:
+        """Release now unless it ran less than `every_s` ago (force: always); whether it ran."""
+        with self._lock:
+            now = self.clock()
+            if not force and now - self._last < self.every_s:
+                return False
+            self._last = now
+            self.count += 1
+        gc.collect()
+        if self._trim is not None:
+            self._trim(0)
+        return True
+
+
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None where the C library has none (macOS, musl, Windows)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return getattr(libc, "malloc_trim", None)
+    except OSError:
+        return None
 
 
 class EncodingKey(NamedTuple):
@@ -173,20 +220,32 @@ def model_storages(adapter) -> frozenset:
     return frozenset(t.untyped_storage().data_ptr() for m in mods for t in itertools.chain(m.parameters(), m.buffers()))
 
 
-def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
-    """Bytes of the tensors, arrays and images reachable from `obj` through containers, dataclasses
-    and plain objects; each tensor storage counted once; storages whose data_ptr is in `skip`
-    (the model's weights) and `torch.nn.Module`s are not counted."""
+_BYTES_PER_BAND = {"I": 4, "F": 4, "I;16": 2, "I;16B": 2, "I;16L": 2}
+
+
+def nbytes(obj: Any, skip: frozenset = frozenset(), shared: tuple = ()) -> int:
+    """Bytes reachable from `obj`: its tensors' storages (each counted once; storages whose data_ptr is in `skip`,
+    the model's weights, are not), arrays and images by their pixels, and every Python object on the way (strings,
+    containers, plain objects, dataclasses, slots, closures' cells: an unbuilt LazyGeometry holds its inputs in
+    its build function) by `sys.getsizeof`. `torch.nn.Module`s, classes, modules and the objects in `shared`
+    (the adapter: one per app) are not entered, however deep the rest is nested."""
+    import functools
+    import sys
+    import types
+
     import torch
 
-    seen, storages, total = set(), set(), 0
-    stack = [(obj, 0)]
+    seen = {id(o) for o in shared}
+    storages, total = set(), 0
+    stack = [obj]
     while stack:
-        x, depth = stack.pop()
-        if x is None or isinstance(x, (str, bytes, int, float, bool)) or id(x) in seen or depth > 12:
+        x = stack.pop()
+        if x is None or isinstance(x, (bool, int, float, complex)) or id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, (str, bytes, bytearray)):
+            total += sys.getsizeof(x)
+        elif isinstance(x, torch.Tensor):
             st = x.untyped_storage()
             ptr = (str(x.device), st.data_ptr())
             if st.data_ptr() not in skip and ptr not in storages:
@@ -195,19 +254,39 @@ def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
         elif isinstance(x, np.ndarray):
             total += x.nbytes
         elif isinstance(x, Image.Image):
-            total += x.width * x.height * len(x.getbands())
-        elif isinstance(x, torch.nn.Module):
+            total += x.width * x.height * len(x.getbands()) * _BYTES_PER_BAND.get(x.mode, 1)
+        elif isinstance(x, (torch.nn.Module, type, types.ModuleType, types.BuiltinFunctionType, threading.Thread)):
             continue
-        elif isinstance(x, dict):
-            stack += [(v, depth + 1) for v in x.values()]
-        elif isinstance(x, (list, tuple, set, frozenset, deque)):
-            stack += [(v, depth + 1) for v in x]
-        elif hasattr(x, "__dict__") or is_dataclass(x):
-            d = getattr(x, "__dict__", None)
-            if not d and is_dataclass(x):
-                d = {f.name: getattr(x, f.name, None) for f in fields(x)}
-            stack += [(v, depth + 1) for v in (d or {}).values()]  # an unbuilt LazyGeometry: its build function
+        else:
+            total += sys.getsizeof(x)
+            if isinstance(x, dict):
+                stack += x.keys()
+                stack += x.values()
+            elif isinstance(x, (list, tuple, set, frozenset, deque)):
+                stack += x
+            elif isinstance(x, types.FunctionType):
+                stack += [c.cell_contents for c in (x.__closure__ or ()) if _filled(c)]
+            elif isinstance(x, types.MethodType):
+                stack += [x.__func__, x.__self__]
+            elif isinstance(x, functools.partial):
+                stack += [x.func, *x.args, *x.keywords.values()]
+            else:
+                d = getattr(x, "__dict__", None)
+                if d is not None:
+                    stack += d.values()
+                elif is_dataclass(x):
+                    stack += [getattr(x, f.name, None) for f in fields(x)]
+                for name in getattr(type(x), "__slots__", ()):
+                    stack.append(getattr(x, name, None))
     return total
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 class CacheBudget:
@@ -219,16 +298,18 @@ class CacheBudget:
     are held weakly: a session the app forgets takes its entries out of the count.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, release: Release | None = None):
         if not max_bytes > 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
         self.max_bytes = int(max_bytes)
+        self.release = release if release is not None else Release()  # dropped bytes back to the OS
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, EncodingKey], int] = OrderedDict()
         self._sessions: dict[int, weakref.ref] = {}
         self._dead: deque[int] = deque()
         self.total_bytes = 0
         self.evicted = 0  # entries dropped to stay under the cap, since start
+        self._freed = False  # entries went since the last release (eviction, expiry, a session forgotten)
 
     def __len__(self) -> int:
         with self._lock:
@@ -241,6 +322,12 @@ class CacheBudget:
             self._sessions.pop(uid, None)
             for item in [i for i in self._items if i[0] == uid]:
                 self.total_bytes -= self._items.pop(item)
+                self._freed = True
+
+    def size_of(self, session: Session, key: EncodingKey) -> int:
+        """The bytes charged for `session`'s entry `key` (0: none)."""
+        with self._lock:
+            return self._items.get((session.uid, key), 0)
 
     def touch(self, session: Session, key: EncodingKey) -> None:
         with self._lock:
@@ -249,11 +336,23 @@ class CacheBudget:
 
     def forget(self, session: Session, key: EncodingKey) -> None:
         with self._lock:
-            self.total_bytes -= self._items.pop((session.uid, key), 0)
+            if (session.uid, key) in self._items:
+                self.total_bytes -= self._items.pop((session.uid, key))
+                self._freed = True  # released at the next charge, outside every lock
 
     def charge(self, session: Session, key: EncodingKey, size: int) -> int:
         """Record the entry's size (most recently used now) and drop others past the cap; returns
-        how many entries were dropped."""
+        how many entries were dropped. Memory of entries dropped since the last charge (here, by expiry
+        or with a forgotten session) goes back to the operating system (`release`), outside the locks."""
+        dropped = self._charge(session, key, size)
+        with self._lock:
+            freed, self._freed = self._freed, False
+        if freed and not self.release():
+            with self._lock:
+                self._freed = True  # released too recently: at a later charge
+        return dropped
+
+    def _charge(self, session: Session, key: EncodingKey, size: int) -> int:
         item = (session.uid, key)
         with self._lock:
             self._purge()
@@ -279,8 +378,9 @@ class CacheBudget:
                 self.total_bytes -= self._items.pop(victim)
                 dropped += 1
             self.evicted += dropped
+            self._freed = self._freed or dropped > 0
             return dropped
 
 
-__all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Session", "StaleKeyError", "media_hash",
+__all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Release", "Session", "StaleKeyError", "media_hash",
            "model_storages", "nbytes"]
