@@ -175,3 +175,16 @@ def test_sessions_that_never_encoded_cost_nothing_and_evict_nothing(adapter):
     assert [v.kept for v in views] == [8]
     with pytest.raises(StaleKeyError):
         hub.get(None)[0].entry(Session(), st.key)  # another session never sees it
+
+
+def test_memory_benchmark_is_registered_and_judges_the_last_third():
+    from mipruner.bench.__main__ import COMMANDS
+    from mipruner.bench.memory import levels_off
+
+    assert COMMANDS["memory"][0] == "mipruner.bench.memory"
+    assert levels_off([500, 600, 650, 700, 702, 705]) == (True, pytest.approx(705 / 700 - 1))
+    ok, spread = levels_off([500, 600, 650, 700, 760, 820])  # still climbing: 700 -> 820 is +17%
+    assert not ok and spread == pytest.approx(820 / 700 - 1)
+    assert levels_off([1.0] * 8 + [1.2])[0] is False  # the last third of 9 is 3 samples, the jump among them
+    with pytest.raises(ValueError, match="samples"):
+        levels_off([1.0, 1.0, 1.0])

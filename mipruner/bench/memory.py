@@ -5,7 +5,7 @@ Starts the app (`app.py` of this checkout, the embedded model) on 127.0.0.1 in a
 at a time. Each session is a new visitor: it encodes its own medium (an image: a new scene per session; a video: the
 example clip with a prompt of its own, so every session is a new encoding), moves the budget `--views` times (panels
 drawn) and asks for the answers once. After every wave the server's resident memory (RSS, /proc) is sampled; the
-verdict reads the last third of the samples: it levels off when their highest is within `--tolerance` (5%) of their
+verdict reads the last third of the samples (at least 3 of at least 6): it levels off when their highest is within `--tolerance` (5%) of their
 lowest. The server is measured from outside (its own process, the clients in this one), so RSS is what a host sees.
 
 A session whose encoding was evicted by the byte cap while it was still working (tight caps, many at once) gets the
@@ -34,9 +34,9 @@ CLIP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
 
 def levels_off(samples: list[float], tolerance: float = 0.05) -> tuple[bool, float]:
     """(whether the last third of `samples` stays within `tolerance` of its lowest, that spread: max/min - 1)."""
-    if len(samples) < 3:
-        raise ValueError(f"samples: need at least 3 to judge a last third, got {len(samples)}")
-    tail = samples[len(samples) - max(2, len(samples) // 3):]
+    if len(samples) < 6:
+        raise ValueError(f"samples: need at least 6 to judge a last third, got {len(samples)}")
+    tail = samples[-max(3, -(-len(samples) // 3)):]
     spread = max(tail) / min(tail) - 1.0
     return spread <= tolerance, spread
 
@@ -122,7 +122,7 @@ def run(media: str, sessions: int, concurrency: int, views: int, server_args: li
     rss = [w["rss_mb"] for w in report["waves"]]
     report["errors"] = sum(len(w["errors"]) for w in report["waves"])
     report["evicted"] = sum(w["evicted"] for w in report["waves"])
-    if len(rss) >= 3:
+    if len(rss) >= 6:
         report["levels_off"], spread = levels_off(rss, tolerance)
         report["last_third_spread"] = round(spread, 4)
     else:
@@ -146,15 +146,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if min(a.sessions, a.concurrency) < 1 or a.views < 0:
         p.error("--sessions and --concurrency must be >= 1, --views >= 0")
-    if a.sessions < 3 * a.concurrency:
-        p.error("--sessions must be at least 3 x --concurrency (three RSS samples, one per wave)")
+    if a.sessions < 6 * a.concurrency:
+        p.error("--sessions must be at least 6 x --concurrency (six RSS samples, one per wave)")
     server = [f"--{k.replace('_', '-')}={v}" for k, v in (("cache_mb", a.cache_mb), ("files_mb", a.files_mb),
                                                           ("max_sessions", a.max_sessions)) if v is not None]
     rep = run(a.media, a.sessions, a.concurrency, a.views, server, timeout_s=a.timeout, tolerance=a.tolerance)
     rss = " -> ".join(f"{w['rss_mb']:.0f}" for w in rep["waves"])
     print(f"RSS MiB: start {rep['rss_start_mb']:.0f} -> {rss}; last third within "
           f"{100 * (rep['last_third_spread'] or 0):.1f}% (tolerance {100 * a.tolerance:.0f}%); "
-          f"evicted {rep['evicted']}, errors {rep['errors']}  {'LEVELS OFF' if rep['ok'] else 'DOES NOT LEVEL OFF'}")
+          f"{'LEVELS OFF' if rep['levels_off'] else 'DOES NOT LEVEL OFF'}; evicted {rep['evicted']}, errors {rep['errors']}")
     write_json(a.json, rep)
     return 0 if rep["ok"] else 1
 
