@@ -27,18 +27,25 @@ class Release:
     cycles (an entry's lazy geometry closes over its encoding) and calls glibc's `malloc_trim(0)`, which
     returns every arena's free pages; elsewhere (no glibc) it only collects. `count` says how often it ran."""
 
-    def __init__(self, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
-        self.every_s, self.clock = float(every_s), clock
+    def __init__(self, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic, defer: bool = True):
+        self.every_s, self.clock, self.defer = float(every_s), clock, defer
         self._last = -float("inf")
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
         self.count = 0
         self._trim = _malloc_trim()
 
     def __call__(self, force: bool = False) -> bool:
-        """Release now unless it ran less than `every_s` ago (force: always); whether it ran."""
+        """Release now unless it ran less than `every_s` ago (force: always); whether it ran. A release put off
+        runs by itself once the interval is over (`defer`: a daemon timer), so a server that goes quiet right
+        after dropping entries still hands their bytes back."""
         with self._lock:
             now = self.clock()
             if not force and now - self._last < self.every_s:
+                if self.defer and self._timer is None:
+                    self._timer = threading.Timer(self.every_s - (now - self._last), self._deferred)
+                    self._timer.daemon = True
+                    self._timer.start()
                 return False
             self._last = now
             self.count += 1
@@ -46,6 +53,11 @@ class Release:
         if self._trim is not None:
             self._trim(0)
         return True
+
+    def _deferred(self) -> None:
+        with self._lock:
+            self._timer = None
+        self(force=True)
 
 
 def _malloc_trim():

@@ -222,9 +222,9 @@ class CacheBudget:
         dropped = self._charge(session, key, size)
         with self._lock:
             freed, self._freed = self._freed, False
-        if freed and not self.release():
+        if freed and not self.release() and not self.release.defer:
             with self._lock:
-                self._freed = True  # released too recently: at a later charge
+                self._freed = True  # released too recently and not put off: at a later charge
         return dropped
 
     def _charge(self, session: Session, key: EncodingKey, size: int) -> int:

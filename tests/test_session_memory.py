@@ -109,7 +109,7 @@ def test_nbytes_reaches_closures_strings_slots_and_deep_nesting():
 
 def test_an_evicted_entry_frees_everything_it_held():
     """The cap drops the least recently used entry and nothing keeps its tensors, pictures or answers alive."""
-    rel = Release(every_s=0.0)
+    rel = Release(every_s=0.0, defer=False)
     b = CacheBudget(1000, release=rel)
     s1, s2 = Session(budget=b), Session(budget=b)
     k1, k2 = EncodingKey("m", "a", "p", "question", True), EncodingKey("m", "b", "p", "question", True)
@@ -130,7 +130,7 @@ def test_an_evicted_entry_frees_everything_it_held():
 
 def test_release_runs_after_drops_at_most_once_per_interval():
     now = [100.0]
-    rel = Release(every_s=10.0, clock=lambda: now[0])
+    rel = Release(every_s=10.0, clock=lambda: now[0], defer=False)  # the server's default puts it off on a timer
     b = CacheBudget(1000, release=rel)
     s = Session(budget=b)
     keys = [EncodingKey("m", f"x{i}", "p", "question", True) for i in range(4)]
@@ -188,3 +188,16 @@ def test_memory_benchmark_is_registered_and_judges_the_last_third():
     assert levels_off([1.0] * 8 + [1.2])[0] is False  # the last third of 9 is 3 samples, the jump among them
     with pytest.raises(ValueError, match="samples"):
         levels_off([1.0, 1.0, 1.0])
+
+
+def test_a_release_put_off_runs_by_itself():
+    """Entries dropped just after a release are handed back once the interval ends, with no later request."""
+    import threading
+
+    rel = Release(every_s=0.2, clock=lambda: 0.0)  # a frozen clock: every later call is within the interval
+    assert rel() and rel.count == 1
+    assert not rel()  # within the interval: put off, on a timer
+    timer = rel._timer
+    assert timer is not None and not rel()  # one timer at a time
+    timer.join(30)
+    assert rel.count == 2 and rel._timer is None and threading.active_count() >= 1

@@ -4,9 +4,9 @@ Starts the app (`app.py` of this checkout, the embedded model) on 127.0.0.1 in a
 (`--cache-mb`, `--files-mb`, `--max-sessions`), then serves `--sessions` new gradio_client sessions, `--concurrency`
 at a time. Each session is a new visitor: it encodes its own medium (an image: a new scene per session; a video: the
 example clip with a prompt of its own, so every session is a new encoding), moves the budget `--views` times (panels
-drawn) and asks for the answers once. After every wave the server's resident memory (RSS, /proc) is sampled; the
-verdict reads the last third of the samples (at least 3 of at least 6): it levels off when their highest is within `--tolerance` (5%) of their
-lowest. The server is measured from outside (its own process, the clients in this one), so RSS is what a host sees.
+drawn) and asks for the answers once. After every wave (and `--settle` seconds) the server's resident memory (RSS,
+/proc) is sampled, and its peak during the wave (every 0.25 s). The verdict reads the last third of the settled
+samples (at least 3 of at least 6): it levels off when their highest is within `--tolerance` (5%) of their lowest. The server is measured from outside (its own process, the clients in this one), so RSS is what a host sees.
 
 A session whose encoding was evicted by the byte cap while it was still working (tight caps, many at once) gets the
 app's "press Run again": those are counted as `evicted`, other failures as `errors`.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import tempfile
+import threading
 import time
 
 from .cli import command_parser, write_json
@@ -89,8 +90,16 @@ def visit(url: str, media: str, i: int, views: int, out_dir: str, timeout_s: flo
     return out
 
 
+def watch(pid: int, stop, every_s: float = 0.25) -> float:
+    """The highest RSS (MiB) of process `pid` until `stop` is set, sampled every `every_s` seconds."""
+    peak = rss_mb(pid)
+    while not stop.wait(every_s):
+        peak = max(peak, rss_mb(pid))
+    return max(peak, rss_mb(pid))
+
+
 def run(media: str, sessions: int, concurrency: int, views: int, server_args: list[str], timeout_s: float = 300.0,
-        tolerance: float = 0.05, log=print) -> dict:
+        tolerance: float = 0.05, settle_s: float = 6.0, log=print) -> dict:
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="mipruner-memory-")
     proc = start_server(port, ["--compile", "off", *server_args], os.path.join(tmp, "server.log"))
@@ -104,14 +113,17 @@ def run(media: str, sessions: int, concurrency: int, views: int, server_args: li
         while done < sessions:
             n = min(concurrency, sessions - done)
             t0 = time.perf_counter()
-            with cf.ThreadPoolExecutor(n) as pool:
+            with cf.ThreadPoolExecutor(n + 1) as pool:
+                peak = pool.submit(watch, proc.pid, stop := threading.Event())
                 got = list(pool.map(lambda i: visit(url, media, i, views, tmp, timeout_s), range(done, done + n)))
+                time.sleep(settle_s)
+                stop.set()
             done += n
-            time.sleep(0.5)
-            row = {"sessions": done, "rss_mb": round(rss_mb(proc.pid), 1), "wall_s": round(time.perf_counter() - t0, 1),
+            row = {"sessions": done, "rss_mb": round(rss_mb(proc.pid), 1), "peak_mb": round(peak.result(), 1),
+                   "wall_s": round(time.perf_counter() - t0, 1),
                    "evicted": sum(g["evicted"] for g in got), "errors": [e for g in got for e in g["errors"]]}
             report["waves"].append(row)
-            log(f"{done:>4} sessions: RSS {row['rss_mb']:.0f} MiB ({row['wall_s']} s; evicted {row['evicted']}, "
+            log(f"{done:>4} sessions: RSS {row['rss_mb']:.0f} MiB, peak {row['peak_mb']:.0f} ({row['wall_s']} s; evicted {row['evicted']}, "
                 f"errors {len(row['errors'])})" + "".join(f"\n    {e}" for e in row["errors"][:2]))
     finally:
         proc.terminate()
@@ -142,6 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-sessions", type=int, default=None, help="the app's --max-sessions (default: the app's)")
     p.add_argument("--tolerance", type=float, default=0.05, help="the last third's allowed spread (default 0.05)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--settle", type=float, default=6.0, help="seconds after a wave before its RSS sample (default 6:"
+                   " past the app's 5 s release interval); the wave's peak is sampled throughout")
     p.add_argument("--json", default="", help="also write the report here")
     a = p.parse_args(argv)
     if min(a.sessions, a.concurrency) < 1 or a.views < 0:
@@ -150,7 +164,8 @@ def main(argv=None) -> int:
         p.error("--sessions must be at least 6 x --concurrency (six RSS samples, one per wave)")
     server = [f"--{k.replace('_', '-')}={v}" for k, v in (("cache_mb", a.cache_mb), ("files_mb", a.files_mb),
                                                           ("max_sessions", a.max_sessions)) if v is not None]
-    rep = run(a.media, a.sessions, a.concurrency, a.views, server, timeout_s=a.timeout, tolerance=a.tolerance)
+    rep = run(a.media, a.sessions, a.concurrency, a.views, server, timeout_s=a.timeout, tolerance=a.tolerance,
+              settle_s=a.settle)
     rss = " -> ".join(f"{w['rss_mb']:.0f}" for w in rep["waves"])
     print(f"RSS MiB: start {rep['rss_start_mb']:.0f} -> {rss}; last third within "
           f"{100 * (rep['last_third_spread'] or 0):.1f}% (tolerance {100 * a.tolerance:.0f}%); "
