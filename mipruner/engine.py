@@ -162,7 +162,7 @@ class Engine:
             self._weights = model_storages(self.adapter)
         with session.lock:
             e = session.entries.get(key)
-            size = nbytes(e, self._weights) if e is not None else 0
+            size = nbytes(e, self._weights, (self.adapter,)) if e is not None else 0
         if e is not None:
             self._attach(session).charge(key, size)
 

@@ -3,8 +3,12 @@ prompt, text mode, model). Sessions share no mutable state; the engine holds non
 
 Memory stays bounded however many sessions come and go: each session keeps a few encodings
 (count and idle age), and one `CacheBudget` caps the bytes of every session's cached encodings
-together, dropping the least recently used first, whichever session holds it. `FileBudget` does
-the same for files the app writes (rendered panels, exports) on disk.
+together, dropping the least recently used first, whichever session holds it. What an entry holds is
+all of it: the encoding (its decoded frames, recorded attention and blocks), the selection cache, the
+picture the panels reuse, the drawn maps and the answers (`nbytes` walks them all). Bytes dropped go
+back to the operating system (`release`), not only to the allocator's free lists: a server's threads
+otherwise keep them in their malloc arenas and its RSS climbs past the cap. `FileBudget` does the
+same for files the app writes (rendered panels, exports) on disk.
 """
 from __future__ import annotations
 
@@ -13,14 +17,12 @@ import os
 import threading
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
-
-import numpy as np
-from PIL import Image
 
 from . import viz
 from .files import FileBudget  # noqa: F401 - its home was this module
+from .holdings import Release, model_storages, nbytes
 from .media import media_hash  # noqa: F401 - the one media hasher (the lmms answer cache uses it too)
 
 
@@ -162,54 +164,6 @@ class Session:
             self.budget.forget(self, key)
 
 
-def model_storages(adapter) -> frozenset:
-    """The storages of the adapter's modules' parameters and buffers: shared by every session, so `nbytes`
-    never charges them to one (an encoding may hold views of them)."""
-    import itertools
-
-    import torch
-
-    mods = [m for m in vars(adapter).values() if isinstance(m, torch.nn.Module)]
-    return frozenset(t.untyped_storage().data_ptr() for m in mods for t in itertools.chain(m.parameters(), m.buffers()))
-
-
-def nbytes(obj: Any, skip: frozenset = frozenset()) -> int:
-    """Bytes of the tensors, arrays and images reachable from `obj` through containers, dataclasses
-    and plain objects; each tensor storage counted once; storages whose data_ptr is in `skip`
-    (the model's weights) and `torch.nn.Module`s are not counted."""
-    import torch
-
-    seen, storages, total = set(), set(), 0
-    stack = [(obj, 0)]
-    while stack:
-        x, depth = stack.pop()
-        if x is None or isinstance(x, (str, bytes, int, float, bool)) or id(x) in seen or depth > 12:
-            continue
-        seen.add(id(x))
-        if isinstance(x, torch.Tensor):
-            st = x.untyped_storage()
-            ptr = (str(x.device), st.data_ptr())
-            if st.data_ptr() not in skip and ptr not in storages:
-                storages.add(ptr)
-                total += st.nbytes()
-        elif isinstance(x, np.ndarray):
-            total += x.nbytes
-        elif isinstance(x, Image.Image):
-            total += x.width * x.height * len(x.getbands())
-        elif isinstance(x, torch.nn.Module):
-            continue
-        elif isinstance(x, dict):
-            stack += [(v, depth + 1) for v in x.values()]
-        elif isinstance(x, (list, tuple, set, frozenset, deque)):
-            stack += [(v, depth + 1) for v in x]
-        elif hasattr(x, "__dict__") or is_dataclass(x):
-            d = getattr(x, "__dict__", None)
-            if not d and is_dataclass(x):
-                d = {f.name: getattr(x, f.name, None) for f in fields(x)}
-            stack += [(v, depth + 1) for v in (d or {}).values()]  # an unbuilt LazyGeometry: its build function
-    return total
-
-
 class CacheBudget:
     """One byte cap over the cached encodings of ALL sessions: least recently used first.
 
@@ -219,16 +173,18 @@ class CacheBudget:
     are held weakly: a session the app forgets takes its entries out of the count.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, release: Release | None = None):
         if not max_bytes > 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes!r}")
         self.max_bytes = int(max_bytes)
+        self.release = release if release is not None else Release()  # dropped bytes back to the OS
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, EncodingKey], int] = OrderedDict()
         self._sessions: dict[int, weakref.ref] = {}
         self._dead: deque[int] = deque()
         self.total_bytes = 0
         self.evicted = 0  # entries dropped to stay under the cap, since start
+        self._freed = False  # entries went since the last release (eviction, expiry, a session forgotten)
 
     def __len__(self) -> int:
         with self._lock:
@@ -241,6 +197,12 @@ class CacheBudget:
             self._sessions.pop(uid, None)
             for item in [i for i in self._items if i[0] == uid]:
                 self.total_bytes -= self._items.pop(item)
+                self._freed = True
+
+    def size_of(self, session: Session, key: EncodingKey) -> int:
+        """The bytes charged for `session`'s entry `key` (0: none)."""
+        with self._lock:
+            return self._items.get((session.uid, key), 0)
 
     def touch(self, session: Session, key: EncodingKey) -> None:
         with self._lock:
@@ -249,11 +211,23 @@ class CacheBudget:
 
     def forget(self, session: Session, key: EncodingKey) -> None:
         with self._lock:
-            self.total_bytes -= self._items.pop((session.uid, key), 0)
+            if (session.uid, key) in self._items:
+                self.total_bytes -= self._items.pop((session.uid, key))
+                self._freed = True  # released at the next charge, outside every lock
 
     def charge(self, session: Session, key: EncodingKey, size: int) -> int:
         """Record the entry's size (most recently used now) and drop others past the cap; returns
-        how many entries were dropped."""
+        how many entries were dropped. Memory of entries dropped since the last charge (here, by expiry
+        or with a forgotten session) goes back to the operating system (`release`), outside the locks."""
+        dropped = self._charge(session, key, size)
+        with self._lock:
+            freed, self._freed = self._freed, False
+        if freed and not self.release() and not self.release.defer:
+            with self._lock:
+                self._freed = True  # released too recently and not put off: at a later charge
+        return dropped
+
+    def _charge(self, session: Session, key: EncodingKey, size: int) -> int:
         item = (session.uid, key)
         with self._lock:
             self._purge()
@@ -279,8 +253,9 @@ class CacheBudget:
                 self.total_bytes -= self._items.pop(victim)
                 dropped += 1
             self.evicted += dropped
+            self._freed = self._freed or dropped > 0
             return dropped
 
 
-__all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Session", "StaleKeyError", "media_hash",
+__all__ = ["CacheBudget", "CachedEncoding", "EncodingKey", "FileBudget", "Release", "Session", "StaleKeyError", "media_hash",
            "model_storages", "nbytes"]

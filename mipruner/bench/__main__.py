@@ -18,6 +18,7 @@ COMMANDS = {
     "rows": ("mipruner.bench.rows", "a batch of unpruned rows: the decoding engine vs generate on the same batch, interleaved"),
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
+    "memory": ("mipruner.bench.memory", "the app's RSS over many sessions (image or video, any caps): does the last third level off"),
     "space-cost": ("mipruner.bench.space_cost", "a CPU Space's waits (start-up, encode, answers, a view) at the smallest "
                    "suggested model's real shape; --params: every suggested model's size"),
     "vllm": ("mipruner.bench.vllm", "TTFT and req/s through vLLM with and without pruning (the mipruner-vllm plug-in), "
