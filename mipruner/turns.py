@@ -1,0 +1,150 @@
+"""The shared model's one slot, taken in turns between sessions (a round-robin lock), with a cap on what one
+session may have waiting.
+
+A plain lock lets whoever asked first go first: one visitor who queues 40 encodes makes every other visitor
+wait for all 40. `Turns` keeps one line per owner (a browser session; `None` for work of no session: the
+warm-up, a sweep's item) and, each time the slot frees, hands it to the next owner in a ring, so a visitor
+with one request waits for at most one request of each other owner that was waiting before it, however many
+those owners queued. Within one owner, requests keep their order. An owner asking for more than
+`max_waiting` waiting requests is refused at once with a sentence (`Busy`, a ValueError: the app shows it
+as the request's error).
+
+`with turns:` takes a turn as the anonymous owner (a drop-in for a `threading.Lock`: the sweeps and the
+warm-up hold it around each call into the model); `with turns.turn(owner):` as `owner`. Not re-entrant,
+as a `threading.Lock` is not. `granted` counts the turns handed out and `history` keeps the owners of the
+last ones (oldest first), so tests assert turns by order, never by time.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+HISTORY = 256  # owners of the last turns kept in `history`
+
+
+class Busy(ValueError):
+    """An owner already has its cap of requests waiting for the model."""
+
+
+class Turns:
+    """Round-robin over owners for one slot. max_waiting: requests one owner may have waiting (not counting the
+    one it holds); None: no cap (the anonymous owner is never capped: its callers bound themselves)."""
+
+    def __init__(self, max_waiting: int | None = None):
+        self.max_waiting = max_waiting
+        self._cv = threading.Condition(threading.Lock())
+        self._held = False
+        self._lines: dict[int, deque] = {}  # owner key -> its waiting tickets, first first
+        self._ring: deque[int] = deque()  # owners with a waiting ticket, the next to go first
+        self._granted: object | None = None  # the ticket the slot was handed to, until its thread takes it
+        self.granted = 0
+        self.history: deque = deque(maxlen=HISTORY)
+
+    @staticmethod
+    def _key(owner) -> int:
+        return 0 if owner is None else id(owner)
+
+    def waiting(self, owner=None) -> int:
+        """Requests of `owner` waiting for the slot now."""
+        with self._cv:
+            return len(self._lines.get(self._key(owner), ()))
+
+    def locked(self) -> bool:
+        with self._cv:
+            return self._held
+
+    def acquire(self, owner=None) -> bool:
+        """Wait for `owner`'s turn and take the slot; Busy when `owner` has `max_waiting` waiting already."""
+        key = self._key(owner)
+        with self._cv:
+            if not self._held and not self._ring:
+                self._take(key, owner)
+                return True
+            line = self._lines.get(key)
+            if owner is not None and self.max_waiting is not None and line is not None \
+                    and len(line) >= self.max_waiting:
+                raise Busy(f"this session has {len(line)} requests waiting for the model already: wait for them "
+                           "to finish, then ask again")
+            ticket = object()
+            if line is None:
+                line = self._lines[key] = deque()
+                self._ring.append(key)
+            line.append(ticket)
+            try:
+                while self._granted is not ticket:
+                    self._cv.wait()
+            except BaseException:  # interrupted while waiting: leave the line (or pass on a turn just handed over)
+                if self._granted is ticket:
+                    self._granted = None
+                    self._held = False
+                    self._next()
+                else:
+                    self._drop(key, ticket)
+                raise
+            self._granted = None
+            self._take(key, owner)
+            return True
+
+    def _take(self, key: int, owner) -> None:
+        self._held = True
+        self.granted += 1
+        self.history.append(owner)
+
+    def _drop(self, key: int, ticket) -> None:
+        line = self._lines.get(key)
+        if line is None:
+            return
+        line.remove(ticket)
+        if not line:
+            del self._lines[key]
+            self._ring.remove(key)
+
+    def _next(self) -> None:
+        """Hand the free slot to the first ticket of the next owner in the ring (who goes to the ring's end
+        when it has more waiting)."""
+        if not self._ring:
+            return
+        key = self._ring.popleft()
+        line = self._lines[key]
+        self._granted = line.popleft()
+        self._held = True
+        if line:
+            self._ring.append(key)
+        else:
+            del self._lines[key]
+        self._cv.notify_all()
+
+    def release(self) -> None:
+        with self._cv:
+            if not self._held or self._granted is not None:
+                raise RuntimeError("release of a model slot that is not held")
+            self._held = False
+            self._next()
+
+    def turn(self, owner=None) -> "Turn":
+        """A context manager (reusable) that holds the slot as `owner`."""
+        return Turn(self, owner)
+
+    def __enter__(self):
+        self.acquire(None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class Turn:
+    """`with turns.turn(owner):` holds the slot as `owner` for the block."""
+
+    def __init__(self, turns: Turns, owner):
+        self.turns, self.owner = turns, owner
+
+    def __enter__(self):
+        self.turns.acquire(self.owner)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.turns.release()
+
+
+__all__ = ["Busy", "Turn", "Turns"]
