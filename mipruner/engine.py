@@ -45,7 +45,7 @@ from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
 from .render import MethodView, failed_view, render_view
 from .session import CacheBudget, CachedEncoding, EncodingKey, Session, media_hash, model_storages, nbytes
-from .turns import Turns
+from .turns import Busy, Turns, visitor
 from .warm_up import warm_up as _warm_up
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
@@ -376,5 +376,5 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
-           "load_adapter", "method_spec", "method_specs", "parameters"]
+__all__ = ["Busy", "DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
+           "load_adapter", "method_spec", "method_specs", "parameters", "visitor"]

@@ -4,22 +4,64 @@ session may have waiting.
 A plain lock lets whoever asked first go first: one visitor who queues 40 encodes makes every other visitor
 wait for all 40. `Turns` keeps one line per owner (a browser session; `None` for work of no session: the
 warm-up, a sweep's item) and, each time the slot frees, hands it to the next owner in a ring, so a visitor
-with one request waits for at most one request of each other owner that was waiting before it, however many
-those owners queued. Within one owner, requests keep their order. An owner asking for more than
+with one request waits for the request under way and at most one request of each other owner that was waiting
+before it, however many those owners queued. Within one owner, requests keep their order. An owner asking for more than
 `max_waiting` waiting requests is refused at once with a sentence (`Busy`, a ValueError: the app shows it
 as the request's error).
 
-`with turns:` takes a turn as the anonymous owner (a drop-in for a `threading.Lock`: the sweeps and the
+Who an owner is: the session the engine is asked for, or, within `visitor(name)`, that name (the app names
+each call by its browser connection, so the calls of one client share one line however many sessions they
+make). `with turns:` takes a turn as the anonymous owner (a drop-in for a `threading.Lock`: the sweeps and the
 warm-up hold it around each call into the model); `with turns.turn(owner):` as `owner`. Not re-entrant,
 as a `threading.Lock` is not. `granted` counts the turns handed out and `history` keeps the owners of the
-last ones (oldest first), so tests assert turns by order, never by time.
+last ones (oldest first, `label`: a session by its id), so tests assert turns by order, never by time.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
+from contextvars import ContextVar
 
 HISTORY = 256  # owners of the last turns kept in `history`
+_VISITOR: ContextVar = ContextVar("mipruner_visitor", default=None)
+
+
+_IN_FLIGHT: dict[str, int] = {}  # visitor -> its calls under way (`visitor(..., max_calls=)`)
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def visitor(name: str | None, max_calls: int | None = None):
+    """Within the block, `turn(owner)` takes its turn as `name` (a browser connection's id) instead of `owner`:
+    the calls of one visitor whose sessions differ (an API client's first calls, each with no state yet, each
+    get a new session) share one line and one cap. None or "": the owner as given. max_calls: Busy at once when
+    `name` has that many calls under way already (counted from the block's start, so a flooder's surplus is
+    refused before it does any work and the server's workers go on to other visitors)."""
+    name = name or None
+    if name is not None and max_calls is not None:
+        with _IN_FLIGHT_LOCK:
+            n = _IN_FLIGHT.get(name, 0)
+            if n >= max_calls:
+                raise Busy(f"this session has {n} requests under way already: wait for them to finish, then ask "
+                           "again")
+            _IN_FLIGHT[name] = n + 1
+    token = _VISITOR.set(name)
+    try:
+        yield
+    finally:
+        _VISITOR.reset(token)
+        if name is not None and max_calls is not None:
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT[name] -= 1
+                if not _IN_FLIGHT[name]:
+                    del _IN_FLIGHT[name]
+
+
+def label(owner):
+    """What `history` keeps of an owner: a name (str) or None as it is, any other object by its id (the history
+    holds no session alive)."""
+    return owner if owner is None or isinstance(owner, str) else id(owner)
 
 
 class Busy(ValueError):
@@ -36,6 +78,7 @@ class Turns:
         self._held = False
         self._lines: dict[int, deque] = {}  # owner key -> its waiting tickets, first first
         self._ring: deque[int] = deque()  # owners with a waiting ticket, the next to go first
+        self._labels: dict[int, object] = {}  # owner key -> its `label`, while it has a line
         self._granted: object | None = None  # the ticket the slot was handed to, until its thread takes it
         self.granted = 0
         self.history: deque = deque(maxlen=HISTORY)
@@ -48,6 +91,11 @@ class Turns:
         """Requests of `owner` waiting for the slot now."""
         with self._cv:
             return len(self._lines.get(self._key(owner), ()))
+
+    def waiting_by_owner(self) -> dict:
+        """{owner's `label`: its requests waiting} for every owner with one waiting now."""
+        with self._cv:
+            return {self._labels[k]: len(line) for k, line in self._lines.items()}
 
     def locked(self) -> bool:
         with self._cv:
@@ -69,6 +117,7 @@ class Turns:
             if line is None:
                 line = self._lines[key] = deque()
                 self._ring.append(key)
+                self._labels[key] = label(owner)
             line.append(ticket)
             try:
                 while self._granted is not ticket:
@@ -88,7 +137,7 @@ class Turns:
     def _take(self, key: int, owner) -> None:
         self._held = True
         self.granted += 1
-        self.history.append(owner)
+        self.history.append(label(owner))
 
     def _drop(self, key: int, ticket) -> None:
         line = self._lines.get(key)
@@ -96,7 +145,7 @@ class Turns:
             return
         line.remove(ticket)
         if not line:
-            del self._lines[key]
+            del self._lines[key], self._labels[key]
             self._ring.remove(key)
 
     def _next(self) -> None:
@@ -111,7 +160,7 @@ class Turns:
         if line:
             self._ring.append(key)
         else:
-            del self._lines[key]
+            del self._lines[key], self._labels[key]
         self._cv.notify_all()
 
     def release(self) -> None:
@@ -122,7 +171,8 @@ class Turns:
             self._next()
 
     def turn(self, owner=None) -> "Turn":
-        """A context manager (reusable) that holds the slot as `owner`."""
+        """A context manager (reusable) that holds the slot as `owner`, or as the `visitor` of the block it
+        is entered in."""
         return Turn(self, owner)
 
     def __enter__(self):
@@ -140,11 +190,12 @@ class Turn:
         self.turns, self.owner = turns, owner
 
     def __enter__(self):
-        self.turns.acquire(self.owner)
+        name = _VISITOR.get()
+        self.turns.acquire(self.owner if name is None else name)
         return self
 
     def __exit__(self, *exc) -> None:
         self.turns.release()
 
 
-__all__ = ["Busy", "Turn", "Turns"]
+__all__ = ["Busy", "Turn", "Turns", "label", "visitor"]

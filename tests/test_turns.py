@@ -114,7 +114,7 @@ def test_a_video_is_decoded_while_another_session_holds_the_model(tmp_path):
     engine.model_lock.release()
     t.join(WAIT)
     assert done and engine.encoded(mine, done[0]).is_video and len(engine.encoded(mine, done[0]).frames) == 4
-    assert list(engine.model_lock.history) == [other, mine]
+    assert list(engine.model_lock.history) == [id(other), id(mine)]
 
 
 def test_the_engine_refuses_a_sessions_third_waiting_encode():
