@@ -13,8 +13,9 @@ Who an owner is: the session the engine is asked for, or, within `visitor(name)`
 each call by its browser connection, so the calls of one client share one line however many sessions they
 make). `with turns:` takes a turn as the anonymous owner (a drop-in for a `threading.Lock`: the sweeps and the
 warm-up hold it around each call into the model); `with turns.turn(owner):` as `owner`. Not re-entrant,
-as a `threading.Lock` is not. `granted` counts the turns handed out and `history` keeps the owners of the
-last ones (oldest first, `label`: a session by its id), so tests assert turns by order, never by time.
+as a `threading.Lock` is not. `granted` counts the turns handed out, `history` keeps the owners of the
+last ones (oldest first, `label`: a session by its id) and `waited` how many turns went to others while each
+waited, so tests assert turns by order, never by time.
 """
 from __future__ import annotations
 
@@ -64,6 +65,15 @@ def label(owner):
     return owner if owner is None or isinstance(owner, str) else id(owner)
 
 
+class _Ticket:
+    """One waiting request: who asked, and when (in turns handed out); compared by identity."""
+
+    __slots__ = ("who", "asked")
+
+    def __init__(self, who, asked: int):
+        self.who, self.asked = who, asked
+
+
 class Busy(ValueError):
     """An owner already has its cap of requests waiting for the model."""
 
@@ -82,6 +92,7 @@ class Turns:
         self._granted: object | None = None  # the ticket the slot was handed to, until its thread takes it
         self.granted = 0
         self.history: deque = deque(maxlen=HISTORY)
+        self.waited: deque = deque(maxlen=HISTORY)  # (owner's label, turns others took while it waited) per turn
 
     @staticmethod
     def _key(owner) -> int:
@@ -106,14 +117,15 @@ class Turns:
         key = self._key(owner)
         with self._cv:
             if not self._held and not self._ring:
-                self._take(key, owner)
+                self._held = True
+                self._count(label(owner), self.granted)
                 return True
             line = self._lines.get(key)
             if owner is not None and self.max_waiting is not None and line is not None \
                     and len(line) >= self.max_waiting:
                 raise Busy(f"this session has {len(line)} requests waiting for the model already: wait for them "
                            "to finish, then ask again")
-            ticket = object()
+            ticket = _Ticket(label(owner), self.granted)
             if line is None:
                 line = self._lines[key] = deque()
                 self._ring.append(key)
@@ -130,14 +142,13 @@ class Turns:
                 else:
                     self._drop(key, ticket)
                 raise
-            self._granted = None
-            self._take(key, owner)
+            self._granted = None  # the slot was handed over (and counted) in `_next`
             return True
 
-    def _take(self, key: int, owner) -> None:
-        self._held = True
+    def _count(self, who, asked: int) -> None:
+        self.waited.append((who, self.granted - asked))
         self.granted += 1
-        self.history.append(label(owner))
+        self.history.append(who)
 
     def _drop(self, key: int, ticket) -> None:
         line = self._lines.get(key)
@@ -157,6 +168,7 @@ class Turns:
         line = self._lines[key]
         self._granted = line.popleft()
         self._held = True
+        self._count(self._granted.who, self._granted.asked)
         if line:
             self._ring.append(key)
         else:

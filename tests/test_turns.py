@@ -52,6 +52,7 @@ def test_a_flooders_queue_does_not_go_before_another_sessions_request():
         t.join(WAIT)
     assert got == ["flooder", "visitor", "flooder", "flooder", "flooder", "flooder", "flooder"]
     assert list(turns.history) == ["holder", *got] and turns.granted == 8 and not turns.locked()
+    assert [n for who, n in turns.waited if who == "visitor"] == [1]  # one flooder's turn while it waited
 
 
 def test_three_owners_take_turns_in_a_ring():
