@@ -228,7 +228,8 @@ def opened(items):
 
 def kinds_of(items) -> list[str]:
     """Each item's media kind (`sweeps.media_kind`), read without unpacking a zip set."""
-    return list(items.kinds) if isinstance(items, ZipSet) else [sweeps.media_kind(it.media) for it in items]
+    return list(items.kinds) if isinstance(items, ZipSet) else [sweeps.media_kind(getattr(it, "media", None))
+                                                                 for it in items]
 
 
 class Deadline:
