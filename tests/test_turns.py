@@ -137,3 +137,22 @@ def test_the_engine_refuses_a_sessions_third_waiting_encode():
     for t in threads:
         t.join(WAIT)
     assert len(got) == 2
+
+
+def test_media_decoded_before_the_turn_encode_as_the_file_does(tmp_path):
+    """`Adapter.read_media` gives what `encode` reads of the file: encoding it equals encoding the file (the
+    embedded LLaVA model), and Qwen's decoded video reads as its file does (frames, indices, fps, total)."""
+    import torch
+
+    from mipruner.models.qwen import video as QV
+    from mipruner.testing import embedded_encoding
+
+    frames = [Image.fromarray(np.full((48, 48, 3), 25 * i, np.uint8)) for i in range(10)]
+    path = write_video(frames, str(tmp_path / "clip.mp4"))
+    a, _ = embedded_encoding()
+    with torch.no_grad():
+        direct, read = a.encode(path, "what moves?"), a.encode(a.read_media(path), "what moves?")
+    assert torch.equal(direct.visual, read.visual) and direct.prompt_tokens == read.prompt_tokens
+    sample = lambda total, fps: list(range(0, total, 3))  # noqa: E731
+    got, want = QV.read_media(QV.decoded(path, sample), sample), QV.read_media(path, sample)
+    assert got[1:] == want[1:] and [np.asarray(f).tolist() for f in got[0]] == [np.asarray(f).tolist() for f in want[0]]
