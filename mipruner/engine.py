@@ -1,13 +1,14 @@
 """One model, many browser sessions: encode once, prune and render many times, generate on demand.
 
-`Engine` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode, generate) run under a
-lock. Everything per user lives in a `Session` (one per browser session), which holds its own small LRU cache of
-encodings, keyed by (model, media content hash, prompt, text_mode, need_attention, views) and expiring by count and
-by idle age. Per encoding it also keeps the MI cache (`cache=` of `mipruner.prune`, which makes a slider move
-cheap), the render `Layout`, and the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU
+`Engine` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode, generate) hold its one
+slot, which sessions take in turns (`turns.Turns`: round robin, `max_waiting` waiting per session; a file is decoded
+before, outside it). Everything per user lives in a `Session` (one per browser session), which holds its own small LRU
+cache of encodings, keyed by (model, media content hash, prompt, text_mode, need_attention, views) and expiring by
+count and by idle age. Per encoding it also keeps the MI cache (`cache=` of `mipruner.prune`, which makes a slider
+move cheap), the render `Layout`, and the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU
 order, the byte cap). Sessions share no mutable state; the engine holds no per-user state. One `CacheBudget` (shared
-by every engine of an app) caps the bytes of all sessions' encodings together, least recently used first: memory
-stays bounded however many sessions come and go.
+by every engine of an app) caps the bytes of all sessions' encodings together, least recently used first: memory stays
+bounded however many sessions come and go.
 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
 of each method (drawn by `render.py`), `generate(key, method, ...)` for answers (kept under
@@ -44,6 +45,7 @@ from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
 from .render import MethodView, failed_view, render_view
 from .session import CacheBudget, CachedEncoding, EncodingKey, Session, media_hash, model_storages, nbytes
+from .turns import Busy, Turns, visitor
 from .warm_up import warm_up as _warm_up
 
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB of cached encodings across all sessions (LLaVA-1.5: ~15 MB each)
@@ -93,16 +95,16 @@ def _panel(m) -> Panel:
 class Engine:
     """Owns one adapter (or a loader called once, on first use); serves any number of sessions.
 
-    adapter_or_loader: a `mipruner.models.Adapter`, or a zero-argument callable returning one
-    (e.g. `lambda: mipruner.load(path)`), so the app can start before the model is loaded.
-    clock: seconds, monotonic (tests pass a fake one to check expiry).
-    cache: the byte cap over every session's encodings (share one between the engines of an app);
-    default: a cap of DEFAULT_CACHE_BYTES for this engine's sessions.
+    adapter_or_loader: a `mipruner.models.Adapter`, or a zero-argument callable returning one (e.g. `lambda:
+    mipruner.load(path)`), so the app can start before the model is loaded. clock: seconds, monotonic (tests pass
+    a fake one to check expiry). cache: the byte cap over every session's encodings (share one between the engines
+    of an app); default: a cap of DEFAULT_CACHE_BYTES for this engine's sessions. max_waiting: requests one
+    session may have waiting for the model (more are refused at once, `turns.Busy`); None: no cap.
     """
 
     def __init__(self, adapter_or_loader, *, name: str | None = None,
                  clock: Callable[[], float] = time.monotonic, session_entries: int = 3,
-                 session_max_age_s: float = 1800.0, cache: CacheBudget | None = None):
+                 session_max_age_s: float = 1800.0, cache: CacheBudget | None = None, max_waiting: int | None = 2):
         from mipruner.models.base import Adapter
 
         if isinstance(adapter_or_loader, Adapter):
@@ -113,10 +115,9 @@ class Engine:
             raise ValueError("Engine needs an Adapter or a zero-argument callable returning one, "
                              f"got {type(adapter_or_loader).__name__}")
         self._name = name
-        self._model_lock = threading.Lock()  # one forward pass at a time through the shared model
+        self._model_lock = Turns(max_waiting)  # one forward pass at a time, sessions taking turns (turns.py)
         self._load_lock = threading.Lock()
-        self.clock = clock
-        self.session_entries, self.session_max_age_s = session_entries, session_max_age_s
+        self.clock, self.session_entries, self.session_max_age_s = clock, session_entries, session_max_age_s
         self.cache = cache if cache is not None else CacheBudget(DEFAULT_CACHE_BYTES)
         self._weights: frozenset | None = None
 
@@ -185,8 +186,9 @@ class Engine:
         if found is not None:
             self._ensure(session, found, want=want)
             return found
-        with self._model_lock:
-            enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(want, views))
+        read = self.adapter.read_media(media)  # a file is decoded here, outside the model's slot
+        with self._model_lock.turn(session):
+            enc = self.adapter.encode(read, prompt, text_mode=text_mode, **encode_kwargs(want, views))
         session.put(key, enc, self.clock()).source = (media, prompt, text_mode, views)
         self._account(session, key)
         return key
@@ -203,8 +205,9 @@ class Engine:
             return e
         media, prompt, text_mode, views = e.source
         try:
-            with self._model_lock:
-                enc = self.adapter.encode(media, prompt, text_mode=text_mode, **encode_kwargs(have | want, views))
+            read = self.adapter.read_media(media)  # decoded outside the model's slot
+            with self._model_lock.turn(session):
+                enc = self.adapter.encode(read, prompt, text_mode=text_mode, **encode_kwargs(have | want, views))
         except (TypeError, ValueError):
             with session.lock:
                 e.refused.add(extra)
@@ -242,10 +245,10 @@ class Engine:
 
     # -- prune / view
 
-    def _prune(self, e: CachedEncoding, method: str, budget, params: dict) -> Selection:
+    def _prune(self, e: CachedEncoding, method: str, budget, params: dict, session=None) -> Selection:
         kw = dict(cache=e.mi_cache, strict=False, **params)
         if get_pruner(method).stage == "llm":  # runs the first K decoder layers once per (encoding, K), then re-ranks
-            with self._model_lock:
+            with self._model_lock.turn(session):
                 return mipruner.select(self.adapter, e.encoded, method, budget, **kw)
         return attach_compute(self.adapter, e.encoded, mipruner.select(None, e.encoded, method, budget, **kw))
 
@@ -254,7 +257,7 @@ class Engine:
         Parameters a method does not accept are ignored (one params dict serves every method)."""
         e = self._ensure(session, key, [method])
         with session.lock:
-            sel = self._prune(e, method, budget, params)
+            sel = self._prune(e, method, budget, params, session)
         self._account(session, key)
         return sel
 
@@ -292,7 +295,7 @@ class Engine:
                   heat_token: int | None) -> MethodView:
         self._extend(session, e, get_pruner(panel.name).signals)
         t0 = time.perf_counter()
-        sel = self._prune(e, panel.name, budget, {**(params or {}), **panel.params})
+        sel = self._prune(e, panel.name, budget, {**(params or {}), **panel.params}, session)
         return render_view(e.encoded, sel, lay, e.drawn, method=panel.name, label=panel.title,
                            heat_token=heat_token, prune_ms=(time.perf_counter() - t0) * 1e3)
 
@@ -316,8 +319,8 @@ class Engine:
         with session.lock:
             if akey in e.answers:
                 return e.answers[akey]
-            sel = None if method is None else self._prune(e, method, budget, params or {})
-        with self._model_lock:
+            sel = None if method is None else self._prune(e, method, budget, params or {}, session)
+        with self._model_lock.turn(session):
             ans = mipruner.answer(self.adapter, enc, sel, max_new_tokens=max_new_tokens, cache=e.mi_cache, **gen)
         with session.lock:
             e.answers[akey] = ans
@@ -325,20 +328,18 @@ class Engine:
         return ans
 
     @property
-    def model_lock(self) -> threading.Lock:
-        """Held around every forward pass through the shared model; a caller that runs the adapter
-        itself (the app's sweeps) holds it for each item."""
+    def model_lock(self) -> Turns:
+        """The model's slot (`turns.Turns`); a caller running the adapter itself (sweeps) holds it (`with`) per item."""
         return self._model_lock
 
     def generate_many(self, session: Session, key: EncodingKey, methods: list, budget=None,
                       params: dict | None = None, max_new_tokens: int = 64) -> list:
         """The unpruned reference and each of `methods`' answers on one encoding, decoded as ONE batch
-        (`mipruner.answer_batch`: pre-LLM methods' kept sets packed into one prefill; in-LLM methods
-        answer one by one). methods: names or Panels; params: shared, overridden per Panel,
-        as in `view`. Answers already cached are reused; new ones fill the same cache as `generate`
-        (so a later `generate` or `cached_answer` of any of them returns them).
-        A method whose selection or answer fails costs only its own entry: the sentence (str) of its
-        failure stands in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
+        (`mipruner.answer_batch`: pre-LLM methods' kept sets packed into one prefill; in-LLM methods answer one by one).
+        methods: names or Panels; params: shared, overridden per Panel, as in `view`. Answers already cached are
+        reused; new ones fill the same cache as `generate` (so a later `generate` or `cached_answer` returns them).
+        A method whose selection or answer fails costs only its own entry: the sentence (str) of its failure stands
+        in its place. Returns [reference, one Answer (or sentence) per entry of `methods`]."""
         e = self._ensure(session, key, methods)
         enc = e.encoded
         panels = [_panel(m) for m in methods]
@@ -349,14 +350,14 @@ class Engine:
         with session.lock:
             for (m, p), k in zip(wanted, akeys):
                 if k not in e.answers and k not in todo and k not in failed:
-                    sel, why = (None, None) if m is None else guarded(m, lambda m=m, p=p: self._prune(e, m, budget, p),
-                                                                           request_errors(m))
+                    sel, why = (None, None) if m is None else guarded(
+                        m, lambda m=m, p=p: self._prune(e, m, budget, p, session), request_errors(m))
                     if why is None:
                         todo[k] = sel
                     else:
                         failed[k] = why
         if todo:
-            with self._model_lock:  # one batch; if one selection's answer breaks it, each answers alone
+            with self._model_lock.turn(session):  # one batch; if one selection's answer breaks it, each alone
                 got, whys = answer_batch_guarded(self.adapter, enc, list(todo.values()), max_new_tokens=max_new_tokens,
                                                  cache=e.mi_cache)
             failed.update((k, why) for k, why in zip(todo, whys) if why is not None)
@@ -367,8 +368,7 @@ class Engine:
 
     def warm_up(self, media, prompt: str, methods, budget, max_new_tokens: int,
                 on_batch: Callable[[int, int, str], None] | None = None, **path) -> int:
-        """`mipruner.warm_up.warm_up` on this engine's model, each batch under the model lock (the app's
-        warm-up, components/core/warmup.py): requests meanwhile answer on the current path."""
+        """`mipruner.warm_up.warm_up` on this model, each batch holding its slot; requests meanwhile take turns."""
         return _warm_up(self.adapter, self._model_lock, media, prompt, methods, budget, max_new_tokens, on_batch, **path)
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
@@ -376,5 +376,5 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
-           "load_adapter", "method_spec", "method_specs", "parameters"]
+__all__ = ["Busy", "DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
+           "load_adapter", "method_spec", "method_specs", "parameters", "visitor"]

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Layer of each part of the project; a module may import only from layers <= its own.
 LAYERS = {
     "mipruner.registry": 0, "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.models": 1, "mipruner.inllm": 2, "mipruner.methods": 3,
-    "mipruner.viz": 3, "mipruner.render": 3, "mipruner.answer_cache": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.text_table": 0, "mipruner.batch": 3, "mipruner.answer_time": 1, "mipruner.plugins": 3, "mipruner.testing": 3, "mipruner.session": 4, "mipruner.holdings": 4, "mipruner.check_pruner": 4,
+    "mipruner.viz": 3, "mipruner.render": 3, "mipruner.answer_cache": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.text_table": 0, "mipruner.turns": 0, "mipruner.batch": 3, "mipruner.answer_time": 1, "mipruner.plugins": 3, "mipruner.testing": 3, "mipruner.session": 4, "mipruner.holdings": 4, "mipruner.check_pruner": 4,
     "mipruner.engine": 4, "mipruner.eval": 4,
     "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4,
     # the app: its logic without Gradio and its hosting (models, Spaces, ZeroGPU) side by side, the page above both

@@ -8,7 +8,10 @@ is given, so the answer is the one a plain call gives, and it is cached as such)
 to the caller's thread, at most every STREAM_EVERY_S (one host transfer each). The decoding runs in a
 thread of its own; the caller's generator reads its reports from a queue of this call alone, so two
 sessions never see each other's answers. Each answer's time is its own (`own_timing`: one answer per
-call here).
+call here). The reader waits at most HEARTBEAT_S for a report, then yields the record as it stands: a server
+closes a stream only between two of its steps (Gradio retries `close()` while a step runs), so a page that
+went away stops its decoding within one heartbeat plus one model step, even while the answer waits for the
+model or an in-LLM method decodes without reports.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from mipruner.engine import method_spec
 from .messages import plain
 
 STREAM_EVERY_S = 0.25  # the page's answers are redrawn at most this often while a model decodes
+HEARTBEAT_S = 1.0  # the reader yields at least this often, so that closing the stream lands between its steps
 
 
 def answer_dict(ans) -> dict:
@@ -130,7 +134,11 @@ def stream(engine, session, key, methods, budget, params: dict, max_new_tokens: 
     try:
         new = False  # a change not yielded yet
         while True:
-            kind, m, got = reports.get()
+            try:
+                kind, m, got = reports.get(timeout=HEARTBEAT_S)
+            except queue.Empty:  # nothing new: a step all the same, where a closed page's close() lands
+                yield record
+                continue
             if kind == "end":
                 if new:
                     yield record
@@ -149,4 +157,4 @@ def stream(engine, session, key, methods, budget, params: dict, max_new_tokens: 
         stop.set()
 
 
-__all__ = ["STREAM_EVERY_S", "Record", "Stopped", "TokensSoFar", "answer_dict", "order", "stream"]
+__all__ = ["HEARTBEAT_S", "STREAM_EVERY_S", "Record", "Stopped", "TokensSoFar", "answer_dict", "order", "stream"]

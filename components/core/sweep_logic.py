@@ -25,7 +25,8 @@ from mipruner.eval import sweep as sweeps
 
 from .logic import UIState, UserError, user_errors
 from .messages import plain, short
-from .sweep_queue import ITEMS, Deadline, Pace, SweepLimits, SweepQueue, minutes, steps_line, steps_of
+from .sweep_queue import (ITEMS, Deadline, Pace, SweepLimits, SweepQueue, ZipSet, kinds_of, minutes, opened, steps_line,
+                          steps_of)
 
 MAX_ITEMS = SweepLimits().max_items  # a local app's sweep: at most this many questions (hosted: SweepLimits)
 MAX_VALUES = 12
@@ -148,9 +149,10 @@ def make_sweep(methods, param: str, values: str, budget, page_params: dict, text
 @contextlib.contextmanager
 def question_set(name: str, n, seed, zip_path: str | None = None, questions: str | None = None, *,
                  limits: SweepLimits = SweepLimits(), files=None):
-    """(items, description) of a generated set, or of the user's zip (+ optional JSONL), for the block: a
-    zip's media are unpacked into a `mipruner-set-*` folder that counts under `files` (the app's
-    FileBudget) while it exists and is removed when the block ends, whatever happened in it."""
+    """(items, description) of a generated set, or of the user's zip (+ optional JSONL), for the block. A zip is
+    checked here (its questions, its media's size against the caps) but not unpacked: its items are a `ZipSet`,
+    unpacked by `opened` when its sweep starts (`run`: after its wait in the queue), so a waiting sweep holds
+    no disk."""
     try:
         n = int(n or 0)
     except (TypeError, ValueError, OverflowError):
@@ -166,21 +168,13 @@ def question_set(name: str, n, seed, zip_path: str | None = None, questions: str
         return
     if not zip_path:
         raise UserError("upload a zip of images/videos with questions.jsonl (format in docs/sweeps.md)")
-    with contextlib.ExitStack() as stack:
-        with user_errors("reading the question set", "use a smaller set"):
-            size = sweeps.media_bytes(zip_path, questions or None, n)
-            if size > limits.max_set_bytes:
-                raise UserError(f"zip: its media unpack to {size / (1 << 20):,.0f} MiB; this server unpacks at most "
-                                f"{limits.max_set_bytes >> 20} MiB per sweep (use fewer or smaller files)")
-            if files is not None:
-                try:
-                    stack.enter_context(files.hold(size))
-                except ValueError:
-                    raise UserError(f"zip: its media ({size / (1 << 20):,.0f} MiB) do not fit in this server's "
-                                    "space for files now: try a smaller set, or again later") from None
-            items = stack.enter_context(sweeps.unpacked_set(zip_path, questions or None, n=n,
-                                                            max_bytes=limits.max_set_bytes))
-        yield items, os.path.basename(str(zip_path))[:60]
+    with user_errors("reading the question set", "use a smaller set"):
+        size = sweeps.media_bytes(zip_path, questions or None, n)
+        kinds = tuple(sweeps.zip_kinds(zip_path, questions or None, n))
+    pending = ZipSet(str(zip_path), questions or None, n, size, kinds, limits, files)
+    with pending.held():  # fits now (else refused at once); held again when it starts
+        pass
+    yield pending, os.path.basename(str(zip_path))[:60]
 
 
 def cache_key(model: str, set_name: str, items: list, sw) -> str:
@@ -197,8 +191,9 @@ def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: s
         state.keep(key, state.results[key])
         yield "done", state.results[key], True
         return
-    steps = steps_of(sw, len(items))
-    limits.check(len(items), steps, pace.estimate(engine.model_name, steps) if pace else None,
+    steps, kinds = steps_of(sw, len(items)), kinds_of(items)
+    per_item = steps // max(1, len(items))
+    limits.check(len(items), steps, pace.estimate_items(engine.model_name, per_item, kinds) if pace else None,
                  counted=steps_line(sw, len(items)))
     stop = threading.Event()
     with _RUNNING_LOCK:
@@ -219,12 +214,11 @@ def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: s
                     break
         deadline = Deadline(stop, limits.max_seconds)
         sweep_run = sweeps.SweepRun(engine.adapter, sw, lock=engine.model_lock)
-        per_item = steps // max(1, len(items))
-        with user_errors("sweeping", "use fewer items, values or methods"):
-            t = time.perf_counter()
-            for done, total in sweep_run.iterate(items, deadline):
+        with opened(items) as got, user_errors("sweeping", "use fewer items, values or methods"):
+            t = time.perf_counter()  # a zip is unpacked only now, its turn come
+            for done, total in sweep_run.iterate(got, deadline):
                 if pace is not None:
-                    pace.observe(engine.model_name, time.perf_counter() - t, per_item)
+                    pace.observe(engine.model_name, time.perf_counter() - t, per_item, kinds[done - 1])
                 t = time.perf_counter()
                 yield "progress", done, total
         result = sweep_run.result(set_name=set_name, model=engine.model_name)
@@ -243,10 +237,13 @@ def run(state: SweepState, engine, sw, items: list, set_name: str, session_id: s
     yield "done", result, False
 
 
-def estimate_line(pace: Pace | None, model: str, sw, n_items: int) -> str:
-    """"About N model steps, about T at this model's measured speed." for the status while a sweep starts."""
+def estimate_line(pace: Pace | None, model: str, sw, items) -> str:
+    """"About N model steps, about T at this model's measured speed." for the status while a sweep starts.
+    items: the set (its kinds read for the pace), or a count of images."""
+    n_items = items if isinstance(items, int) else len(items)
     steps = steps_of(sw, n_items)
-    est = pace.estimate(model, steps) if pace else None
+    kinds = ["image"] * n_items if isinstance(items, int) else kinds_of(items)
+    est = pace.estimate_items(model, steps // max(1, n_items), kinds) if pace else None
     return f"{steps:,} model steps" + (f", about {minutes(est)} at this model's measured speed" if est else
                                        " (no measured speed for this model yet)")
 
@@ -361,5 +358,5 @@ def _compose(rows) -> Image.Image:
     return out
 
 
-__all__ = ["MAX_ITEMS", "SETS", "SweepState", "cancel", "default_values", "downloads", "figure", "make_sweep",
+__all__ = ["MAX_ITEMS", "SETS", "SweepState", "ZipSet", "kinds_of", "opened", "cancel", "default_values", "downloads", "figure", "make_sweep",
            "mask_strip", "param_choices", "points_table", "question_set", "run", "status"]

@@ -2,21 +2,25 @@
 estimate from the model's measured speed, and the fair queue (one sweep per visitor, a place in line).
 
 A sweep's size is counted in model steps: each item is encoded once per text mode and answered once
-unpruned and once per method x value (x seed for Random). `Pace` keeps, per model, the seconds one step
-took on this server's earlier sweeps; `SweepLimits.check` refuses, with a sentence, a sweep above the
-step cap or whose estimate is above the time cap, and the running sweep stops at that time cap (a
-partial result), so no call holds the sweep slot longer whatever the estimate said.
+unpruned and once per method x value (x seed for Random). `Pace` keeps, per model and item kind (image,
+video), the seconds one step took on this server's earlier sweeps; `SweepLimits.check` refuses, with a
+sentence, a sweep above the step cap or whose estimate is above the time cap, and the running sweep stops
+at that time cap (a partial result), so no call holds the sweep slot longer whatever the estimate said.
 `SweepQueue` lets `slots` sweeps run at once; each visitor (browser session) holds at most one ticket,
-running or waiting, and a waiting one is told its place.
+running or waiting, and a waiting one is told its place. A user's zip waits as a `ZipSet` (checked, not
+unpacked) and is unpacked by `opened` when its sweep starts.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
-from .logic import UserError
+from mipruner.eval import sweep as sweeps
+
+from .logic import UserError, user_errors
 
 ITEMS = "Items"  # the Sweep area's label of the number of items (components/page/sweep.py)
 
@@ -81,29 +85,41 @@ def steps_line(sw, n_items: int) -> str:
 
 
 class Pace:
-    """Seconds per model step, per model, measured on this server's sweeps (a running mean over the last
-    ones: each finished item adds its own time over its steps)."""
+    """Seconds per model step, per model and per item kind ("image", "video": `sweeps.media_kind`), measured on
+    this server's sweeps (a running mean over the last ones: each finished item adds its own time over its
+    steps to its kind's mean). A sweep of slow clips leaves the images' pace as it was."""
 
     def __init__(self, weight: float = 0.2):
         self.weight = weight
-        self._s: dict[str, float] = {}
+        self._s: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
-    def observe(self, model: str, seconds: float, steps: int) -> None:
+    def observe(self, model: str, seconds: float, steps: int, kind: str = "image") -> None:
         if steps <= 0 or seconds < 0:
             return
         per = seconds / steps
         with self._lock:
-            old = self._s.get(model)
-            self._s[model] = per if old is None else old + self.weight * (per - old)
+            old = self._s.get((model, kind))
+            self._s[(model, kind)] = per if old is None else old + self.weight * (per - old)
 
-    def per_step(self, model: str) -> float | None:
+    def per_step(self, model: str, kind: str = "image") -> float | None:
         with self._lock:
-            return self._s.get(model)
+            return self._s.get((model, kind))
 
-    def estimate(self, model: str, steps: int) -> float | None:
-        per = self.per_step(model)
+    def estimate(self, model: str, steps: int, kind: str = "image") -> float | None:
+        per = self.per_step(model, kind)
         return None if per is None else per * steps
+
+    def estimate_items(self, model: str, steps_per_item: int, kinds) -> float | None:
+        """Seconds for items of these kinds (one per item), `steps_per_item` model steps each; None while a kind
+        among them has no measured pace yet (then only the step cap applies, and the time cap stops the sweep)."""
+        total = 0.0
+        for kind, n in Counter(kinds).items():
+            est = self.estimate(model, steps_per_item * n, kind)
+            if est is None:
+                return None
+            total += est
+        return total
 
 
 class SweepQueue:
@@ -163,6 +179,59 @@ class SweepQueue:
             return len(self._waiting)
 
 
+@dataclass(frozen=True)
+class ZipSet:
+    """A user's zip set checked but not unpacked: its size (bytes its media unpack to) and each item's media kind.
+    `len` is its item count; `opened` unpacks it."""
+
+    zip_path: str
+    questions: str | None
+    n: int
+    size: int
+    kinds: tuple
+    limits: SweepLimits
+    files: object = None  # the app's FileBudget, which the unpacked media count under
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    @contextlib.contextmanager
+    def held(self):
+        """The media's bytes held under the caps for the block (UserError, one sentence, when they do not fit)."""
+        if self.size > self.limits.max_set_bytes:
+            raise UserError(f"zip: its media unpack to {self.size / (1 << 20):,.0f} MiB; this server unpacks at "
+                            f"most {self.limits.max_set_bytes >> 20} MiB per sweep (use fewer or smaller files)")
+        with contextlib.ExitStack() as stack:
+            if self.files is not None:
+                try:
+                    stack.enter_context(self.files.hold(self.size))
+                except ValueError:
+                    raise UserError(f"zip: its media ({self.size / (1 << 20):,.0f} MiB) do not fit in this server's "
+                                    "space for files now: try a smaller set, or again later") from None
+            yield
+
+
+@contextlib.contextmanager
+def opened(items):
+    """The items of a set for the block: a `ZipSet` unpacked (into a `mipruner-set-*` folder that counts under the
+    app's FileBudget while it exists and is removed when the block ends, whatever happened in it); a list as is."""
+    if not isinstance(items, ZipSet):
+        yield items
+        return
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(items.held())
+        with user_errors("reading the question set", "use a smaller set"):
+            got = stack.enter_context(sweeps.unpacked_set(items.zip_path, items.questions, n=items.n,
+                                                          max_bytes=items.limits.max_set_bytes))
+        yield got
+
+
+def kinds_of(items) -> list[str]:
+    """Each item's media kind (`sweeps.media_kind`), read without unpacking a zip set."""
+    return list(items.kinds) if isinstance(items, ZipSet) else [sweeps.media_kind(getattr(it, "media", None))
+                                                                 for it in items]
+
+
 class Deadline:
     """should_stop for a sweep: the visitor's Cancel, or the time cap passed (then `expired` is True)."""
 
@@ -177,4 +246,5 @@ class Deadline:
         return self.expired or self.stop.is_set()
 
 
-__all__ = ["ITEMS", "Deadline", "Pace", "SweepLimits", "SweepQueue", "minutes", "step_terms", "steps_line", "steps_of"]
+__all__ = ["ITEMS", "Deadline", "Pace", "SweepLimits", "SweepQueue", "ZipSet", "kinds_of", "minutes", "opened", "step_terms",
+           "steps_line", "steps_of"]

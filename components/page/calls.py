@@ -19,12 +19,18 @@ from typing import Callable
 
 import gradio as gr
 
+from mipruner.engine import Busy, visitor
+
 from ..core.logic import UserError
 from . import controls as C
 from .guards import plain_errors
 from .handlers import ENCODE_FIELDS, Handlers, Media, controls_of
 
 PROGRESS = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()),)
+# Gradio injects the request (by annotation, never an API input): a plain event takes the model's turns as its
+# connection (`mipruner.engine.visitor`), so one client's calls share one line and one cap
+MAX_CALLS = 3  # model calls one connection may have under way (one running, two waiting: the engine's cap)
+REQUEST = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)
 _END = object()
 
 
@@ -33,7 +39,7 @@ def _shown():
     """A handler's UserError as the page's error (its message as it is)."""
     try:
         yield
-    except UserError as e:
+    except (UserError, Busy) as e:  # Busy: a connection's surplus model call (`visitor`)
         raise gr.Error(str(e), print_exception=False) from None
 
 
@@ -65,10 +71,11 @@ def streamed(doing: str):
     return wrap
 
 
-def event(call: Callable[[dict], object], doing: str, *names: str, progress: bool = False):
+def event(call: Callable[[dict], object], doing: str, *names: str, progress: bool = False, capped: bool = False):
     """The function an event runs, named after `call` (on_<its name>): its positional values named `names` (and
     `progress`, injected by Gradio) handed to `call` as one dict; a generator call streams its outputs.
-    doing: what the error sentence says was under way."""
+    doing: what the error sentence says was under way. capped (a call that runs the model): refused at once, with a
+    sentence, when its connection has MAX_CALLS such calls under way."""
     extra = PROGRESS if progress else ()
     keys = [*names, *(p.name for p in extra)]
     if inspect.isgeneratorfunction(call):
@@ -77,9 +84,15 @@ def event(call: Callable[[dict], object], doing: str, *names: str, progress: boo
                 yield from call(dict(zip(keys, vals, strict=True)))
         fn, guard = steps, streamed(doing)
     else:
+        extra, keys = (*extra, REQUEST), [*keys, REQUEST.name]
+
         def run(*vals):
+            v = dict(zip(keys, vals, strict=True))
+            request = v.pop(REQUEST.name)
             with _shown():
-                return call(dict(zip(keys, vals, strict=True)))
+                with visitor(getattr(request, "session_hash", None), MAX_CALLS if capped else None):
+                    return call(v)
+        run.__annotations__ = {REQUEST.name: gr.Request}  # Gradio finds gr.Request by annotation
         fn, guard = run, plain_errors(doing)
     fn.__name__ = fn.__qualname__ = f"on_{call.__name__}"
     return guard(named(*names, extra=extra)(fn))

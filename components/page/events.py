@@ -15,6 +15,8 @@ from .handlers import ENCODE_FIELDS, Handlers
 from .style import RUN_WAIT_JS
 from .video import shown_for
 
+MODEL_CALLS = 8  # encodes (and answers) Gradio lets through to the engine at once: the engine orders them
+
 # Runs in the page before the answers' event: waits (at most 0.5 s) until the panels' images have
 # loaded, so the server sends the new masks before it starts the LLM (which would slow their serving)
 # and the page draws them before it handles a second event.
@@ -74,11 +76,13 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # the API's endpoints (one named input per control) on hidden buttons; the page's buttons run the
     # same handlers with the controls boxed, sharing each endpoint's concurrency limit
     api = {name: gr.Button(name, visible=False) for name in ("encode", "view", "generate", "inspect", "export")}
-    encoding = dict(concurrency_id="encode", concurrency_limit=1)
-    answering = dict(concurrency_id="generate", concurrency_limit=1)
+    # several at once reach the engine, whose model slot sessions take in turns (mipruner/turns.py) and which
+    # refuses a session's third waiting request at once: Gradio's own queue would serve one flooder's 40 first
+    encoding = dict(concurrency_id="encode", concurrency_limit=MODEL_CALLS)
+    answering = dict(concurrency_id="generate", concurrency_limit=MODEL_CALLS)
 
     page_encode = event(calls.page_encode, "encoding", "state", *ENCODE_FIELDS, "controls", "fewer_views",
-                        progress=True)
+                        progress=True, capped=True)
     enc_ins = [state, *inp.encode_inputs(), ctl.box, inp.fewer]
     page_enc_outs = [*enc_outs, *([lam_ctl] if lam_ctl is not None else []), *[p.patch for p in res.panels], res.px,
                      res.py, res.patch_tokens, res.patch_info]
@@ -90,7 +94,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
                                                            show_progress_on=[res.status], **encoding, **private)
     for trigger in (inp.run.click, inp.prompt.submit):
         trigger(None, None, None, js=SHOW_RESULTS_JS, queue=False, show_progress="hidden", **private)
-    on_encode = event(calls.encode, "encoding", "state", *ENCODE_FIELDS, *names, progress=True)
+    on_encode = event(calls.encode, "encoding", "state", *ENCODE_FIELDS, *names, progress=True, capped=True)
     api["encode"].click(on_encode, [state, *inp.encode_inputs(), *inputs], enc_outs, api_name="encode", **encoding)
     def live(v: dict) -> list:  # its outputs leave it in their wire form (postprocess=False)
         return prepared(live_outs, calls.live(v))
@@ -105,7 +109,8 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     act.generate.click(event(calls.stream, "answering", "state", "controls", "max_new_tokens"),
                        [state, ctl.box, act.max_new], gen_outs, show_progress_on=[res.reference],
                        **answering, **private)
-    api["generate"].click(event(calls.generate, "answering", "state", *names, "max_new_tokens", progress=True),
+    api["generate"].click(event(calls.generate, "answering", "state", *names, "max_new_tokens", progress=True,
+                                capped=True),
                           [state, *inputs, act.max_new], gen_outs, api_name="generate", **answering)
     for c in ctl.inputs():  # the page's own copy of the controls, rewritten in the page (no server call)
         c.change(None, ctl.inputs(), ctl.box, js=C.BOX_JS, queue=False, show_progress="hidden", **private)

@@ -9,6 +9,7 @@ The outputs that change a widget's properties are `gr.update` dicts (`controls.b
 """
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -169,7 +170,7 @@ def waiting(fn: Callable, progress: Callable | None, doing: str, estimate: float
         return fn()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="encode") as pool:
-        job = pool.submit(fn)
+        job = pool.submit(contextvars.copy_context().run, fn)  # its context: the call's visitor (engine.visitor)
         while True:
             try:
                 return job.result(timeout=every)

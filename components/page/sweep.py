@@ -155,7 +155,7 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls, limits: Sweep
             sw = make(fields, vals)
             with SL.question_set(*fields[4:9], limits=limits, files=logic.files) as (items, set_name):
                 engine, note = logic.hub.get((path or "").strip() or model)
-                size = SL.estimate_line(pace, engine.model_name, sw, len(items))
+                size = SL.estimate_line(pace, engine.model_name, sw, items)
                 for ev in SL.run(st, engine, sw, items, set_name, request.session_hash if request else "",
                                  limits=limits, pace=pace, queue=queue):
                     if ev[0] == "waiting":

@@ -99,27 +99,25 @@ class Encoded:
     text: (N_P, d) LLM input embeddings of the prompt's non-visual tokens, in order.
     text_tokens: the N_P token strings; text_mask (N_P,) bool marks those that count as "text"
     for scoring (see `mipruner.models.common.text`). `scoring_text` / `scoring_tokens` apply the mask.
-    attention / keys: vision-encoder attention (head mean) and keys, only when asked for, in the
-    form the attention pruners take: (N_V+1, N_V+1) with [CLS] first when the encoder has one
-    (`has_cls`), else (N_V, N_V); keys (N_V[+1], d_head). LLaVA-1.5: the tower's own matrix;
-    LLaVA-NeXT: all views, row 0 = each token's [CLS] attention in its view, 0 across views;
-    Video-LLaVA video: block-diagonal over frames (each frame's [CLS] is a visual token there);
-    Qwen: the ViT's attention pooled over each 2x2 merge group, no [CLS].
-    cls: (P, d) the vision tower's [CLS] hidden state at the feature layer, through the projector
-    (the LLM's input space), one row per view the tower saw (image, LLaVA-NeXT base view and tiles),
-    filled with `attention` where the [CLS] is not itself a visual token; else None (Qwen has no
-    [CLS]). VisionZip feeds it to the LLM as its original does (`Selection.prefix`).
-    features: (N_V, d_vision) the tower's hidden states that the projector reads, one row per visual
-    token in LLM order, only when asked (`Signals.features`; per family: docs/plugins.md).
+    attention / keys: vision-encoder attention (head mean) and keys, only when asked for, in the form the attention
+    pruners take: (N_V+1, N_V+1) with [CLS] first when the encoder has one (`has_cls`), else (N_V, N_V); keys
+    (N_V[+1], d_head). LLaVA-1.5: the tower's own matrix; LLaVA-NeXT: all views, row 0 = each token's [CLS]
+    attention in its view, 0 across views; Video-LLaVA video: block-diagonal over frames (each frame's [CLS] is a
+    visual token there); Qwen: the ViT's attention pooled over each 2x2 merge group, no [CLS].
+    cls: (P, d) the vision tower's [CLS] hidden state at the feature layer, through the projector (the LLM's input
+    space), one row per view the tower saw (image, LLaVA-NeXT base view and tiles), filled with `attention` where the
+    [CLS] is not itself a visual token; else None (Qwen has no [CLS]). VisionZip feeds it to the LLM as its original
+    does (`Selection.prefix`). frames: the original images / frames (PIL), for drawing masks.
+    features: (N_V, d_vision) the tower's hidden states that the projector reads, one row per visual token in LLM
+    order, only when asked (`Signals.features`; per family: docs/plugins.md).
     blocks: {block: {"attention", "keys"[, "attention_heads"], "block"}} per encoder block asked for
-    (`Signals.layers`, keyed by the block index asked, in [0, encoder_depth)); the same forms as
-    `attention` / `keys`, "attention_heads" (H, ...) per head, "block" the block that gave them (Qwen2.5-VL
-    moves a windowed block to a full-attention one). `signal(name, layer)` reads them.
-    signals: what this encoding recorded; encoder_depth: the vision encoder's blocks; encoder_block:
-    the default block (whose attention is `attention`), when attention was recorded.
-    frames: the original images / frames (PIL), for drawing masks.
-    state: the adapter's typed per-request state (`common.request.RequestState`, a family's subclass:
-    ids, positions, ...), read only under `mipruner/models/`; `prompt_tokens` is what others may read.
+    (`Signals.layers`, keyed by the block index asked, in [0, encoder_depth)); the same forms as `attention` /
+    `keys`, "attention_heads" (H, ...) per head, "block" the block that gave them (Qwen2.5-VL moves a windowed block
+    to a full-attention one). `signal(name, layer)` reads them.
+    signals: what this encoding recorded; encoder_depth: the vision encoder's blocks; encoder_block: the default block
+    (whose attention is `attention`), when attention was recorded.
+    state: the adapter's typed per-request state (`common.request.RequestState`, a family's subclass: ids, positions,
+    ...), read only under `mipruner/models/`; `prompt_tokens` is what others may read.
     An Encoded is treated as immutable once built (derived tensors are cached on it).
     """
 
@@ -298,16 +296,14 @@ class Adapter(abc.ABC):
 
     @property
     def decoder(self):
-        """The decoding engine of this adapter's model (`common.decode.DecodeEngine`), handed the model
-        and `decode_state`."""
+        """The decoding engine of this adapter's model (`common.decode.DecodeEngine`), handed `decode_state`."""
         from .common.decode import DecodeEngine
 
         return DecodeEngine(self.model, self.decode_state)
 
     @property
     def decode_path(self):
-        """The decoding path this adapter answers on (`common.path.DecodePath`; the plain path by default),
-        held in `decode_state`; chosen by `use_decode_path`."""
+        """The decoding path (`common.path.DecodePath`; plain by default) in `decode_state`: `use_decode_path`."""
         return self.decode_state.path
 
     def use_decode_path(self, *, bucket: int = 0, static_cache: bool = False, compile: bool = False,
@@ -327,6 +323,10 @@ class Adapter(abc.ABC):
     def from_pretrained(cls, path: str, device: str | torch.device | None = None,
                         dtype: torch.dtype | None = None, **kwargs) -> "Adapter":
         ...
+
+    def read_media(self, media: Any) -> Any:
+        """`media` as `encode` reads it (a video file: a `Video`), taken by `encode` as is; default: itself."""
+        return media
 
     @abc.abstractmethod
     def encode(self, media: Any, prompt: str, *, text_mode: str = "question",

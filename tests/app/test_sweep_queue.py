@@ -1,6 +1,7 @@
 """What one sweep call may ask of a shared server (components.core.sweep_queue) and the unpacked zip's life
-(components.core.sweep_logic.question_set): the bound and its sentences, the measured pace, the fair queue, the
-time cap, and a zip's folder that counts under the files cap and is gone once the block ends."""
+(components.core.sweep_logic.question_set): the bound and its sentences, the measured pace (per item kind), the
+fair queue, the time cap, and a zip's folder, unpacked only when its sweep starts, that counts under the files cap
+and is gone once the block ends."""
 from __future__ import annotations
 
 import json
@@ -53,6 +54,25 @@ def test_the_pace_is_measured_per_model():
     assert pace.per_step("m") == 0.2 and pace.estimate("m", 100) == pytest.approx(20.0)
     pace.observe("m", 4.0, 10)  # a running mean
     assert pace.per_step("m") == pytest.approx(0.3) and pace.per_step("other") is None
+
+
+def test_the_pace_is_measured_per_item_kind():
+    """Issue 55, item 11: a sweep of slow clips does not make an ordinary sweep of images be refused."""
+    pace = Pace(weight=0.5)
+    pace.observe("m", 0.5, 10, "image")  # an ordinary image sweep: 0.05 s a step
+    for _ in range(10):
+        pace.observe("m", 60.0, 10, "video")  # slow clips: 6 s a step
+    assert pace.per_step("m", "image") == 0.05 and pace.per_step("m", "video") == pytest.approx(6.0, rel=1e-3)
+    steps = steps_of(sweep(), 20)
+    per_item = steps // 20
+    est = pace.estimate_items("m", per_item, ["image"] * 20)
+    assert est == pytest.approx(0.05 * steps)
+    HOSTED.check(20, steps, est)  # accepted: the clips' pace does not count for images
+    with pytest.raises(UserError, match="at this model's measured speed"):
+        HOSTED.check(20, steps, pace.estimate_items("m", per_item, ["video"] * 20))
+    mixed = pace.estimate_items("m", per_item, ["image"] * 19 + ["video"])
+    assert mixed == pytest.approx(per_item * (19 * 0.05 + pace.per_step("m", "video")))
+    assert pace.estimate_items("m", per_item, ["image", "gif"]) is None  # a kind not measured yet: no estimate
 
 
 def drain(gen):
@@ -128,10 +148,18 @@ def test_a_zip_is_unpacked_for_the_block_only_and_counts_under_the_files_cap(tmp
     assert sets_in(tmp_path) == [] and files.held == 0
     files = FileBudget([tmp_path / "uploads"], 8 << 20)
     with SL.question_set(SL.SETS[-1], 5, 0, z, files=files) as (items, name):
-        assert name == "z.zip" and len(items) == 1 and os.path.getsize(items[0].media) == 3 << 20
-        assert len(sets_in(tmp_path)) == 1 and files.held == 3 << 20
-    assert sets_in(tmp_path) == [] and files.held == 0
+        assert name == "z.zip" and len(items) == 1 and SL.kinds_of(items) == ["image"]
+        assert sets_in(tmp_path) == [] and files.held == 0  # checked, not unpacked: it waits holding nothing
+        with SL.opened(items) as got:  # its sweep starts
+            assert os.path.getsize(got[0].media) == 3 << 20
+            assert len(sets_in(tmp_path)) == 1 and files.held == 3 << 20
+        assert sets_in(tmp_path) == [] and files.held == 0
     with pytest.raises(RuntimeError, match="the sweep failed"):  # a sweep that fails inside the block
-        with SL.question_set(SL.SETS[-1], 5, 0, z, files=files):
+        with SL.question_set(SL.SETS[-1], 5, 0, z, files=files) as (items, _), SL.opened(items):
             raise RuntimeError("the sweep failed")
+    assert sets_in(tmp_path) == [] and files.held == 0
+    with SL.question_set(SL.SETS[-1], 5, 0, z, files=files) as (items, _):
+        with files.hold(6 << 20):  # another sweep took the space meanwhile: refused when it starts, one sentence
+            with pytest.raises(UserError, match="do not fit in this server's space for files now"):
+                SL.opened(items).__enter__()
     assert sets_in(tmp_path) == [] and files.held == 0

@@ -160,6 +160,21 @@ def media_bytes(zip_path: str, questions: str | None = None, n: int | None = Non
     return sum(infos[r["media"]].file_size for r in rows if r["media"] in infos)
 
 
+def media_kind(media) -> str:
+    """"video" for a video (a `Video`, a video file's name, a list of frames), else "image": the kinds a
+    sweep's time per model step is measured by (a clip's step costs its frames' tokens)."""
+    if hasattr(media, "frames") or (isinstance(media, (list, tuple)) and len(media) > 1):
+        return "video"
+    return "video" if isinstance(media, (str, os.PathLike)) and is_video_path(os.fspath(media)) else "image"
+
+
+def zip_kinds(zip_path: str, questions: str | None = None, n: int | None = None) -> list[str]:
+    """`media_kind` of each of the first `n` questions' media (from the zip's directory; nothing unpacked)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        _, rows, _ = _rows(zf, questions, n)
+    return [media_kind(r["media"]) for r in rows]
+
+
 def _rows(zf: zipfile.ZipFile, questions: str | None, n: int | None) -> tuple[str, list[dict], dict]:
     """(where the questions were read, the first n rows with their media as member names, name -> ZipInfo)."""
     infos = {i.filename: i for i in _safe_members(zf)}
@@ -222,5 +237,5 @@ def _yes_share(items: list[EvalItem]) -> float:
     return sum(it.answer == "yes" for it in yn) / len(yn) if yn else math.nan
 
 
-__all__ = ["GENERATED", "MAX_ZIP_BYTES", "QUESTIONS_NAME", "describe", "generated_set", "media_bytes", "unpacked_set",
-           "user_set"]
+__all__ = ["GENERATED", "MAX_ZIP_BYTES", "QUESTIONS_NAME", "describe", "generated_set", "media_bytes", "media_kind",
+           "unpacked_set", "user_set", "zip_kinds"]

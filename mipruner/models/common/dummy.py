@@ -37,6 +37,9 @@ class DummyAdapter(Adapter):
     def from_pretrained(cls, path="dummy", device=None, dtype=None, **kwargs):
         return cls(**kwargs)
 
+    def read_media(self, media):
+        return load_media(media)
+
     def encode(self, media, prompt, *, text_mode="question", need_attention=False, signals=None) -> Encoded:
         """signals: accepted, but it has no vision encoder: it records no other block, head or feature."""
         check_prompt(prompt)

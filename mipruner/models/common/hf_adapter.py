@@ -155,6 +155,10 @@ class ProcessorAdapter(Adapter):
         """PIL image(s) or Video from what the user gave (MediaError when unreadable)."""
         return load_media(media, num_frames=self.default_frames)
 
+    def read_media(self, media):
+        """`_media`: what `encode` reads, decoded (the engine calls it outside the model's slot)."""
+        return self._media(media)
+
     def _encode_visual(self, media, templated: str, want: Signals, held=None) -> dict:
         """-> dict(input_ids (1, L), visual (N_V, d), geometry, frames, is_video, ref (plain-model
         inputs), attention/keys/has_cls/extra state, and what `want` asks more: blocks/depth/block

@@ -89,6 +89,10 @@ class Qwen2VLAdapter(Adapter):
         """(frames, is_video, sampled frame indices, video fps (0 = unknown), frames in the stream): `video.read_media`."""
         return QV.read_media(media, self.sample_frames)
 
+    def read_media(self, media):
+        """A video file's sampled frames as a `Video` (what `_read_media` reads of it), an image file opened."""
+        return QV.decoded(media, self.sample_frames)
+
     def video_resize_target(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
         """(height, width) of every frame of a `num_frames`-frame video (the real count, not padded)."""
         return QV.resize_target(num_frames, height, width, self.video_config, self.patch * self.merge,

@@ -213,5 +213,13 @@ def read_media(media, sample_frames) -> tuple[list, bool, list[int], float, int]
     return [load_image(media)], False, [0], 0.0, 1
 
 
-__all__ = ["read_media", "QWEN2_DEFAULTS", "QWEN3_DEFAULTS", "qwen2_indices", "qwen3_indices", "read_json", "resize_target",
+def decoded(media, sample_frames):
+    """`media` with its file decoded: a video file as the `Video` `read_media` samples of it, an image file as its
+    image; anything else as it is (`read_media` of the result equals `read_media` of `media`)."""
+    if isinstance(media, (str, os.PathLike)):
+        return load_video(media, sample=sample_frames) if is_video_path(media) else load_image(media)
+    return media
+
+
+__all__ = ["decoded", "read_media", "QWEN2_DEFAULTS", "QWEN3_DEFAULTS", "qwen2_indices", "qwen3_indices", "read_json", "resize_target",
            "smart_resize", "smart_resize_3d", "video_pixels", "video_processor_dict", "video_settings"]
