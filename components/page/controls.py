@@ -200,13 +200,15 @@ def control_values(s: Settings, n_visual: int) -> list:
     return [list(s.methods), unit, budget, s.text_mode, s.heat, *vals]
 
 
-def budget_slider(unit: str, n_visual: int, value=None, frames: int | None = None):
+def budget_slider(unit: str, n_visual: int, value=None, frames: int | None = None, prev_frames: int = 0):
     """The budget slider's range for a unit: 1-100 (%) or 1-N_V (tokens). frames: the new encoding's (given
-    by Run): a % budget still at the other medium's default moves to this one's (`default_share`)."""
+    by Run); prev_frames: the last encoding's (0: none yet, the page starts at the image's default). When Run
+    changes the medium (image <-> video), a % budget still at the last medium's default moves to the new one's
+    (`default_share`); a share chosen by hand, or the same medium again, stays."""
     share = default_share(frames or 0)
     if unit == "%":
-        other = DEFAULT_SHARE if share == VIDEO_SHARE else VIDEO_SHARE
-        if frames is not None and value is not None and float(value) == other:
+        changed = frames is not None and (frames > 1) != (prev_frames > 1)
+        if changed and value is not None and float(value) == default_share(prev_frames):
             value = share
         return gr.update(minimum=1, maximum=100, step=1, label="Budget (% of visual tokens)",
                          value=share if value is None else value)

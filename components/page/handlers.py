@@ -197,6 +197,7 @@ class Handlers:
     def encode(self, st, media: Media, vals: dict, progress: Callable = _no_progress) -> Encoded:
         """Run the vision tower and embed the prompt; the budget, heat and layer controls follow the encoding."""
         name = media.model_name
+        prev_frames = st.n_frames if isinstance(st, UIState) else 0  # the medium on screen before this Run
         doing = f"loading {name}" if name not in self.logic.hub.loaded else "encoding (vision tower + prompt)"
         progress(0.1, desc=doing)
         st, msg = waiting(lambda: self.logic.encode(st, name, media.use, media.image, media.video, media.prompt,
@@ -210,7 +211,7 @@ class Handlers:
                    for n in self.layer_names] if st.n_layers else [gr.update() for _ in self.layer_names])
         auto = st.lam_auto is not None and str(vals.get("lam_rule")) == "auto"
         return Encoded(st, msg, token_chips(st.tokens, heat),
-                       C.budget_slider(unit, st.n_visual, budget if unit == "%" else None, st.n_frames),
+                       C.budget_slider(unit, st.n_visual, budget if unit == "%" else None, st.n_frames, prev_frames),
                        gr.update(value=heat),
                        layers, gr.update(value=st.lam_auto) if auto else gr.update(), P.cleared_patches())
 

@@ -64,10 +64,11 @@ def api(app_url):
     enc = list(s.defaults["encode"])
     labels = s.labels["encode"]
     enc[labels.index("Image")] = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "scene.png"}
-    enc[labels.index("Prompt")] = EXAMPLE["prompt"]
+    prompt = next(i for i, label in enumerate(labels) if (label or "").startswith("Prompt"))  # "Prompt (Enter runs it)"
+    enc[prompt] = EXAMPLE["prompt"]
     ok, out = s.call("encode", enc)
     assert ok, out
-    controls = enc[labels.index("Prompt") + 1:]  # the controls, as /view takes them after the state
+    controls = enc[prompt + 1:]  # the controls, as /view takes them after the state
     s.bases = {"encode": enc, "view": [None, *controls], "export": [None, *controls],
                "inspect": [None, *controls, 10, 10], "generate": [None, *controls, 2],
                "settings": [None, "methods=mi,random budget=16"]}

@@ -12,7 +12,9 @@ from mipruner.pruners.evs import evs_pruner, k_note
 
 def test_a_video_starts_at_the_video_share_and_an_image_at_the_image_share():
     assert C.budget_slider("%", 1568, 10.0, 8)["value"] == C.VIDEO_SHARE  # the image default follows the video
-    assert C.budget_slider("%", 196, C.VIDEO_SHARE, 0)["value"] == C.DEFAULT_SHARE  # and back
+    assert C.budget_slider("%", 196, C.VIDEO_SHARE, 0, 8)["value"] == C.DEFAULT_SHARE  # and back
+    assert C.budget_slider("%", 196, C.VIDEO_SHARE, 0, 0)["value"] == C.VIDEO_SHARE  # the same medium: chosen, stays
+    assert C.budget_slider("%", 1568, 10.0, 8, 8)["value"] == 10.0
     assert C.budget_slider("%", 1568, 30, 8)["value"] == 30  # a chosen budget stays
     assert C.budget_slider("%", 0)["value"] == C.DEFAULT_SHARE and C.budget_slider("%", 196, 10.0)["value"] == 10.0
     assert C.budget_slider("tokens", 1568, None, 8)["value"] == round(1568 * C.VIDEO_SHARE / 100)
