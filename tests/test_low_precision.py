@@ -160,6 +160,8 @@ def test_in_llm_methods_answer_in_low_precision(models, fam, media, dtype):
     ad, enc = models(fam, dtype, media)
     unpruned = ad.generate(enc, max_new_tokens=NEW).token_ids
     for name in IN_LLM:
+        if get_pruner(name).video and media != "video":  # DyCoke: a video method (an image gets NotApplicable)
+            continue
         cache: dict = {}
         sel = mipruner.select(ad, enc, name, 0.25, cache=cache)
         assert bool(torch.isfinite(sel.scores).all()), name

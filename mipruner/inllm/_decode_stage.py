@@ -36,12 +36,12 @@ class DecodeStep:
     """One decoding step as a decode-time stage sees it (built by the greedy loop, one per step).
 
     index: 1 for the step that feeds the first generated token, 2 for the next, ...; present (N_V,)
-    bool: the visual tokens in the KV cache at layer `layer`-1 (those earlier stages kept); state: a
+    bool: the visual tokens in the KV cache at layer `layer`-1 (those earlier stages kept); memory: a
     dict the stage keeps across the steps of one answer (e.g. the previous step's attention).
     """
 
-    def __init__(self, index: int, present: torch.Tensor, attention: Callable[[], torch.Tensor], state: dict):
-        self.index, self.present, self.state = index, present, state
+    def __init__(self, index: int, present: torch.Tensor, attention: Callable[[], torch.Tensor], memory: dict):
+        self.index, self.present, self.memory = index, present, memory
         self._attention, self._memo = attention, None
 
     def attention(self) -> torch.Tensor:
@@ -84,7 +84,7 @@ class DecodeRun:
         self.col = torch.zeros(self.n + 1, dtype=torch.long, device=dev).scatter_(
             0, which, torch.arange(rows.numel(), device=dev))[:self.n]  # cache column of each visual token present
         self.which = {}  # layer group start -> `which` of its cache rows
-        self.state: dict = {}
+        self.memory: dict = {}
         self.attended: list[torch.Tensor] = []
         self.seen: dict = {}
         self.keep_ext = None
@@ -116,7 +116,7 @@ class DecodeRun:
 
     def choose(self, index: int, cache) -> None:
         """Run the stage's function for step `index`; its mask is applied from layer L on."""
-        step = DecodeStep(index, self.present, lambda: self._attention(cache), self.state)
+        step = DecodeStep(index, self.present, lambda: self._attention(cache), self.memory)
         keep = self.decode.fn(step)
         keep = self.present if keep is None else torch.as_tensor(keep, device=self.present.device).to(torch.bool)
         if keep.shape != self.present.shape:

@@ -60,8 +60,8 @@ def _dp(span: torch.Tensor, prune_ratio: float, ties: str, dtype):
         att = step.attention().index_select(0, span)
         if dtype is not None:
             att = att.to(dtype)
-        kept = dp_keep(att, step.state.get("previous"), prune_ratio, ties=ties)
-        step.state["previous"] = att
+        kept = dp_keep(att, step.memory.get("previous"), prune_ratio, ties=ties)
+        step.memory["previous"] = att
         return step.present.clone().index_copy_(0, span, kept)
 
     return stage

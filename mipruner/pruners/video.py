@@ -102,7 +102,9 @@ def frame_slots(frame_index: torch.Tensor | None, n: int, device: torch.device |
     different sizes)."""
     dev = torch.device(device) if device is not None else (
         frame_index.device if isinstance(frame_index, torch.Tensor) else torch.device("cpu"))
-    by_tensor = (id(frame_index), n, str(dev)) if isinstance(frame_index, torch.Tensor) else None
+    # inference tensors (made under torch.inference_mode) keep no version counter: the content memo alone
+    by_tensor = (id(frame_index), n, str(dev)) if isinstance(frame_index, torch.Tensor) \
+        and not frame_index.is_inference() else None
     if by_tensor is not None:
         with _LOCK:  # looked up first: no host copy (no device sync) for a tensor seen before
             hit = _same_tensor(by_tensor, frame_index)

@@ -98,8 +98,8 @@ def test_a_masking_stage_equals_masking_the_keys(model, registered):
     @register_inllm("everyother", label="Every other")
     def everyother(run: DecoderRun, budget: int) -> Selection:
         def stage(step):
-            step.state["n"] = step.state.get("n", 0) + 1
-            seen.append((step.index, step.state["n"], float(step.attention().sum())))
+            step.memory["n"] = step.memory.get("n", 0) + 1
+            seen.append((step.index, step.memory["n"], float(step.attention().sum())))
             keep = torch.zeros(run.n_visual, dtype=torch.bool)
             keep[::2] = True
             return keep
