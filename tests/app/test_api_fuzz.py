@@ -101,7 +101,7 @@ def cases(api) -> list[tuple[str, str, list]]:
 
 def test_every_malformed_call_gets_a_sentence(api):
     todo = cases(api)
-    assert 500 <= len(todo) <= 1100, len(todo)  # bounded
+    assert 500 <= len(todo) <= 1600, len(todo)  # bounded (grows with the registered methods' parameters)
     refused, problems = 0, []
     for name, what, data in todo:
         ok, out = api.call(name, data)
