@@ -58,6 +58,7 @@ from ._registry import Param, register_pruner
 from .attention import attention_scores
 from .capture import Capturable
 from .selection import Selection, top_indices
+from .prunevid import density_peaks
 from .vidcom2 import video_frames
 
 NEIGHBOURS = 7  # release: K = 7
@@ -96,13 +97,8 @@ def select_windows(saved: list[list[int]], t: int, max_window: int) -> tuple[lis
 
 def dpc_centres(y: torch.Tensor, c: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(centres (c,) rows in index order, dist (n, n)) by DPC-KNN (module docstring) of rows y (n, d), float32."""
-    n = y.shape[0]
-    dist = torch.cdist(y[None], y[None])[0] / (y.shape[-1] ** 0.5)
-    near = torch.sort(dist, dim=-1, stable=True).values[:, : min(k, n)]
-    rho = torch.exp(-(near ** 2).mean(dim=-1))
-    higher = (rho[None, :] > rho[:, None]).to(dist.dtype)
-    delta = (dist * higher + dist.max() * (1 - higher)).min(dim=-1).values
-    return torch.sort(top_indices(delta * rho, c)).values, dist
+    score, dist = density_peaks(y, k)
+    return torch.sort(top_indices(score, c)).values, dist
 
 
 def cluster_merge(y: torch.Tensor, centres: torch.Tensor, dist: torch.Tensor, beta: float

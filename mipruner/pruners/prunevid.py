@@ -54,18 +54,26 @@ NEIGHBOURS = 7  # release: cluster_dpc_knn(..., k=7)
 SMALL = 14  # release: `if static_feat.shape[1] > 14` (groups this small are not clustered)
 
 
-def dpc_knn(y: torch.Tensor, clusters: int, k: int = NEIGHBOURS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(label (n,) int64 cluster of each row, centres (c,) row of each cluster) of rows y (n, d): DPC-KNN as in
-    the module docstring, in float32."""
+def density_peaks(y: torch.Tensor, k: int = NEIGHBOURS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(score (n,) delta * rho, dist (n, n)) of rows y (n, d) by DPC-KNN, in float32: rho = exp(-mean squared
+    distance to the k nearest, itself included), delta = distance to the nearest denser row (the largest distance
+    for the densest), distances / sqrt(d). PruneVid's and HoliTom's releases share this `cluster_dpc_knn`."""
     n = y.shape[0]
-    c = max(1, min(clusters, n))
     yf = y.to(torch.float32)
     dist = torch.cdist(yf[None], yf[None])[0] / (y.shape[-1] ** 0.5)  # (n, n)
     near = torch.sort(dist, dim=-1, stable=True).values[:, : min(k, n)]
     rho = torch.exp(-(near ** 2).mean(dim=-1))  # (n,)
     higher = (rho[None, :] > rho[:, None]).to(dist.dtype)  # [i, j]: rho_j > rho_i
     delta = (dist * higher + dist.max() * (1 - higher)).min(dim=-1).values
-    centres = torch.sort(delta * rho, descending=True, stable=True).indices[:c]
+    return delta * rho, dist
+
+
+def dpc_knn(y: torch.Tensor, clusters: int, k: int = NEIGHBOURS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(label (n,) int64 cluster of each row, centres (c,) row of each cluster) of rows y (n, d): DPC-KNN as in
+    the module docstring, in float32."""
+    c = max(1, min(clusters, y.shape[0]))
+    score, dist = density_peaks(y, k)
+    centres = torch.sort(score, descending=True, stable=True).indices[:c]
     label = dist[centres].argmin(dim=0)  # (n,) nearest centre, the first on ties
     label = label.index_copy(0, centres, torch.arange(c, device=y.device))
     return label, centres
@@ -209,4 +217,4 @@ def prunevid_pruner(visual: torch.Tensor, text: torch.Tensor | None, budget: int
                      extras={"segment": seg_of_frame, "static": static_all.to(dev)[seg_of_frame]})
 
 
-__all__ = ["cluster_counts", "dpc_knn", "prunevid_pruner", "refine", "runs", "static_similarity"]
+__all__ = ["cluster_counts", "density_peaks", "dpc_knn", "prunevid_pruner", "refine", "runs", "static_similarity"]
