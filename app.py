@@ -84,8 +84,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="modules or .py files registering more methods, comma-separated, imported at start-up "
                         "(env MIPRUNER_PLUGINS too; installed plug-ins load by themselves)")
     p.add_argument("--max-sessions", type=int, default=int(os.environ.get("MIPRUNER_MAX_SESSIONS", 1000)),
-                   help="browser sessions whose state the server keeps, least recently used dropped (default 1000; "
-                        "env MIPRUNER_MAX_SESSIONS)")
+                   help="browser sessions whose state Gradio keeps, and sessions that encoded the app keeps beside "
+                        "them, least recently used dropped (default 1000; env MIPRUNER_MAX_SESSIONS)")
     p.add_argument("--compile", choices=("auto", "on", "off"), default=os.environ.get("MIPRUNER_COMPILE", "auto"),
                    help="answer on the compiled decoding path after a warm-up at start-up: auto (default: on CUDA "
                         "outside a ZeroGPU Space), on or off (env MIPRUNER_COMPILE)")
@@ -181,7 +181,8 @@ def build(args: argparse.Namespace, files=None):
     logic = AppLogic(hub, max_new_tokens=args.max_new_tokens, gpu=handler_wrapper(), files=files,
                      export_root=exports, notes=notes, warm=warm)
     demo = build_demo(logic, auto_answers=hub.default == hub.fallback,
-                      sweep_limits=SweepLimits.for_server(is_hosted(args.host, args.share)))  # hosted: small, timed
+                      sweep_limits=SweepLimits.for_server(is_hosted(args.host, args.share)),  # hosted: small, timed
+                      max_sessions=args.max_sessions)
     if warm is not None:
         warm.start()
     return demo

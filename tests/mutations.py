@@ -21,6 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, file, text, replaced by, the test that must fail)
 MUTATIONS = [
+    ("kept-not-read", "components/page/calls.py", 'v["state"] = kept.state(session, v["state"])',
+     'kept.state(session, None)', "tests/app/test_hosted_sessions.py::test_throw_away_sessions_evict_no_visitor_who_encoded"),
     ("rows-boundary", "mipruner/models/common/rows.py", "lengths[i] >= RATIO * head", "lengths[i] > RATIO * head",
      "tests/models/test_row_masks.py::test_a_row_on_the_ratio_boundary_joins_the_group"),
     ("warm-top-bucket", "mipruner/warm_up.py", "range(1, int(rows) + 1)", "range(1, int(rows))",

@@ -21,6 +21,7 @@ import gradio as gr
 
 from mipruner.engine import Busy, visitor
 
+from ..core.kept import Kept, kept_in
 from ..core.logic import UserError
 from . import controls as C
 from .guards import plain_errors
@@ -71,29 +72,45 @@ def streamed(doing: str):
     return wrap
 
 
-def event(call: Callable[[dict], object], doing: str, *names: str, progress: bool = False, capped: bool = False):
+def _session(request) -> str | None:
+    return getattr(request, "session_hash", None)
+
+
+def event(call: Callable[[dict], object], doing: str, *names: str, progress: bool = False, capped: bool = False,
+          kept: Kept | None = None):
     """The function an event runs, named after `call` (on_<its name>): its positional values named `names` (and
     `progress`, injected by Gradio) handed to `call` as one dict; a generator call streams its outputs.
     doing: what the error sentence says was under way. capped (a call that runs the model): refused at once, with a
-    sentence, when its connection has MAX_CALLS such calls under way."""
-    extra = PROGRESS if progress else ()
+    sentence, when its connection has MAX_CALLS such calls under way. kept: the app's own record of encoded
+    sessions (`components.core.kept`): a `state` Gradio dropped from its store is found again by the session's
+    hash, and an encoded state among the outputs is noted there."""
+    extra = (*(PROGRESS if progress else ()), REQUEST)
     keys = [*names, *(p.name for p in extra)]
+
+    def values(vals) -> tuple[dict, str | None]:
+        v = dict(zip(keys, vals, strict=True))
+        session = _session(v.pop(REQUEST.name))
+        if kept is not None and "state" in v:
+            v["state"] = kept.state(session, v["state"])
+        return v, session
+
     if inspect.isgeneratorfunction(call):
         def steps(*vals):
+            v, _ = values(vals)
             with _shown():
-                yield from call(dict(zip(keys, vals, strict=True)))
+                yield from call(v)
         fn, guard = steps, streamed(doing)
     else:
-        extra, keys = (*extra, REQUEST), [*keys, REQUEST.name]
-
         def run(*vals):
-            v = dict(zip(keys, vals, strict=True))
-            request = v.pop(REQUEST.name)
+            v, session = values(vals)
             with _shown():
-                with visitor(getattr(request, "session_hash", None), MAX_CALLS if capped else None):
-                    return call(v)
-        run.__annotations__ = {REQUEST.name: gr.Request}  # Gradio finds gr.Request by annotation
+                with visitor(session, MAX_CALLS if capped else None):
+                    out = call(v)
+            if kept is not None:
+                kept.keep(session, kept_in(out))
+            return out
         fn, guard = run, plain_errors(doing)
+    fn.__annotations__ = {REQUEST.name: gr.Request}  # Gradio finds gr.Request by annotation
     fn.__name__ = fn.__qualname__ = f"on_{call.__name__}"
     return guard(named(*names, extra=extra)(fn))
 

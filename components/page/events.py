@@ -3,13 +3,17 @@ with its values by name), with which inputs and outputs, queued how.
 """
 from __future__ import annotations
 
+import functools
+
 import gradio as gr
 
+from ..core.kept import Kept
 from ..core.logic import AppLogic
 from ..core.panel_files import prepared
 from . import controls as C
 from . import panels as P
-from .calls import Calls, event
+from .calls import Calls
+from .calls import event as _event
 from .guards import guard_inputs
 from .handlers import ENCODE_FIELDS, Handlers
 from .style import RUN_WAIT_JS
@@ -36,8 +40,12 @@ SHOW_RESULTS_JS = """() => {
 }"""
 
 
-def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool) -> None:
-    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the calls (`components.page.calls`)."""
+def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions, res, *, auto_answers: bool,
+         kept: Kept | None = None) -> None:
+    """Connect the widgets of one page (`inp`: Inputs, `res`: Results) to the calls (`components.page.calls`).
+    kept: the app's own record of encoded sessions, which every event reading `state` consults
+    (`components.core.kept`)."""
+    event = functools.partial(_event, kept=kept)
     H = Handlers(logic, auto_answers=auto_answers)
     # the API's controls: the page's, but for the budget a number box without bounds (the slider's range is
     # the last encoding's unit and size; `budget_of` checks the value against the unit sent with it)

@@ -7,7 +7,8 @@ API endpoints (each usable from `gradio_client`, one per action; the page chains
   /inspect    (controls..., x, y) -> PMI of the patch under (x, y) with every prompt token
   /export     (controls...) -> PNG + JSON files
   /settings   (settings string) -> the controls set to it
-Per-session state lives in one `gr.State` (a `components.core.logic.UIState`); nothing else is stored.
+Per-session state lives in one `gr.State` (a `components.core.logic.UIState`); the sessions that encoded are
+also kept by the app (`components.core.kept`), so a flood of new sessions in Gradio's own store evicts none of them.
 Each area is built by its own module (inputs, controls, results) and `events.wire` connects them.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 
 import gradio as gr
 
+from ..core.kept import Kept
 from ..core.logic import AppLogic
 from ..core.sweep_queue import SweepLimits
 from ..core.views import fewer_by_default
@@ -38,9 +40,11 @@ the *pivot word* of every patch: the prompt token it is most related to."""
 CONTROLS_HINT = "**Controls**: scroll this sheet down for every control, the page above it for the panels."
 
 
-def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: SweepLimits | None = None) -> gr.Blocks:
+def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: SweepLimits | None = None,
+               max_sessions: int = 1000) -> gr.Blocks:
     """The Blocks app around `logic` (shared by all sessions; per-session state in gr.State). sweep_limits: the
-    bounds on a visitor's sweep (`SweepLimits.for_server`: small and timed when hosted; default: local)."""
+    bounds on a visitor's sweep (`SweepLimits.for_server`: small and timed when hosted; default: local).
+    max_sessions: the encoded sessions the app keeps itself (`components.core.kept`), whatever Gradio drops."""
     # delete_cache: files Gradio wrote for this app (panel images, downloads) older than 2 h go, hourly
     with gr.Blocks(title="mipruner: MI-Pruner explorer", delete_cache=(3600, 7200), fill_width=True) as demo:
         state = gr.State(None, time_to_live=STATE_TTL_S)
@@ -55,7 +59,7 @@ def build_demo(logic: AppLogic, *, auto_answers: bool = True, sweep_limits: Swee
                 act = C.build_actions(logic.max_new_tokens, auto_answers)
             with gr.Column(elem_id="results-col"):
                 res = build_results()
-        wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers)
+        wire(logic, state, inp, ctl, act, res, auto_answers=auto_answers, kept=Kept(max_sessions, STATE_TTL_S))
         build_sweep(logic, state, inp, ctl, sweep_limits)
     return demo
 
