@@ -77,6 +77,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-client-requests", type=int, default=int(os.environ.get("MIPRUNER_MAX_CLIENT_REQUESTS", 64)),
                    help="requests of one client address in progress at once, past it HTTP 429 (default 64; env "
                         "MIPRUNER_MAX_CLIENT_REQUESTS)")
+    p.add_argument("--head-timeout-s", type=float, default=float(os.environ.get("MIPRUNER_HEAD_TIMEOUT_S", 10)),
+                   help="seconds a connection may take to send a request's headers before it is closed with HTTP 408 "
+                        "(default 10; env MIPRUNER_HEAD_TIMEOUT_S)")
+    p.add_argument("--max-client-connections", type=int, default=os.environ.get("MIPRUNER_MAX_CLIENT_CONNECTIONS"),
+                   help="connections one address may hold open (HTTP 429 past it; 0: no cap; default 32, on a Space 0: "
+                        "every connection comes from its proxy; env MIPRUNER_MAX_CLIENT_CONNECTIONS)")
     p.add_argument("--max-decode-s", type=float, default=float(os.environ.get("MIPRUNER_MAX_DECODE_S", 30)),
                    help="seconds one video may take to decode before it is refused, uploads and sweep items alike "
                         "(0: no bound; default 30; env MIPRUNER_MAX_DECODE_S)")
@@ -229,6 +235,7 @@ def hardware_note(hub) -> str:
 
 
 def main(argv=None) -> None:
+    from components.hosting.server import serve
     from components.hosting.uploads import upload_app_kwargs
     from components.page.ui import launch_kwargs
 
@@ -237,10 +244,31 @@ def main(argv=None) -> None:
     demo = build(args, files)
     # every body is counted as it arrives (components/hosting/uploads.py): uploads under --files-mb, other
     # bodies under --max-body-kb, stalled ones stopped after --body-timeout-s
-    demo.queue(default_concurrency_limit=4).launch(server_name=args.host, server_port=args.port, share=args.share,
-                                                   state_session_capacity=args.max_sessions,
-                                                   app_kwargs=upload_app_kwargs(files, body_limits(args)),
-                                                   **launch_kwargs(args.max_file_size))
+    demo.queue(default_concurrency_limit=4)
+    app_kwargs = upload_app_kwargs(files, body_limits(args))
+    if args.share or handler_wrapper() is not None:  # a share link's tunnel and ZeroGPU's hooks need launch()
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share,
+                    state_session_capacity=args.max_sessions, app_kwargs=app_kwargs, **launch_kwargs(args.max_file_size))
+        return
+    # Gradio's documented mount on the app's own uvicorn, which times heads out and caps connections per address
+    # (components/hosting/server.py); Gradio's state store reads its capacity when its app is made
+    import fastapi
+    import gradio as gr
+
+    demo.state_session_capacity = args.max_sessions
+    page = gr.mount_gradio_app(fastapi.FastAPI(), demo, path="/", server_name=args.host, server_port=args.port,
+                               app_kwargs=app_kwargs, **launch_kwargs(args.max_file_size))
+    serve(page, host=args.host, port=args.port, head_timeout_s=args.head_timeout_s,
+          max_client_connections=client_connections(args))
+
+
+def client_connections(args: argparse.Namespace) -> int:
+    """The per-address connection cap: the flag, else 32 (0 on a Space: its proxy is every connection's address)."""
+    from components.hosting.space_default import on_space
+
+    if args.max_client_connections is not None:
+        return int(args.max_client_connections)
+    return 0 if on_space() else 32
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, file, text, replaced by, the test that must fail)
 MUTATIONS = [
+    ("head-timer-reset-by-data", "components/hosting/server.py",
+     "            super().data_received(data)\n            self._follow_head()",
+     "            super().data_received(data)\n            self._stop_timer()\n            self._follow_head()",
+     "tests/app/test_hosted_heads.py::test_a_head_sent_a_byte_at_a_time_is_closed_before_it_ends"),
+    ("connections-uncapped", "components/hosting/server.py",
+     "if max_client_connections and open_by_address[self.address] > max_client_connections:", "if False:",
+     "tests/app/test_hosted_heads.py::test_an_address_has_a_bounded_number_of_connections"),
     ("kept-not-read", "components/page/calls.py", 'v["state"] = kept.state(session, v["state"])',
      'kept.state(session, None)', "tests/app/test_hosted_sessions.py::test_throw_away_sessions_evict_no_visitor_who_encoded"),
     ("rows-boundary", "mipruner/models/common/rows.py", "lengths[i] >= RATIO * head", "lengths[i] > RATIO * head",
