@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-client-requests", type=int, default=int(os.environ.get("MIPRUNER_MAX_CLIENT_REQUESTS", 64)),
                    help="requests of one client address in progress at once, past it HTTP 429 (default 64; env "
                         "MIPRUNER_MAX_CLIENT_REQUESTS)")
+    p.add_argument("--new-sessions-per-min", type=float, default=os.environ.get("MIPRUNER_NEW_SESSIONS_PER_MIN"),
+                   help="new browser sessions one address may open a minute, as many at once (HTTP 429 past it; 0: no "
+                        "bound; default 60 when hosted, else 0; env MIPRUNER_NEW_SESSIONS_PER_MIN)")
     p.add_argument("--head-timeout-s", type=float, default=float(os.environ.get("MIPRUNER_HEAD_TIMEOUT_S", 10)),
                    help="seconds a connection may take to send a request's headers before it is closed with HTTP 408 "
                         "(default 10; env MIPRUNER_HEAD_TIMEOUT_S)")
@@ -142,8 +145,14 @@ def body_limits(args: argparse.Namespace):
                         ("--max-client-requests", args.max_client_requests)):
         if not value > 0:
             raise SystemExit(f"{flag} must be > 0, got {value!r}")
+    from components.hosting.policy import is_hosted
+
+    per_min = args.new_sessions_per_min
+    per_min = (60.0 if is_hosted(args.host, args.share) else 0.0) if per_min is None else float(per_min)
+    if not per_min >= 0:
+        raise SystemExit(f"--new-sessions-per-min must be >= 0, got {per_min!r}")
     return Limits(max_body_bytes=args.max_body_kb << 10, idle_s=args.body_timeout_s, body_s=20 * args.body_timeout_s,
-                  per_client=args.max_client_requests)
+                  per_client=args.max_client_requests, new_sessions_per_min=per_min)
 
 
 def decode_bounds(args: argparse.Namespace):

@@ -99,7 +99,8 @@ def serve(app, *, host: str, port: int, head_timeout_s: float, max_client_connec
     `guarded_protocol`, until interrupted."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    # on SIGTERM, open streams (the page's event stream) get 3 s to end before the server stops
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3,
                             http=guarded_protocol(head_timeout_s, max_client_connections))
     print(f"* Running on local URL:  http://{host}:{port}", flush=True)
     uvicorn.Server(config).run()

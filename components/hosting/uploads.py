@@ -16,12 +16,12 @@ whatever the framing, with a sentence (HTTP 413) once the app had what fitted:
   * a body that stalls (no piece for `Limits.idle_s`, --body-timeout-s) or takes longer than
     `Limits.body_s` in all is stopped with HTTP 408;
   * one client (its address; on a Space, the address the Space's proxy forwards) has at most
-    `Limits.per_client` requests in progress (--max-client-requests); past it, HTTP 429.
+    `Limits.per_client` requests in progress (--max-client-requests); past it, HTTP 429;
+  * a call that runs an event (queue/join, run/, call/) under a session hash Gradio has not seen spends one of
+    its address's new sessions (`components.hosting.new_sessions`, --new-sessions-per-min); none left: HTTP 429.
 
-Request heads are read by uvicorn before any ASGI code runs and Gradio's `launch()` passes no uvicorn
-option through, so a head that never ends is out of this middleware's reach (docs/space.md says what
-bounds it on a Space). No Gradio here: `app.py` passes the middleware to the app it launches
-(`launch(app_kwargs=...)`).
+Request heads are read by uvicorn before any ASGI code runs: `components.hosting.server` times them out. No
+Gradio here: `app.py` passes the middleware to the app it serves (`app_kwargs`).
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ import anyio
 import anyio.to_thread
 
 from mipruner.session import FileBudget
+
+from .new_sessions import NewSessions
 
 log = logging.getLogger("mipruner.app")
 
@@ -56,6 +58,10 @@ class Limits:
     body_s: float = 600.0  # longest time for a whole body
     per_client: int = 64  # requests of one client in progress at once
     part_bytes: int = 8192  # room reserved per multipart part beyond its bytes: its last block and its folder
+    new_sessions_per_min: float = 60  # new session hashes one client may bring a minute (as many at once; 0: any)
+
+
+EVENT_ROUTES = ("/queue/join", "/run/", "/call/")  # the routes whose calls run an event in a session
 
 
 class BodyCap:
@@ -65,6 +71,7 @@ class BodyCap:
         self.app, self.files, self.limits = app, files, limits
         self.active: dict[str, int] = defaultdict(int)  # client -> requests in progress
         self.disk = anyio.CapacityLimiter(2)  # threads that walk the disk: never Gradio's handlers' threads
+        self.sessions = NewSessions(limits.new_sessions_per_min)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -97,6 +104,9 @@ class _Request:
         self.started = False  # the app began its answer
         self.answer = bytearray()  # the start of the app's answer to an upload (the paths it wrote)
         self.deadline = time.monotonic() + cap.limits.body_s
+        path = str(scope.get("path", ""))
+        self.event = scope.get("method") == "POST" and not self.upload and any(r in path for r in EVENT_ROUTES)
+        self.body = bytearray()  # an event call's body (under max_body_bytes): its session hash is read at its end
 
     async def serve(self):
         declared = _header(self.scope, b"content-length")
@@ -164,6 +174,11 @@ class _Request:
         elif self.got > limits.max_body_bytes:
             self.refuse(413, TOO_BIG.format(kb=limits.max_body_bytes >> 10))
             return self._stop()
+        elif self.event:
+            self.body.extend(chunk)
+            if self.done and not self.cap.sessions.admit(client_key(self.scope), _session_of(self.body)):
+                self.refuse(429, self.cap.sessions.sentence)
+                return self._stop()
         return message
 
     def _parts(self, chunk: bytes) -> int:
@@ -213,6 +228,16 @@ class _Request:
                     break
                 got += len(message.get("body", b""))
                 self.done = not message.get("more_body", False)
+
+
+def _session_of(body: bytes) -> str | None:
+    """The session hash an event call names (None: none, and Gradio makes it a session of its own)."""
+    try:
+        got = json.loads(bytes(body))
+    except ValueError:
+        return None
+    session = got.get("session_hash") if isinstance(got, dict) else None
+    return session if isinstance(session, str) and session else None
 
 
 def client_key(scope) -> str:

@@ -19,6 +19,8 @@ COMMANDS = {
     "slider": ("mipruner.bench.slider", "one slider update (prune + render) for mi/random/similarity, image and video"),
     "load": ("mipruner.bench.load", "the app under N concurrent sessions x M requests, 3 rounds: errors, leaks, latency, RSS"),
     "memory": ("mipruner.bench.memory", "the app's RSS over many sessions (image or video, any caps): does the last third level off"),
+    "attacks": ("mipruner.bench.attacks", "a hostile visitor's attacks on a hosted launch (issue 55) and another visitor's "
+                "Run under each: its time vs unloaded, RSS back, the disk under the cap"),
     "space-cost": ("mipruner.bench.space_cost", "a CPU Space's waits (start-up, encode, answers, a view) at the smallest "
                    "suggested model's real shape; --params: every suggested model's size"),
     "vllm": ("mipruner.bench.vllm", "TTFT and req/s through vLLM with and without pruning (the mipruner-vllm plug-in), "

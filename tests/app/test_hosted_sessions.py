@@ -1,7 +1,9 @@
-"""Issue 55 §10 against a hosted launch (SPACE_ID set, the embedded model, 127.0.0.1, `--max-sessions 4`): a
-flood of throw-away sessions fills Gradio's own state store many times over, and a visitor who encoded still
-sees its panels; the sessions the app keeps are bounded by encoded sessions only (the fifth encoded session
-pushes out the first); the server's RSS comes back within 10%."""
+"""Issue 55 §10 against a hosted launch (SPACE_ID set, the embedded model, 127.0.0.1, `--max-sessions 4`,
+`--new-sessions-per-min 20`): a flood of throw-away sessions from many addresses fills Gradio's own state store
+many times over, and a visitor who encoded still sees its panels; the sessions the app keeps are bounded by
+encoded sessions only (the fifth encoded session pushes out the first); one address opens at most its share of
+new sessions (HTTP 429 past it) and keeps working in a session it has; the server's RSS comes back within 10%.
+Addresses are told apart as on a Space, by the X-Forwarded-For its proxy appends."""
 from __future__ import annotations
 
 import time
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from components.core.kept import Kept, kept_in
+from components.hosting.new_sessions import TOO_MANY_SESSIONS, NewSessions
 from components.core.logic import UIState
 from mipruner.session import EncodingKey
 
@@ -17,20 +20,31 @@ from .test_hosted_limits import EXAMPLE, rss, settles
 from .test_space import start_space
 
 SESSIONS = 4
+NEW_PER_MIN = 20
 STALE = "run the model first"
+
+
+def from_address(url, address: str, session: str | None = None) -> Raw:
+    """A session whose calls come from `address` (as a Space's proxy forwards it)."""
+    import httpx
+
+    raw = Raw(url, session)
+    raw.http = httpx.Client(headers={"X-Forwarded-For": address})
+    return raw
 
 
 @pytest.fixture(scope="module")
 def space(tmp_path_factory):
     proc, url, _ = start_space(tmp_path_factory, TMPDIR=str(tmp_path_factory.mktemp("sessions-tmp")),
-                               MIPRUNER_MODEL="shapes-llava", MIPRUNER_MAX_SESSIONS=str(SESSIONS))
+                               MIPRUNER_MODEL="shapes-llava", MIPRUNER_MAX_SESSIONS=str(SESSIONS),
+                               MIPRUNER_NEW_SESSIONS_PER_MIN=str(NEW_PER_MIN))
     yield proc, url
     proc.terminate()
     proc.wait(30)
 
 
-def encoded(url) -> Raw:
-    visitor = Raw(url)
+def encoded(url, address: str = "10.0.0.1") -> Raw:
+    visitor = from_address(url, address)
     ok, out = visitor.call("encode", ["shapes-llava", "", "image", {"path": EXAMPLE["path"]}, None,
                                       EXAMPLE["prompt"], *CTL])
     assert ok and "196 visual tokens" in out[1], out
@@ -50,8 +64,8 @@ def test_throw_away_sessions_evict_no_visitor_who_encoded(space):
     assert ok, out
     start = rss(proc)
     refused = 0
-    for _ in range(12 * SESSIONS):  # 12x Gradio's store: every call a new session that reads nothing
-        ok, _ = Raw(url).call("settings", ["not a settings string"])
+    for i in range(12 * SESSIONS):  # 12x Gradio's store: every call a new session that reads nothing
+        ok, _ = from_address(url, f"10.1.0.{i}").call("settings", ["not a settings string"])
         refused += not ok  # a sentence (the string is bad); the session took its place in Gradio's store anyway
     assert refused == 12 * SESSIONS
     ok, out, loaded = view(visitor)
@@ -63,10 +77,45 @@ def test_throw_away_sessions_evict_no_visitor_who_encoded(space):
 def test_the_kept_sessions_are_bounded_by_those_that_encoded(space):
     _, url = space
     first = encoded(url)
-    for _ in range(SESSIONS):  # four more encoded sessions: the first is the least recently used of five
-        encoded(url)
+    for i in range(SESSIONS):  # four more encoded sessions: the first is the least recently used of five
+        encoded(url, f"10.2.0.{i}")
     ok, out, _ = view(first)
     assert not ok and STALE in str(out), out
+
+
+def settings(raw: Raw) -> tuple[bool, object]:
+    """/settings with a bad string: (False, its sentence), or the refusal's text (HTTP 429)."""
+    import httpx
+
+    try:
+        return raw.call("settings", ["x"])
+    except httpx.HTTPStatusError as e:
+        return False, e.response.text
+
+
+def test_an_address_opens_a_bounded_number_of_new_sessions(space):
+    _, url = space
+    kept = from_address(url, "10.9.9.9")
+    assert settings(kept)[1] != TOO_MANY_SESSIONS.format(burst=NEW_PER_MIN, rate=NEW_PER_MIN)
+    got = [settings(from_address(url, "10.9.9.9"))[1] for _ in range(2 * NEW_PER_MIN)]
+    refused = [g for g in got if g == TOO_MANY_SESSIONS.format(burst=NEW_PER_MIN, rate=NEW_PER_MIN)]
+    # the bucket held 20 and refills by a third of a session a second while the calls run (a few seconds)
+    assert NEW_PER_MIN <= len(refused) + 1 and len(got) - len(refused) <= NEW_PER_MIN + 6, (len(refused), len(got))
+    ok, out = settings(kept)  # a session the address has already: passes (a sentence about the string)
+    assert out != TOO_MANY_SESSIONS.format(burst=NEW_PER_MIN, rate=NEW_PER_MIN), out
+    visitor = encoded(url, "10.0.0.2")  # another address opens its own
+    assert view(visitor)[0]
+
+
+def test_new_sessions_refill_by_the_minute_and_known_ones_pass():
+    now = [0.0]
+    gate = NewSessions(per_minute=6, burst=2, clock=lambda: now[0])
+    assert gate.admit("a", "s1") and gate.admit("a", "s2") and not gate.admit("a", "s3")
+    assert gate.admit("a", "s1") and gate.admit("b", "t1")  # a known session; another address's bucket
+    assert not gate.admit("a", None)  # a call that gets a session of its own counts as new
+    now[0] = 10.0  # one more a 10 s
+    assert gate.admit("a", "s3") and not gate.admit("a", "s4")
+    assert NewSessions(per_minute=0).admit("a", None)
 
 
 def _state(n: int) -> UIState:
