@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "MIPRUNER_MAX_CLIENT_REQUESTS)")
     p.add_argument("--new-sessions-per-min", type=float, default=os.environ.get("MIPRUNER_NEW_SESSIONS_PER_MIN"),
                    help="new browser sessions one address may open a minute, as many at once (HTTP 429 past it; 0: no "
-                        "bound; default 60 when hosted, else 0; env MIPRUNER_NEW_SESSIONS_PER_MIN)")
+                        "bound; default 20 when hosted, else 0; env MIPRUNER_NEW_SESSIONS_PER_MIN)")
     p.add_argument("--head-timeout-s", type=float, default=float(os.environ.get("MIPRUNER_HEAD_TIMEOUT_S", 10)),
                    help="seconds a connection may take to send a request's headers before it is closed with HTTP 408 "
                         "(default 10; env MIPRUNER_HEAD_TIMEOUT_S)")
@@ -148,7 +148,7 @@ def body_limits(args: argparse.Namespace):
     from components.hosting.policy import is_hosted
 
     per_min = args.new_sessions_per_min
-    per_min = (60.0 if is_hosted(args.host, args.share) else 0.0) if per_min is None else float(per_min)
+    per_min = (20.0 if is_hosted(args.host, args.share) else 0.0) if per_min is None else float(per_min)
     if not per_min >= 0:
         raise SystemExit(f"--new-sessions-per-min must be >= 0, got {per_min!r}")
     return Limits(max_body_bytes=args.max_body_kb << 10, idle_s=args.body_timeout_s, body_s=20 * args.body_timeout_s,

@@ -23,7 +23,7 @@ class NewSessions:
     """Per address, `burst` new session hashes at once and `per_minute` more a minute; the last `remember` hashes
     seen pass without counting. per_minute 0: no bound."""
 
-    def __init__(self, per_minute: float = 60, burst: int | None = None, remember: int = 20_000,
+    def __init__(self, per_minute: float = 20, burst: int | None = None, remember: int = 20_000,
                  clock: Callable[[], float] = time.monotonic):
         self.per_minute = float(per_minute)
         self.burst = int(burst if burst is not None else max(1, per_minute))

@@ -58,7 +58,7 @@ class Limits:
     body_s: float = 600.0  # longest time for a whole body
     per_client: int = 64  # requests of one client in progress at once
     part_bytes: int = 8192  # room reserved per multipart part beyond its bytes: its last block and its folder
-    new_sessions_per_min: float = 60  # new session hashes one client may bring a minute (as many at once; 0: any)
+    new_sessions_per_min: float = 20  # new session hashes one client may bring a minute (as many at once; 0: any)
 
 
 EVENT_ROUTES = ("/queue/join", "/run/", "/call/")  # the routes whose calls run an event in a session

@@ -199,7 +199,7 @@ def test_limits_come_from_the_flags():
     assert app.body_limits(args) == Limits(max_body_bytes=64 << 10, idle_s=5, body_s=100, per_client=8,
                                            new_sessions_per_min=0)  # local: any number of new sessions
     hosted = app.parse_args(["--model", "shapes-llava", "--host", "0.0.0.0"])
-    assert app.body_limits(hosted).new_sessions_per_min == 60
+    assert app.body_limits(hosted).new_sessions_per_min == 20
     assert app.body_limits(app.parse_args([*hosted_args(), "--new-sessions-per-min", "5"])).new_sessions_per_min == 5
     with pytest.raises(SystemExit, match="--new-sessions-per-min must be >= 0"):
         app.body_limits(app.parse_args(["--model", "shapes-llava", "--new-sessions-per-min", "-1"]))
