@@ -86,17 +86,19 @@ class Turns:
         self.max_waiting = max_waiting
         self._cv = threading.Condition(threading.Lock())
         self._held = False
-        self._lines: dict[int, deque] = {}  # owner key -> its waiting tickets, first first
-        self._ring: deque[int] = deque()  # owners with a waiting ticket, the next to go first
-        self._labels: dict[int, object] = {}  # owner key -> its `label`, while it has a line
+        self._lines: dict[object, deque] = {}  # owner key -> its waiting tickets, first first
+        self._ring: deque = deque()  # owners with a waiting ticket, the next to go first
+        self._labels: dict[object, object] = {}  # owner key -> its `label`, while it has a line
         self._granted: object | None = None  # the ticket the slot was handed to, until its thread takes it
         self.granted = 0
         self.history: deque = deque(maxlen=HISTORY)
         self.waited: deque = deque(maxlen=HISTORY)  # (owner's label, turns others took while it waited) per turn
 
     @staticmethod
-    def _key(owner) -> int:
-        return 0 if owner is None else id(owner)
+    def _key(owner):
+        """An owner's line: a name (str) by its value (two requests of one connection carry equal names, not
+        one object), None as the anonymous owner, any other object (a session) by its identity."""
+        return owner if owner is None or isinstance(owner, str) else id(owner)
 
     def waiting(self, owner=None) -> int:
         """Requests of `owner` waiting for the slot now."""
@@ -150,7 +152,7 @@ class Turns:
         self.granted += 1
         self.history.append(who)
 
-    def _drop(self, key: int, ticket) -> None:
+    def _drop(self, key, ticket) -> None:
         line = self._lines.get(key)
         if line is None:
             return

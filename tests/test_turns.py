@@ -55,6 +55,27 @@ def test_a_flooders_queue_does_not_go_before_another_sessions_request():
     assert [n for who, n in turns.waited if who == "visitor"] == [1]  # one flooder's turn while it waited
 
 
+def test_one_connection_is_one_line_whatever_string_object_names_it():
+    """The app names each call's owner by its connection's session hash, a new str object per request: equal
+    names share one line (a flooder's calls do not each get a turn of the ring) and one cap."""
+    def name(s: str) -> str:
+        return "".join(list(s))  # equal, never the same object
+
+    turns, got = Turns(max_waiting=2), []
+    turns.acquire("holder")
+    flood = []
+    for _ in range(2):
+        flood += queue_up(turns, name("flooder"), got, 1)
+    assert turns.waiting_by_owner() == {"flooder": 2}
+    with pytest.raises(Busy, match="2 requests waiting"):
+        turns.acquire(name("flooder"))
+    visitor = queue_up(turns, name("visitor"), got, 1)
+    turns.release()
+    for t in flood + visitor:
+        t.join(WAIT)
+    assert got == ["flooder", "visitor", "flooder"]
+
+
 def test_three_owners_take_turns_in_a_ring():
     turns, got = Turns(), []
     with turns:  # the anonymous owner (the warm-up, a sweep's item) holds it first
