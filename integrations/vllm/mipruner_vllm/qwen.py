@@ -1,6 +1,6 @@
-"""Qwen2.5-VL in vLLM with mipruner's pruning of images.
+"""Qwen2.5-VL in vLLM with mipruner's pruning of images and videos.
 
-`embed_multimodal` returns K of each image's merged tokens, chosen by `mipruner.prune`, each with
+`embed_multimodal` returns K of each image's or video's merged tokens, chosen by `mipruner.prune`, each with
 4 extra channels (t, h, w, extent): its M-RoPE column in the unpruned image and the image's
 unpruned extent. vLLM's runner (`recompute_mrope_positions`, the mechanism of vLLM's EVS) strips
 them and places the kept tokens at their unpruned columns, the text after the image where it is
@@ -8,7 +8,10 @@ without pruning: so the kept tokens keep their unpruned M-RoPE positions, as mip
 do. (vLLM's EVS writes llm_grid_w as the extent; the unpruned extent here makes K = N equal
 unmodified vLLM for every aspect ratio.) The runner applies it only when its multimodal-pruning
 flag is on: `runner.enable_position_recompute` sets it for these classes.
-Videos are not pruned by this plug-in; with vLLM's `video_pruning_rate` they go through EVS.
+A video's tokens are frame-major (t, h', w'); the worker gives the method `frame_index` (each token's
+token-frame: 2 sampled frames) and the (t, row, col) grid, so EVS, VidCom2 and every method's per-frame
+option run as in `mipruner.select`. An engine started with vLLM's own `--video-pruning-rate` keeps vLLM's
+EVS for videos, and the front end refuses `mipruner_method` on its videos.
 """
 from __future__ import annotations
 
