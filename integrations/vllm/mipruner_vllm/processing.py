@@ -15,7 +15,7 @@ from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import EmbeddingItems
 from vllm.multimodal.processing.processor import PromptReplacement
 
-from .request import PruneRequest, check_budget, parse, strip, why_not
+from .request import PREFIX, PruneRequest, check_budget, parse, strip, why_not
 
 FIELD = "mipruner_spec"
 VIDEO_FIELD = "mipruner_video_spec"
@@ -35,7 +35,12 @@ class ProcessorMixin:
     _mipruner_media: tuple[str, ...] = ("image",)
 
     def _mipruner_request(self, kwargs) -> PruneRequest | None:
+        """The request's mipruner fields, else (it gives none) the engine's (`LLM(mm_processor_kwargs=...)`, the
+        server's `--mm-processor-kwargs`, lmms-eval's model_args): vLLM hands this processor the request's only."""
         tok = self.info.get_tokenizer()
+        if not any(str(k).startswith(PREFIX) for k in kwargs):
+            engine = self.info.ctx.get_mm_config().mm_processor_kwargs or {}
+            kwargs = {**{k: v for k, v in engine.items() if str(k).startswith(PREFIX)}, **kwargs}
         return parse(kwargs, lambda text: tok.encode(text, add_special_tokens=False))
 
     def _call_hf_processor(self, hf_data, hf_kwargs):
