@@ -2,7 +2,8 @@
 
 Keys (all optional; without `mipruner_method` nothing is pruned):
   mipruner_method  a registered pre-LLM method with a fixed count ("mi", "random", "similarity",
-                   "divprune", "cdpruner", "pool", or one a plug-in registered with `register_pruner`)
+                   "divprune", "cdpruner", "pool", or one a plug-in registered with `register_pruner`;
+                   on a video also "vidcom2" and "evs", whose count the grid fixes: COUNT_FROM_GRID)
   mipruner_budget  tokens kept per image or video: an int in [1, N], or a float in (0, 1], a share of N
   mipruner_query   the words the text-reading methods score against (vLLM hands the multimodal
                    processor no prompt, so the client sends them; they enter vLLM's item hash)
