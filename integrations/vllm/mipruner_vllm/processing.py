@@ -1,5 +1,6 @@
 """The front end's side, shared by every family: this plug-in's keys kept away from the HF processor,
-the checked request attached to each image as a tensor field, and K placeholders per image.
+the checked request attached to each image (field `mipruner_spec`) and each video (`mipruner_video_spec`)
+as a tensor field, and K placeholders per image or video.
 
 Everything a user can get wrong raises ValueError here, in the front-end processor, so vLLM rejects
 that one request (HTTP 400 on the server) and the engine keeps serving; the worker then trusts it.
@@ -14,9 +15,11 @@ from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import EmbeddingItems
 from vllm.multimodal.processing.processor import PromptReplacement
 
-from .request import PruneRequest, check_budget, parse, strip
+from .request import PREFIX, PruneRequest, check_budget, parse, strip, why_not
 
 FIELD = "mipruner_spec"
+VIDEO_FIELD = "mipruner_video_spec"
+FIELDS = {"image": FIELD, "video": VIDEO_FIELD}
 
 
 class InfoMixin:
@@ -27,10 +30,17 @@ class InfoMixin:
 
 
 class ProcessorMixin:
-    """A `*MultiModalProcessor` that prunes images: field `mipruner_spec` and K image placeholders."""
+    """A `*MultiModalProcessor` that prunes the media in `_mipruner_media`: their spec fields and K placeholders."""
+
+    _mipruner_media: tuple[str, ...] = ("image",)
 
     def _mipruner_request(self, kwargs) -> PruneRequest | None:
+        """The request's mipruner fields, else (it gives none) the engine's (`LLM(mm_processor_kwargs=...)`, the
+        server's `--mm-processor-kwargs`, lmms-eval's model_args): vLLM hands this processor the request's only."""
         tok = self.info.get_tokenizer()
+        if not any(str(k).startswith(PREFIX) for k in kwargs):
+            engine = self.info.ctx.get_mm_config().mm_processor_kwargs or {}
+            kwargs = {**{k: v for k, v in engine.items() if str(k).startswith(PREFIX)}, **kwargs}
         return parse(kwargs, lambda text: tok.encode(text, add_special_tokens=False))
 
     def _call_hf_processor(self, hf_data, hf_kwargs):
@@ -38,41 +48,64 @@ class ProcessorMixin:
 
     def _postprocess_hf_mm_data(self, mm_inputs, hf_processor_mm_kwargs, processed_data):
         out = super()._postprocess_hf_mm_data(mm_inputs, hf_processor_mm_kwargs, processed_data)
-        images = mm_inputs.get("images")
         req = self._mipruner_request(hf_processor_mm_kwargs)
-        if req is not None and mm_inputs.get("videos"):
-            raise ValueError("mipruner_method prunes images; this request also has a video, which this plug-in "
-                             "does not prune (use vLLM's video_pruning_rate for Qwen videos, or send it alone)")
-        if images:
-            out[FIELD] = PruneRequest.off_tensor(len(images)) if req is None else req.to_tensor(len(images))
+        for medium, key in (("image", "images"), ("video", "videos")):
+            items = mm_inputs.get(key)
+            if not items:
+                continue
+            if req is not None:
+                if medium not in self._mipruner_media:
+                    raise ValueError(f"mipruner_method prunes {' and '.join(self._mipruner_media)} with this model; "
+                                     f"this request has a {medium}, which it does not prune")
+                reason = why_not(req.method, medium)
+                if reason:
+                    raise ValueError(reason)
+                if medium == "video" and self.info.ctx.get_mm_config().video_pruning_rate:
+                    raise ValueError("mipruner_method on a video of an engine started with --video-pruning-rate "
+                                     "(vLLM's own EVS): use one of the two (mipruner_method evs is that rule)")
+            out[FIELDS[medium]] = PruneRequest.off_tensor(len(items)) if req is None else req.to_tensor(len(items))
         return out
 
     def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
         return dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs),
-                    **{FIELD: MultiModalFieldConfig.batched("image", keep_on_cpu=True)})
+                    **{FIELDS[m]: MultiModalFieldConfig.batched(m, keep_on_cpu=True) for m in self._mipruner_media})
 
     def _get_prompt_updates(self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs):
         updates = list(super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs))
         req = self._mipruner_request(hf_processor_mm_kwargs)
         if req is None:
             return updates
-        if isinstance(mm_items.get("image"), EmbeddingItems):
-            raise ValueError("mipruner_method prunes images given as pixels; this request gives image embeddings "
-                             "(prune them before sending, with mipruner.prune)")
+        for medium in self._mipruner_media:
+            if isinstance(mm_items.get(medium), EmbeddingItems):
+                raise ValueError(f"mipruner_method prunes media given as pixels; this request gives {medium} "
+                                 f"embeddings (prune them before sending, with mipruner.prune)")
         for i, up in enumerate(updates):
-            if up.modality == "image" and isinstance(up, PromptReplacement):
-                updates[i] = dataclasses.replace(up, replacement=_pruned(up.replacement, req))
+            if up.modality in self._mipruner_media and isinstance(up, PromptReplacement):
+                frames = _frames(out_mm_kwargs, up.modality)
+                updates[i] = dataclasses.replace(up, replacement=_pruned(up.replacement, req, frames))
         return updates
 
 
-def _pruned(replacement, req: PruneRequest):
-    """The image's replacement with K of its N placeholder tokens (the scheduler and KV cache see K)."""
+def _frames(out_mm_kwargs, medium: str):
+    """item -> its frames along time: a video's temporal grid (`video_grid_thw`'s t), else 1."""
+
+    def get(item_idx: int) -> int:
+        if medium != "video":
+            return 1
+        grid = out_mm_kwargs[medium][item_idx].get("video_grid_thw")
+        return 1 if grid is None else int(grid.data.reshape(-1)[0])
+
+    return get
+
+
+def _pruned(replacement, req: PruneRequest, frames):
+    """The medium's replacement with K of its N placeholder tokens (the scheduler and KV cache see K)."""
 
     def get(item_idx: int):
         full = replacement(item_idx) if callable(replacement) else replacement
         if not isinstance(full, list) or len(set(full)) != 1:
-            raise ValueError("mipruner: this model's image placeholders are not one repeated token; pruning them "
+            raise ValueError("mipruner: this model's placeholders are not one repeated token; pruning them "
                              "is not supported")
-        return full[:check_budget(req, len(full))]
+        return full[:check_budget(req, len(full), frames(item_idx))]
 
     return get

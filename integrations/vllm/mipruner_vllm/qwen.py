@@ -1,6 +1,6 @@
-"""Qwen2.5-VL in vLLM with mipruner's pruning of images.
+"""Qwen2.5-VL in vLLM with mipruner's pruning of images and videos.
 
-`embed_multimodal` returns K of each image's merged tokens, chosen by `mipruner.prune`, each with
+`embed_multimodal` returns K of each image's or video's merged tokens, chosen by `mipruner.prune`, each with
 4 extra channels (t, h, w, extent): its M-RoPE column in the unpruned image and the image's
 unpruned extent. vLLM's runner (`recompute_mrope_positions`, the mechanism of vLLM's EVS) strips
 them and places the kept tokens at their unpruned columns, the text after the image where it is
@@ -8,7 +8,10 @@ without pruning: so the kept tokens keep their unpruned M-RoPE positions, as mip
 do. (vLLM's EVS writes llm_grid_w as the extent; the unpruned extent here makes K = N equal
 unmodified vLLM for every aspect ratio.) The runner applies it only when its multimodal-pruning
 flag is on: `runner.enable_position_recompute` sets it for these classes.
-Videos are not pruned by this plug-in; with vLLM's `video_pruning_rate` they go through EVS.
+A video's tokens are frame-major (t, h', w'); the worker gives the method `frame_index` (each token's
+token-frame: 2 sampled frames) and the (t, row, col) grid, so EVS, VidCom2 and every method's per-frame
+option run as in `mipruner.select`. An engine started with vLLM's own `--video-pruning-rate` keeps vLLM's
+EVS for videos, and the front end refuses `mipruner_method` on its videos.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from vllm.model_executor.models.qwen2_5_vl import (Qwen2_5_VLDummyInputsBuilder,
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.video_prune.evs import compute_mrope_for_media
 
-from .processing import FIELD, InfoMixin, ProcessorMixin
+from .processing import FIELD, VIDEO_FIELD, InfoMixin, ProcessorMixin
 from .request import PruneRequest
 from .select import choose
 
@@ -42,7 +45,7 @@ class QwenModelMixin:
             yield (offset, 1, 1, k, 1.0) if k != t * h * w else (offset, t, h, w, t_factor)
 
     def embed_multimodal(self, **kwargs):
-        specs = kwargs.pop(FIELD, None)
+        specs, vspecs = kwargs.pop(FIELD, None), kwargs.pop(VIDEO_FIELD, None)
         mm = self._parse_and_validate_multimodal_inputs(**kwargs)
         merge = self.visual.spatial_merge_size
         embed_ids = self.get_language_model().embed_input_ids
@@ -59,14 +62,19 @@ class QwenModelMixin:
                     out += (full,)
             elif modality == "video":
                 videos = self._process_video_input(inp)
-                if self.is_multimodal_pruning_enabled:  # vLLM's EVS, unchanged
+                if getattr(self, "video_pruning_rate", None):  # vLLM's own EVS (--video-pruning-rate), unchanged
                     out += tuple(self._postprocess_video_embeds_evs(videos, inp))
                     continue
                 tps = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
                 secs = inp.get("second_per_grid_ts")
                 for j, (emb, thw) in enumerate(zip(videos, inp["video_grid_thw"].tolist())):
                     s = float(secs[j]) if secs is not None else 1.0
-                    out += (with_positions(emb, thw, merge, tps, s),)
+                    full = with_positions(emb, thw, merge, tps, s)
+                    req = None if vspecs is None else PruneRequest.from_tensor(vspecs[j])
+                    if req is not None:  # frame-major tokens: thw[0] frames of (h', w')
+                        rows, keep = choose(req, emb, embed_ids, (thw[1] // merge, thw[2] // merge), thw[0])
+                        full = torch.cat([rows, full[keep, -4:]], dim=1)
+                    out += (full,)
         return out
 
 
@@ -75,7 +83,7 @@ class MiPrunerQwen2_5_VLProcessingInfo(InfoMixin, Qwen2_5_VLProcessingInfo):
 
 
 class MiPrunerQwen2_5_VLMultiModalProcessor(ProcessorMixin, Qwen2_5_VLMultiModalProcessor):
-    pass
+    _mipruner_media = ("image", "video")
 
 
 @MULTIMODAL_REGISTRY.register_processor(MiPrunerQwen2_5_VLMultiModalProcessor, info=MiPrunerQwen2_5_VLProcessingInfo,

@@ -2,8 +2,9 @@
 
 Keys (all optional; without `mipruner_method` nothing is pruned):
   mipruner_method  a registered pre-LLM method with a fixed count ("mi", "random", "similarity",
-                   "divprune", "cdpruner", "pool", or one a plug-in registered with `register_pruner`)
-  mipruner_budget  tokens kept per image: an int in [1, N], or a float in (0, 1], a share of N
+                   "divprune", "cdpruner", "pool", or one a plug-in registered with `register_pruner`;
+                   on a video also "vidcom2" and "evs", whose count the grid fixes: COUNT_FROM_GRID)
+  mipruner_budget  tokens kept per image or video: an int in [1, N], or a float in (0, 1], a share of N
   mipruner_query   the words the text-reading methods score against (vLLM hands the multimodal
                    processor no prompt, so the client sends them; they enter vLLM's item hash)
   mipruner_<param> any parameter of the method, e.g. mipruner_lam=0.5, mipruner_seed=3 (the MI family's
@@ -21,13 +22,17 @@ from dataclasses import dataclass, field
 import torch
 
 from mipruner.pruners._registry import get_pruner
+from mipruner.pruners.evs import retained_count
 from mipruner.pruners.lam_rule import resolve_lam
 from mipruner.pruners.selection import resolve_budget
 
 PREFIX = "mipruner_"
 METHOD, BUDGET, QUERY = PREFIX + "method", PREFIX + "budget", PREFIX + "query"
-# Encoding inputs this integration gives a method: the image's token grid (pool) only.
-GIVEN_INPUTS = frozenset({"grid", "cache"})
+# Encoding inputs this integration gives a method: the token grid (pool) and, for a video, each token's frame.
+GIVEN_INPUTS = frozenset({"grid", "cache", "frame_index"})
+# Adaptive methods whose count is a function of the media's token grid alone, known before scheduling:
+# EVS keeps min(budget, vLLM's compute_retained_tokens_count(P, T, rate)) (mipruner.pruners.evs).
+COUNT_FROM_GRID = frozenset({"evs"})
 
 
 def strip(kwargs) -> dict:
@@ -35,8 +40,9 @@ def strip(kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if not str(k).startswith(PREFIX)}
 
 
-def why_not(name: str) -> str | None:
-    """None when method `name` runs inside vLLM here, else the sentence saying why it cannot."""
+def why_not(name: str, medium: str = "any") -> str | None:
+    """None when method `name` runs inside vLLM here on `medium` ("image", "video" or "any"), else the
+    sentence saying why it cannot."""
     try:
         spec = get_pruner(name)
     except (LookupError, ValueError) as e:  # an unknown name, with mipruner's "did you mean"
@@ -47,10 +53,10 @@ def why_not(name: str) -> str | None:
     if spec.stage == "vision":
         return (f"mipruner_method {name!r} reads the vision encoder's attention ({', '.join(sorted(spec.needs))}), "
                 f"which vLLM's fused attention kernels do not return: use a projector-stage method")
-    if spec.video:
-        return (f"mipruner_method {name!r} selects along time and needs a video; this plug-in prunes images "
-                f"(for Qwen videos use vLLM's own video_pruning_rate)")
-    if spec.adaptive:
+    if spec.video and medium == "image":
+        return (f"mipruner_method {name!r} selects along time and needs a video; this request's media are images "
+                f"(send the video, or an image method)")
+    if spec.adaptive and name not in COUNT_FROM_GRID:
         return (f"mipruner_method {name!r} chooses its own token count after the encoder runs, but vLLM fixes each "
                 f"image's placeholder count before scheduling: use a method with a fixed count")
     missing = sorted(set(spec.needs) - {"text"}) + sorted(set(spec.inputs) - GIVEN_INPUTS)
@@ -66,9 +72,12 @@ class PruneRequest:
     params: dict = field(default_factory=dict)
     query_ids: tuple[int, ...] = ()
 
-    def k(self, n: int) -> int:
-        """Tokens kept of an image of `n` tokens (mipruner's own rule: `resolve_budget`)."""
-        return resolve_budget(self.budget, n)
+    def k(self, n: int, frames: int = 1) -> int:
+        """Tokens kept of a medium of `n` tokens in `frames` frames (mipruner's own rule: `resolve_budget`;
+        EVS at a rate q > 0: also at most vLLM's retained count, as `mipruner.pruners.evs`)."""
+        k = resolve_budget(self.budget, n)
+        q = float(self.params.get("video_pruning_rate", 0.0)) if self.method in COUNT_FROM_GRID else 0.0
+        return min(k, retained_count(n // frames, frames, q)) if q > 0 else k
 
     def to_tensor(self, n_items: int) -> torch.Tensor:
         """(n_items, L) uint8: this request as JSON, one row per image (all rows equal)."""
@@ -129,9 +138,9 @@ def parse(kwargs, tokenize) -> PruneRequest | None:
     return PruneRequest(method, budget, bound, ids)
 
 
-def check_budget(req: PruneRequest, n: int) -> int:
-    """K for an image of n tokens; ValueError (naming mipruner_budget) when the budget exceeds n."""
+def check_budget(req: PruneRequest, n: int, frames: int = 1) -> int:
+    """K for a medium of n tokens in `frames` frames; ValueError (naming mipruner_budget) when the budget exceeds n."""
     try:
-        return req.k(n)
+        return req.k(n, frames)
     except ValueError as e:
         raise ValueError(f"mipruner_budget: {e}") from None

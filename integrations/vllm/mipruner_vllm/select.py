@@ -18,24 +18,28 @@ from .request import PruneRequest
 RECORD: collections.deque = collections.deque(maxlen=64)
 
 
-def grid_rows(h: int, w: int, device) -> torch.Tensor:
-    """(h*w, 3) int64 rows (view 0, row, col) of one image's token grid, row-major (pool's `grid`)."""
-    r = torch.arange(h, device=device).repeat_interleave(w)
-    c = torch.arange(w, device=device).repeat(h)
-    return torch.stack([torch.zeros_like(r), r, c], dim=1)
+def grid_rows(h: int, w: int, device, t: int = 1) -> torch.Tensor:
+    """(t*h*w, 3) int64 rows (frame, row, col) of one medium's token grid, row-major per frame (pool's `grid`)."""
+    f = torch.arange(t, device=device).repeat_interleave(h * w)
+    r = torch.arange(h, device=device).repeat_interleave(w).repeat(t)
+    c = torch.arange(w, device=device).repeat(h * t)
+    return torch.stack([f, r, c], dim=1)
 
 
-def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int]):
-    """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the image's N tokens.
-    embed_ids: (Q,) ids -> (Q, d) the LLM's input embeddings (the query's T); hw: the token grid."""
+def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int], frames: int = 0):
+    """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the medium's N tokens.
+    embed_ids: (Q,) ids -> (Q, d) the LLM's input embeddings (the query's T); hw: one frame's token grid;
+    frames: a video's frames along time (its tokens frame-major, `frame_index` given), 0 for an image."""
     spec = get_pruner(req.method)
     text = None
     if req.query_ids:
         ids = torch.tensor(req.query_ids, dtype=torch.long, device=visual.device)
         text = embed_ids(ids).to(visual.dtype)
-    extra = {"grid": grid_rows(*hw, visual.device)} if "grid" in spec.inputs else {}
-    sel = prune(req.method, visual=visual, text=text if "text" in spec.needs else None, budget=req.k(visual.shape[0]),
-                **req.params, **extra)
+    extra = {"grid": grid_rows(*hw, visual.device, max(frames, 1))} if "grid" in spec.inputs else {}
+    if frames and "frame_index" in spec.accepts:
+        extra["frame_index"] = torch.arange(frames, device=visual.device).repeat_interleave(hw[0] * hw[1])
+    sel = prune(req.method, visual=visual, text=text if "text" in spec.needs else None,
+                budget=req.k(visual.shape[0], max(frames, 1)), **req.params, **extra)
     rows = sel.tokens.to(visual.dtype) if sel.tokens is not None else visual[sel.keep]
     if os.environ.get("MIPRUNER_VLLM_RECORD") == "1":
         RECORD.append({"method": req.method, "n": int(visual.shape[0]), "keep": sel.keep.cpu()})

@@ -25,8 +25,8 @@ FAMILIES = {  # family -> (builder, our architecture)
     "llava": (tiny_models.build_llava, "MiPrunerLlavaForConditionalGeneration"),
     "qwen2_5_vl": (tiny_models.build_qwen2_5_vl, "MiPrunerQwen2_5_VLForConditionalGeneration"),
 }
-ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, distributed_executor_backend="uni", seed=0,
-              limit_mm_per_prompt={"image": 2, "video": 0})
+ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, distributed_executor_backend="uni", seed=0)
+LIMITS = {"llava": {"image": 2, "video": 0}, "qwen2_5_vl": {"image": 2, "video": 1}}  # media per prompt
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,8 @@ def engine(request, models):
 
     fam = request.param
     path, adapter = models[fam]
-    llm = LLM(model=str(path), hf_overrides={"architectures": [FAMILIES[fam][1]]}, **ENGINE)
+    llm = LLM(model=str(path), hf_overrides={"architectures": [FAMILIES[fam][1]]}, limit_mm_per_prompt=LIMITS[fam],
+              **ENGINE)
     yield fam, llm, adapter, path
     del llm
     gc.collect()

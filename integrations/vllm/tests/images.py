@@ -1,4 +1,4 @@
-"""Test images: random coloured blocks, reproducible from (width, height, seed)."""
+"""Test media: random coloured blocks, reproducible from (width, height, seed); a video of such frames."""
 import numpy as np
 from PIL import Image
 
@@ -7,3 +7,19 @@ def image(width: int, height: int, seed: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     cells = rng.integers(0, 256, size=(4, 4, 3), dtype=np.uint8)
     return Image.fromarray(cells).resize((width, height), Image.NEAREST)
+
+
+FPS = 2.0
+
+
+def frames(count: int, width: int, height: int, seed: int) -> list[Image.Image]:
+    """`count` frames in pairs (Qwen's temporal patch of 2 frames), each pair its own random blocks."""
+    return [image(width, height, seed * 100 + i // 2) for i in range(count)]
+
+
+def video(count: int, width: int, height: int, seed: int):
+    """vLLM's video item: (T, H, W, 3) uint8 frames and their metadata (already sampled, at FPS)."""
+    arr = np.stack([np.asarray(f) for f in frames(count, width, height, seed)])
+    meta = {"fps": FPS, "duration": count / FPS, "total_num_frames": count, "frames_indices": list(range(count)),
+            "video_backend": "opencv", "do_sample_frames": False}
+    return arr, meta

@@ -17,7 +17,9 @@ import torch
 import mipruner
 from mipruner import register_pruner, Selection
 from mipruner_vllm import select as worker
-from images import image
+from images import FPS, frames, image, video
+from conftest import LIMITS
+from mipruner.media import Video
 
 QUESTION = "what is in the image ?"
 TOKENS = 8
@@ -32,8 +34,12 @@ def first_k(visual, text, budget):
     return Selection.from_order(torch.arange(budget, device=visual.device), torch.zeros(n, device=visual.device))
 
 
-def prompt_of(adapter) -> str:
-    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+# (frames, width, height, seed): Qwen videos of 2 token-frames of 4 x 4 and of 2 token-frames of 4 x 6.
+VIDEOS = {"qwen2_5_vl": [(4, 112, 112, 0), (4, 112, 168, 1)]}
+
+
+def prompt_of(adapter, kind: str = "image") -> str:
+    msgs = [{"role": "user", "content": [{"type": kind}, {"type": "text", "text": QUESTION}]}]
     return adapter.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
 
 
@@ -51,9 +57,25 @@ def run(llm, adapter, img, kwargs_list):
     return llm.generate(reqs, sampling(), use_tqdm=False)
 
 
+def run_video(llm, adapter, vid, kwargs_list):
+    """vLLM's outputs for one video under each mm_processor_kwargs, submitted as one batch."""
+    reqs = [{"prompt": prompt_of(adapter, "video"), "multi_modal_data": {"video": video(*vid)},
+             "mm_processor_kwargs": kw} for kw in kwargs_list]
+    worker.RECORD.clear()
+    return llm.generate(reqs, sampling(), use_tqdm=False)
+
+
+def media_of(medium):
+    """mipruner's input for an image (width, height, seed) or a video (frames, width, height, seed)."""
+    if len(medium) == 3:
+        return image(*medium)
+    fs = frames(*medium)
+    return Video(fs, list(range(len(fs))), FPS, len(fs))
+
+
 def reference(fam, adapter, img, method=None, budget=None, **params):
-    """(kept indices or None, greedy tokens) of mipruner's transformers path on the same image and question."""
-    enc = mipruner.encode_for(adapter, image(*img), QUESTION, [method] if method else [])
+    """(kept indices or None, greedy tokens) of mipruner's transformers path on the same medium and question."""
+    enc = mipruner.encode_for(adapter, media_of(img), QUESTION, [method] if method else [])
     sel = None if method is None else mipruner.select(adapter, enc, method, budget, **params)
     pos = {"positions": "compact"} if fam == "llava" else {}
     ans = mipruner.answer(adapter, enc, sel, max_new_tokens=TOKENS, min_new_tokens=TOKENS, **pos)
@@ -65,14 +87,19 @@ def test_keep_all_equals_unmodified_vllm(engine, tmp_path):
     kinds = [{}, {"mipruner_method": "random", "mipruner_budget": 1.0}, {"mipruner_method": "mi", "mipruner_budget": 1.0,
                                                                           "mipruner_query": QUESTION}]
     ours = {img: [list(o.outputs[0].token_ids) for o in run(llm, adapter, img, kinds)] for img in IMAGES[fam]}
-    spec = {"model": str(path), "max_tokens": TOKENS,
-            "requests": [{"prompt": prompt_of(adapter), "image": list(img)} for img in IMAGES[fam]]}
+    vids = VIDEOS.get(fam, [])
+    ours.update({vid: [list(o.outputs[0].token_ids) for o in run_video(llm, adapter, vid, kinds + [
+        {"mipruner_method": "evs", "mipruner_budget": 1.0}, {"mipruner_method": "vidcom2", "mipruner_budget": 1.0}])]
+        for vid in vids})
+    spec = {"model": str(path), "max_tokens": TOKENS, "limits": LIMITS[fam],
+            "requests": [{"prompt": prompt_of(adapter), "image": list(img)} for img in IMAGES[fam]]
+            + [{"prompt": prompt_of(adapter, "video"), "video": list(vid)} for vid in vids]}
     (tmp_path / "req.json").write_text(json.dumps(spec))
     subprocess.run([sys.executable, str(Path(__file__).with_name("stock_vllm.py")), str(tmp_path / "req.json"),
                     str(tmp_path / "out.json")], check=True, timeout=600)
     stock = json.loads((tmp_path / "out.json").read_text())
-    for img, want in zip(IMAGES[fam], stock):
-        assert ours[img] == [want] * len(kinds), (fam, img)
+    for img, want in zip(IMAGES[fam] + vids, stock):
+        assert ours[img] == [want] * len(ours[img]), (fam, img)
         assert reference(fam, adapter, img)[1] == want, (fam, img)  # and transformers' unpruned answer
 
 
@@ -102,6 +129,51 @@ def test_pruned_equals_transformers_path(engine):
             assert list(out.outputs[0].token_ids) == tokens, (fam, img, method, k)
         if method == "vllm_test_first":
             assert keep == list(range(k))
+
+
+VIDEO_CASES = [  # (method, budget, params) on a video: whole-video, time-aware and per-frame fixed counts
+    ("evs", 12, {}), ("vidcom2", 10, {}), ("random", 9, {"seed": 1}),
+    ("divprune", 8, {"per_frame": "even"}), ("mi", 11, {}), ("pool", 8, {"per_frame": "even"}),
+]
+
+
+def test_video_pruned_equals_transformers_path(engine):
+    fam, llm, adapter, _ = engine
+    if fam not in VIDEOS:
+        pytest.skip(f"{fam}: no video input in this family")
+    wrong = []  # greedy-token mismatches, all reported at once (kept indices and lengths assert at once)
+    for vid in VIDEOS[fam]:
+        kwargs = [{"mipruner_method": m, "mipruner_budget": k, "mipruner_query": QUESTION,
+                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in VIDEO_CASES]
+        full = run_video(llm, adapter, vid, [{}])[0]
+        outs = run_video(llm, adapter, vid, kwargs)
+        records = list(worker.RECORD)
+        for (method, k, params), out in zip(VIDEO_CASES, outs):
+            keep, tokens = reference(fam, adapter, vid, method, k, **params)
+            n = records[0]["n"]
+            assert len(full.prompt_token_ids) - len(out.prompt_token_ids) == n - len(keep), (vid, method)
+            mine = [r for r in records if r["method"] == method and r["keep"].tolist() == keep]
+            assert len(mine) == 1, (vid, method, keep, [(r["method"], r["keep"].tolist()) for r in records])
+            if list(out.outputs[0].token_ids) != tokens:
+                wrong.append((vid, method, k, list(out.outputs[0].token_ids), tokens))
+    assert not wrong, wrong
+
+
+
+@pytest.mark.xfail(strict=True, reason="open: EVS keeping frame 0 whole and 3 tokens of frame 1 (budget 19, or a "
+                   "rate of 0.4, on the square video) keeps the indices and prompt length of mipruner.select, but "
+                   "its greedy tokens leave mipruner.answer's at token 7 (docs/vllm.md)")
+@pytest.mark.parametrize("params", [{}, {"video_pruning_rate": 0.4}])
+def test_video_evs_19_equals_transformers_path(engine, params):
+    fam, llm, adapter, _ = engine
+    if fam not in VIDEOS:
+        pytest.skip(f"{fam}: no video input in this family")
+    vid, budget = VIDEOS[fam][0], (1.0 if params else 19)
+    out = run_video(llm, adapter, vid, [{"mipruner_method": "evs", "mipruner_budget": budget,
+                                         **{f"mipruner_{p}": v for p, v in params.items()}}])[0]
+    keep, tokens = reference(fam, adapter, vid, "evs", budget, **params)
+    assert worker.RECORD[-1]["keep"].tolist() == keep and len(keep) == 19
+    assert list(out.outputs[0].token_ids) == tokens
 
 
 BAD = [  # (mm_processor_kwargs, words the ValueError must contain)
@@ -134,3 +206,28 @@ def test_bad_request_is_a_value_error_and_the_engine_serves_on(engine):
                                      "mipruner_query": QUESTION}])[0]
     assert list(after.outputs[0].token_ids) == list(before.outputs[0].token_ids)
     assert len(after.prompt_token_ids) == len(before.prompt_token_ids)
+
+
+def test_engine_defaults_prune_every_request(models):
+    """Fields given to the engine (`LLM(mm_processor_kwargs=...)`, lmms-eval's model_args) prune every request
+    that gives none of its own; a request's own fields replace them whole."""
+    import gc
+
+    from vllm import LLM
+
+    from conftest import ENGINE, FAMILIES
+
+    path, adapter = models["qwen2_5_vl"]
+    llm = LLM(model=str(path), hf_overrides={"architectures": [FAMILIES["qwen2_5_vl"][1]]},
+              limit_mm_per_prompt=LIMITS["qwen2_5_vl"],
+              mm_processor_kwargs={"mipruner_method": "random", "mipruner_budget": 5, "mipruner_seed": 2}, **ENGINE)
+    img = IMAGES["qwen2_5_vl"][0]
+    default, own = run(llm, adapter, img, [{}, {"mipruner_method": "divprune", "mipruner_budget": 7}])
+    records = {r["method"]: r["keep"].tolist() for r in worker.RECORD}
+    for method, k, out, params in [("random", 5, default, {"seed": 2}), ("divprune", 7, own, {})]:
+        keep, tokens = reference("qwen2_5_vl", adapter, img, method, k, **params)
+        assert records[method] == keep, method
+        assert list(out.outputs[0].token_ids) == tokens, method
+    assert len(own.prompt_token_ids) - len(default.prompt_token_ids) == 2
+    del llm
+    gc.collect()

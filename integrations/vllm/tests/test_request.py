@@ -2,7 +2,7 @@
 import pytest
 
 from mipruner.pruners._registry import METHODS, get_pruner
-from mipruner_vllm.request import PruneRequest, check_budget, parse, why_not
+from mipruner_vllm.request import COUNT_FROM_GRID, PruneRequest, check_budget, parse, why_not
 
 
 def words(text):
@@ -13,13 +13,23 @@ def test_every_registered_method_runs_or_says_why_not():
     runs = set()
     for name in METHODS:
         spec, reason = get_pruner(name), why_not(name)
-        fits = spec.stage == "projector" and not spec.adaptive and not spec.video
+        fits = spec.stage == "projector" and (not spec.adaptive or name in COUNT_FROM_GRID)
         assert (reason is None) == fits, (name, reason)
+        on_image = why_not(name, "image")
+        assert (on_image is None) == (fits and not spec.video), (name, on_image)
         if reason is None:
             runs.add(name)
         else:
             assert repr(name) in reason and "mipruner_method" in reason
-    assert {"mi", "random", "similarity", "divprune", "cdpruner", "pool"} <= runs
+    assert {"mi", "random", "similarity", "divprune", "cdpruner", "pool", "evs", "vidcom2"} <= runs
+
+
+def test_evs_count_is_known_before_scheduling():
+    """EVS at a rate: min(budget, vLLM's retained count max(P, int(T P (1 - q)))), from the grid alone."""
+    req = parse({"mipruner_method": "evs", "mipruner_budget": 1.0, "mipruner_video_pruning_rate": 0.4}, words)
+    assert check_budget(req, 64, 4) == 38 and check_budget(req, 32, 2) == 19
+    req = parse({"mipruner_method": "evs", "mipruner_budget": 10, "mipruner_video_pruning_rate": 0.4}, words)
+    assert check_budget(req, 64, 4) == 10
 
 
 def test_a_request_travels_to_the_worker_unchanged():
