@@ -20,7 +20,8 @@ from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, pru
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
 from .methods import answer, encode_for, needs_attention, select, select_batch, signals_for
 from .pruners.signals import Signals
-from .batch import answer_batch  # noqa: E402
+from .serve.batch import answer_batch  # noqa: E402
+from .models.common.generation import GenerationConfig  # noqa: E402  (torch only: no transformers)
 from .plugins import load_plugins  # noqa: E402  (installed plug-ins load on the registry's first use)
 
 __version__ = "0.2.0"
@@ -33,7 +34,7 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
+__all__ = ["GenerationConfig", "Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
            "load", "load_plugins", "needs_attention", "prune", "prune_batch", "register_pruner", "select",
            "select_batch",
            "signals_for", "__version__"]

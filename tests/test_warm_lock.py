@@ -7,8 +7,8 @@ import threading
 
 
 from mipruner.testing import embedded_encoding
-from mipruner.turns import Turns
-from mipruner.warm_up import warm_up
+from mipruner.serve.turns import Turns
+from mipruner.serve.warm_up import warm_up
 
 from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 

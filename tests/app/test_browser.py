@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from components.core.examples import load_examples
-from mipruner.engine import method_specs
+from mipruner.serve.service import method_specs
 from mipruner.viz import colormap_lut
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

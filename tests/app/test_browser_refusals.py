@@ -12,7 +12,7 @@ import pytest
 
 from components.core.examples import load_examples
 from components.core.logic import MAX_PANELS
-from mipruner.engine import method_specs
+from mipruner.serve.service import method_specs
 
 from .test_browser import chromium
 

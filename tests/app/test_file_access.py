@@ -65,7 +65,7 @@ def test_every_payload_shape_is_read_and_symlinks_are_resolved(tmp_path):
 
 
 def test_uploads_are_admitted_under_the_cap_and_kept_while_young(tmp_path):
-    from mipruner.files import FileBudget, FilesFull, disk_bytes
+    from mipruner.serve.files import FileBudget, FilesFull, disk_bytes
 
     (tmp_path / "probe").write_bytes(b"x")
     block = disk_bytes(os.stat(tmp_path / "probe"))  # what the disk holds for one small file (blocks, not bytes)
