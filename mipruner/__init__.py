@@ -11,6 +11,7 @@ transformers, are imported on first use of `mipruner.load`. Gradio is never impo
     ref, ans = mipruner.answer_batch(adapter, enc, [None, sel])  # several selections, one batch
     sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
     sels = mipruner.select_batch(adapter, encs, "mi", 64)     # B encodings' selections as one batched call
+    ans = mipruner.answer(adapter, enc, sel, config=mipruner.GenerationConfig(max_new_tokens=16))
 
 Methods from outside the package (plug-ins: installed packages declaring the entry-point group
 `mipruner.pruners`, MIPRUNER_PLUGINS, `mipruner.load_plugins("my_module")`): `mipruner.plugins`;
