@@ -131,7 +131,7 @@ def file_budget(args: argparse.Namespace):
     """The cap on Gradio's files (uploads, rendered panels, exports), in a folder of this app's own."""
     from gradio.utils import get_upload_folder
 
-    from mipruner.session import FileBudget
+    from mipruner.serve.session import FileBudget
 
     os.environ.setdefault("GRADIO_TEMP_DIR", os.path.join(tempfile.gettempdir(), "gradio-mipruner"))
     return FileBudget([get_upload_folder()], args.files_mb << 20)

@@ -11,6 +11,7 @@ transformers, are imported on first use of `mipruner.load`. Gradio is never impo
     ref, ans = mipruner.answer_batch(adapter, enc, [None, sel])  # several selections, one batch
     sel = mipruner.prune("mi", visual=V, text=T, budget=64)   # pre-LLM methods on plain tensors
     sels = mipruner.select_batch(adapter, encs, "mi", 64)     # B encodings' selections as one batched call
+    ans = mipruner.answer(adapter, enc, sel, config=mipruner.GenerationConfig(max_new_tokens=16))
 
 Methods from outside the package (plug-ins: installed packages declaring the entry-point group
 `mipruner.pruners`, MIPRUNER_PLUGINS, `mipruner.load_plugins("my_module")`): `mipruner.plugins`;
@@ -20,7 +21,8 @@ from .pruners import Param, PrunerSpec, Selection, get_pruner, list_pruners, pru
 from . import inllm  # noqa: E402,F401  (registers the in-LLM methods)
 from .methods import answer, encode_for, needs_attention, select, select_batch, signals_for
 from .pruners.signals import Signals
-from .batch import answer_batch  # noqa: E402
+from .serve.batch import answer_batch  # noqa: E402
+from .models.common.generation import GenerationConfig  # noqa: E402  (torch only: no transformers)
 from .plugins import load_plugins  # noqa: E402  (installed plug-ins load on the registry's first use)
 
 __version__ = "0.2.0"
@@ -33,7 +35,7 @@ def load(model_id_or_path: str, device=None, dtype=None, **kwargs):
     return _load(model_id_or_path, device=device, dtype=dtype, **kwargs)
 
 
-__all__ = ["Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
+__all__ = ["GenerationConfig", "Param", "PrunerSpec", "Selection", "Signals", "answer", "answer_batch", "encode_for", "get_pruner", "list_pruners",
            "load", "load_plugins", "needs_attention", "prune", "prune_batch", "register_pruner", "select",
            "select_batch",
            "signals_for", "__version__"]

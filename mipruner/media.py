@@ -347,7 +347,7 @@ def load_media(source, num_frames: int = 8):
 def media_hash(media: Any) -> str:
     """sha256 of the media's content: file bytes for a path, pixels for images, frames for videos.
 
-    The one media key of the package: the app's encoding cache (`mipruner.session`) and the lmms-eval
+    The one media key of the package: the app's encoding cache (`mipruner.serve.session`) and the lmms-eval
     answer cache (`mipruner.lmms.cache`) both key media by it, so the same media gets the same key in both."""
     h = hashlib.sha256()
 

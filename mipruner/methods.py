@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from .compute import attach_compute
+from .measure.compute import attach_compute
 from .models.base import Answer, Encoded
 from .models.common.generation import GenerationConfig
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
@@ -82,7 +82,7 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
     budget: int tokens in [1, N_V] or a share in (0, 1]. cache: one dict per encoding (optional).
     strict: unknown parameters raise TypeError; strict=False ignores them, so one dict of settings
     serves every method. Given an adapter with a decoder, `sel.extras["compute"]` is the selection's
-    prefill compute (`mipruner.compute.Compute`: FLOPs, visual-token-layers, KV bytes and their shares
+    prefill compute (`mipruner.measure.compute.Compute`: FLOPs, visual-token-layers, KV bytes and their shares
     of the unpruned model's).
     Methods with a `lam_rule` parameter (the MI family) get `lam` from the paper's rule when it is
     "auto" (the default unless `lam` alone is given): 1 for a closed-form `encoded.prompt`, 0.5
@@ -110,7 +110,7 @@ def select(adapter, encoded: Encoded, method: str, budget, *, cache: dict | None
                           _inputs(spec, encoded, cache, kw), kw)
     if note is not None:
         sel.extras.update(lam=kw["lam"], lam_note=note)
-    # its prefill compute (`mipruner.compute`), when the model has a decoder to count
+    # its prefill compute (`mipruner.measure.compute`), when the model has a decoder to count
     return sel if adapter is None else attach_compute(adapter, encoded, sel)
 
 

@@ -256,7 +256,7 @@ def answer_failures(name: str, adapter, encoded, max_new_tokens: int = 4) -> lis
     selection answers the same one by one with and without the select cache and through
     `answer_batch`; for any method, a pruned selection (merged rows, `prefix` included) answers
     with as many visual tokens as reach the LLM."""
-    from .batch import answer_batch
+    from .serve.batch import answer_batch
     from .methods import answer
 
     spec, out, n = get_pruner(name), [], encoded.n_visual

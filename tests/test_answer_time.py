@@ -1,11 +1,11 @@
-"""mipruner.answer_time: the prefill FLOPs of a row, and the shares of a batched call's answers."""
+"""mipruner.serve.answer_time: the prefill FLOPs of a row, and the shares of a batched call's answers."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from mipruner.answer_time import own_timing, row_prefill_flops, split_batch, timing_line
+from mipruner.serve.answer_time import own_timing, row_prefill_flops, split_batch, timing_line
 from mipruner.models.base import Answer
 
 # a Llama-like text config: 2 layers, d 8, 2 heads of 4 (1 kv head), MLP 16, vocabulary 10

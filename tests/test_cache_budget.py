@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.engine import Engine
-from mipruner.session import CacheBudget, FileBudget, Session, StaleKeyError, nbytes
-from mipruner.session import EncodingKey
+from mipruner.serve.service import ModelService
+from mipruner.serve.session import CacheBudget, FileBudget, Session, StaleKeyError, nbytes
+from mipruner.serve.session import EncodingKey
 
 EX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 
@@ -95,7 +95,7 @@ def adapter():
 
 def test_engine_caps_encodings_across_sessions(adapter):
     img = [os.path.join(EX, f"scene_{i}.png") for i in range(3)]
-    probe = Engine(adapter, name="shapes-llava")
+    probe = ModelService(adapter, name="shapes-llava")
     s = probe.new_session()
     k = probe.encode(s, img[0], "is there a circle?")
     probe.view(s, k, ["mi", "random"], 16)
@@ -105,7 +105,7 @@ def test_engine_caps_encodings_across_sessions(adapter):
     assert 0 < one < weights  # an encoding is charged, the shared model is not
     assert one >= adapter.encode(img[0], "is there a circle?").visual.numel() * 4
 
-    engine = Engine(adapter, name="shapes-llava", cache=CacheBudget(int(2.5 * one)))
+    engine = ModelService(adapter, name="shapes-llava", cache=CacheBudget(int(2.5 * one)))
     sessions = [engine.new_session() for _ in range(3)]
     keys = []
     for sess, path in zip(sessions, img):
@@ -131,7 +131,7 @@ def touch(path, size: int, mtime: float):
 
 
 def test_file_budget_removes_the_oldest_files_first(tmp_path):
-    from mipruner.files import disk_bytes
+    from mipruner.serve.files import disk_bytes
 
     now = [10_000.0]
     for i, age in enumerate((900, 600, 300, 100, 5)):  # 5 files of 1000 bytes, one per folder

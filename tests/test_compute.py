@@ -1,4 +1,4 @@
-"""The compute every selection reports (`mipruner.compute`, written out in docs/methods.md "Compute"):
+"""The compute every selection reports (`mipruner.measure.compute`, written out in docs/methods.md "Compute"):
 a pre-LLM method at K and keep-all equal the FLOPs formula restated here from the model's config;
 an in-LLM method counts its layers stage by stage; a withdraw-everything stage leaves no visual row;
 eval's --equal-compute picks, per method, the budget closest to the target share. Integers exactly."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.compute import LLMShape, compute_of
+from mipruner.measure.compute import LLMShape, compute_of
 from mipruner.eval.runner import closest_compute, evaluate, flops_share, format_rows, same_compute
 from mipruner.inllm._prompt import prompt_of
 from mipruner.testing import embedded_encoding

@@ -124,11 +124,11 @@ def picture() -> Image.Image:
 
 
 def test_the_engine_extends_a_cached_encoding_for_a_method_chosen_later(tmp_path, embedded):
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
 
     plugin(tmp_path)
     plugin(tmp_path, "far_heads", layer=40)
-    engine = Engine(embedded[0])
+    engine = ModelService(embedded[0])
     s = engine.new_session()
     key = engine.encode(s, picture(), "What colour is the square?", need_attention=True)  # as the app encodes
     before = engine.encoded(s, key)
@@ -168,10 +168,10 @@ def test_encode_for_records_what_the_methods_ask(embedded):
 def test_a_re_encoding_is_charged_to_the_byte_cap(tmp_path, embedded):
     """More signals are more bytes: the cap over every session's encodings hears of the re-encoding at
     once (here a second `encode` naming a method that asks for more), so memory stays bounded."""
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
 
     plugin(tmp_path)
-    engine = Engine(embedded[0])
+    engine = ModelService(embedded[0])
     s = engine.new_session()
     key = engine.encode(s, picture(), "What colour is the square?", need_attention=True)
     small = engine.cache.total_bytes

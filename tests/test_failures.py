@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.engine import Engine
+from mipruner.serve.service import ModelService
 from mipruner.eval.runner import evaluate
 from mipruner.eval.shapes import shapes_items
 from mipruner.eval.sweep import run_sweep
 from mipruner.eval.sweep.spec import Sweep
-from mipruner.failures import guarded, sentence
+from mipruner.serve.failures import guarded, sentence
 from mipruner.pruners._registry import ContractError, get_pruner
 
 from .conftest import raising_method
@@ -92,7 +92,7 @@ def test_sweep_records_failures_and_the_others_complete(adapter, boom):
 
 
 def test_the_engine_gives_the_broken_method_its_own_panel_and_answer(adapter, boom):
-    engine = Engine(adapter)
+    engine = ModelService(adapter)
     session = engine.new_session()
     key = engine.encode(session, IMAGE, "what color is the triangle?")
     views = engine.view(session, key, ["mi", boom, "random"], 16)

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from mipruner.files import FileBudget
+from mipruner.serve.files import FileBudget
 
 MIB = 1 << 20
 

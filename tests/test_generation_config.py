@@ -84,7 +84,7 @@ def test_abilities_are_declared_not_probed():
             abilities = {"batch_decoding": True}
     with pytest.raises(AttributeError):
         a.batch_decoding = False  # read from `abilities` only
-    src = (ROOT / "mipruner" / "batch.py").read_text()
+    src = (ROOT / "mipruner" / "serve" / "batch.py").read_text()
     assert 'getattr(adapter, "batch_' not in src
 
 

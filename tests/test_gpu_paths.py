@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mipruner
 from mipruner import inllm
-from mipruner.batch import answer_batch, use_decode_path
+from mipruner.serve.batch import answer_batch, use_decode_path
 
 from .conftest import TEST_DEVICE
 from .models import tester_models
@@ -249,7 +249,7 @@ def test_the_state_a_zerogpu_handler_receives_pickles():
     import pickle
 
     from components.core.logic import UIState
-    from mipruner.session import Session
+    from mipruner.serve.session import Session
 
     back = pickle.loads(pickle.dumps(UIState(session=Session())))
     assert isinstance(back.session, Session) and back.session.budget is None

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.batch import answer_batch, use_decode_path
+from mipruner.serve.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
 from mipruner.pruners import Selection, get_pruner, list_pruners, register_pruner, unregister_pruner
 from mipruner.pruners.video import NotApplicable
@@ -240,13 +240,13 @@ def test_an_answer_syncs_a_constant_number_of_times_per_step(syncs, models, fam,
 
 
 def test_a_slider_move_syncs_a_constant_number_of_times(syncs, models, tmp_path):
-    """`Engine.view` (one slider move: every method selects and its panel is drawn): its host copies
+    """`ModelService.view` (one slider move: every method selects and its panel is drawn): its host copies
     (kept indices for the mask, scores for the heat map, one comparison with the last drawn scores)
     are per panel, never per token."""
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
 
     ad = models[0]["llava"]
-    engine = Engine(ad)
+    engine = ModelService(ad)
     session = engine.new_session()
     counts = {}
     for nf in (2, 8):

@@ -1,5 +1,5 @@
 """The architecture holds: imports point down the layers only, the UI reaches the library through the
-engine, modules stay small, and the package installs as a wheel without the app's dependencies."""
+model service, mipruner/ is entry modules and rooms, modules stay small, and the package installs as a wheel without the app's dependencies."""
 from __future__ import annotations
 
 import ast
@@ -13,24 +13,33 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Layer of each part of the project; a module may import only from layers <= its own.
+# Layer of each part of the project; a module may import only from layers <= its own (docs/architecture.md
+# draws it). mipruner/ is entry modules (TOP_MODULES) and folders, a folder a room (TOP_FOLDERS).
 LAYERS = {
-    "mipruner.registry": 0, "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.models": 1, "mipruner.inllm": 2, "mipruner.methods": 3,
-    "mipruner.viz": 3, "mipruner.render": 3, "mipruner.answer_cache": 3, "mipruner.viz_layout": 3, "mipruner.colorbar": 3, "mipruner.prompt_words": 3, "mipruner.export": 3, "mipruner.text_table": 0, "mipruner.turns": 0, "mipruner.batch": 3, "mipruner.answer_time": 1, "mipruner.plugins": 3, "mipruner.testing": 3, "mipruner.session": 4, "mipruner.holdings": 4, "mipruner.check_pruner": 4,
-    "mipruner.engine": 4, "mipruner.eval": 4,
-    "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4,
+    # the floor: the one registry object, the methods on tensors, media reading, figures off a config
+    "mipruner.registry": 0, "mipruner.pruners": 0, "mipruner.media": 0, "mipruner.measure": 0,
+    "mipruner.models": 1, "mipruner.inllm": 2,
+    "mipruner.methods": 3, "mipruner.viz": 3,  # select / answer for every stage; drawing
+    # answering on a loaded model (answer_batch, the app's ModelService), plug-ins and their checks, the commands
+    "mipruner.serve": 4, "mipruner.plugins": 4, "mipruner.testing": 4, "mipruner.check_pruner": 4,
+    "mipruner.eval": 4, "mipruner.bench": 4, "mipruner.lmms": 4, "mipruner.shapes": 4,
     # the app: its logic without Gradio and its hosting (models, Spaces, ZeroGPU) side by side, the page above both
     "components.core": 5, "components.hosting": 5, "components.page": 6, "app": 7,
 }
+# mipruner/'s top level: the public front door (__init__.py) and the entry modules beside it, and the rooms.
+# A new module goes into a room; a new entry module or room is added here and in docs/architecture.md.
+TOP_MODULES = {"__init__.py", "methods.py", "registry.py", "media.py", "testing.py", "plugins.py", "check_pruner.py"}
+TOP_FOLDERS = {"pruners", "models", "inllm", "measure", "viz", "serve", "eval", "bench", "lmms", "shapes"}
 # components/ is these folders and nothing flat beside them; only the page imports gradio
 APP_ROOMS = {"page": True, "core": False, "hosting": False}  # folder -> may import gradio
-# What the UI may use from the library: the engine (registry specs, sessions), media/viz helpers,
-# the sweeps (run on the engine's model and lock), and the toy model's scene and question generators for its
-# examples, and the family table (data: which checkpoints to suggest). No pruner, model or in-LLM module.
-UI_ALLOWED = ("mipruner.engine", "mipruner.models.families", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz", "mipruner.colorbar", "mipruner.shapes.scenes", "mipruner.shapes.questions",
-              "mipruner.session",
-              "mipruner.export",
-              "mipruner.answer_time",  # what an answer of a batched call may show as its own time (no model code)
+# What the UI may use from the library: the model service (registry specs, sessions, exports, an answer's own
+# time), media and drawing (viz/), the sweeps (run on the service's model and lock), the toy model's scene and
+# question generators for its examples, and the family table (data: which checkpoints to suggest). No pruner,
+# model or in-LLM module.
+UI_ALLOWED = ("mipruner.serve.service", "mipruner.serve.session", "mipruner.serve.export",
+              "mipruner.serve.answer_time",  # what an answer of a batched call may show as its own time (no model code)
+              "mipruner.models.families", "mipruner.eval.sweep", "mipruner.media", "mipruner.viz",
+              "mipruner.shapes.scenes", "mipruner.shapes.questions",
               "mipruner.models.common.generation")  # the one GenerationConfig, which checks the answer length
 
 
@@ -92,7 +101,7 @@ def test_no_import_points_up_a_layer():
     assert not bad, "\n".join(bad)
 
 
-def test_ui_reads_the_library_through_the_engine():
+def test_ui_reads_the_library_through_the_model_service():
     bad = []
     for path in sources():
         if not module_name(path).startswith("components"):
@@ -104,6 +113,19 @@ def test_ui_reads_the_library_through_the_engine():
             if (mod == "mipruner" or mod.startswith("mipruner.")) and not mod.startswith(UI_ALLOWED):
                 bad.append(f"{os.path.relpath(path, ROOT)}:{abs(line)} imports {mod}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_library_top_level_is_entry_modules_and_rooms():
+    """mipruner/ holds only the entry modules (TOP_MODULES) and the room folders (TOP_FOLDERS), each a package:
+    a new loose module fails here (it belongs in a room), and every room has a layer in LAYERS."""
+    base = os.path.join(ROOT, "mipruner")
+    modules = {f for f in os.listdir(base) if f.endswith(".py")}
+    folders = {d for d in os.listdir(base) if os.path.isdir(os.path.join(base, d)) and d != "__pycache__"}
+    assert modules == TOP_MODULES, f"loose modules {sorted(modules - TOP_MODULES)}, missing {sorted(TOP_MODULES - modules)}"
+    assert folders == TOP_FOLDERS, f"folders {sorted(folders - TOP_FOLDERS)} not rooms, missing {sorted(TOP_FOLDERS - folders)}"
+    assert all(os.path.isfile(os.path.join(base, d, "__init__.py")) for d in folders)  # no namespace package
+    unlayered = [n for n in [*TOP_MODULES - {"__init__.py"}, *folders] if layer_of(f"mipruner.{n.removesuffix('.py')}") is None]
+    assert not unlayered, unlayered
 
 
 def test_the_app_is_in_rooms_and_only_the_page_imports_gradio():

@@ -22,7 +22,7 @@ import torch
 
 import mipruner
 from mipruner import inllm
-from mipruner.batch import answer_batch, use_decode_path
+from mipruner.serve.batch import answer_batch, use_decode_path
 from mipruner.media import write_video
 from mipruner.pruners import get_pruner, list_pruners
 from mipruner.pruners import mi as mi_mod

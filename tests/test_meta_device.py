@@ -227,7 +227,7 @@ def tiny_qwen(tmp_path_factory):
 def _answers(ad, enc, rows) -> dict:
     """Token ids of every decoding path on `rows` (selections made beforehand): one answer, the app's batch,
     the in-LLM decoder (FastV) and the GPU path (bucket + static cache), EOS masked for a fixed length."""
-    from mipruner.batch import answer_batch, use_decode_path
+    from mipruner.serve.batch import answer_batch, use_decode_path
 
     n = 5
     fixed = ad.fixed_length_kwargs(n)

@@ -1,5 +1,5 @@
 """No compilation inside a request, for every family and every shape a request can take: after
-`mipruner.warm_up` on the compiled path (bucket 64, static cache, compile; backend: dynamo's CompileCounter,
+`mipruner.serve.warm_up` on the compiled path (bucket 64, static cache, compile; backend: dynamo's CompileCounter,
 set in `common/decode.COMPILE`, which runs each captured graph eagerly), answers of 1, 32 and 512 new tokens,
 batches of 1 to 32 rows and a prompt longer than any warmed width capture no new graph: a shape outside the
 declared buckets runs eagerly (`DecodeState.eager` counts it), and its answer is the plain path's."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.batch import answer_batch
+from mipruner.serve.batch import answer_batch
 from mipruner.models.common import decode as D
-from mipruner.warm_up import warm_up
+from mipruner.serve.warm_up import warm_up
 
 from .models.batch_check import compare_all, one_by_one
 from .models.tiny import TINY, save_tiny

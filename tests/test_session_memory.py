@@ -19,8 +19,8 @@ import torch
 from PIL import Image
 
 import mipruner
-from mipruner.engine import Engine
-from mipruner.session import CacheBudget, CachedEncoding, EncodingKey, Release, Session, StaleKeyError, nbytes
+from mipruner.serve.service import ModelService
+from mipruner.serve.session import CacheBudget, CachedEncoding, EncodingKey, Release, Session, StaleKeyError, nbytes
 
 EX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "examples")
 CLIP = os.path.join(EX, "clip_0.mp4")
@@ -32,11 +32,11 @@ def adapter():
     return mipruner.load("shapes-llava", device="cpu")
 
 
-def charged(engine: Engine, session: Session, key) -> int:
+def charged(engine: ModelService, session: Session, key) -> int:
     return engine.cache.size_of(session, key)
 
 
-def held(engine: Engine, entry) -> int:
+def held(engine: ModelService, entry) -> int:
     return nbytes(entry, engine._weights, (engine.adapter,))
 
 
@@ -49,7 +49,7 @@ def test_every_part_of_an_entry_is_charged(adapter, media):
     """After encode, view and generate the cap holds exactly what the entry holds, and that covers the encoding,
     the selection cache, the panels' picture, every drawn map and every answer: drop any of them from the count
     (or forget to charge after a step) and the equalities below fail."""
-    engine = Engine(adapter, name="shapes-llava", cache=CacheBudget(1 << 30))
+    engine = ModelService(adapter, name="shapes-llava", cache=CacheBudget(1 << 30))
     s = engine.new_session()
     path = CLIP if media == "video" else os.path.join(EX, "scene_0.png")
     k = engine.encode(s, path, PROMPT, need_attention=True)

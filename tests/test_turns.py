@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mipruner.engine import Engine
+from mipruner.serve.service import ModelService
 from mipruner.media import write_video
 from mipruner.models.common.dummy import DummyAdapter
-from mipruner.turns import Busy, Turns
+from mipruner.serve.turns import Busy, Turns
 
 WAIT = 30.0  # seconds a thread may take to reach a state (a bound for a stuck test, not a timing)
 
@@ -124,7 +124,7 @@ def test_a_video_is_decoded_while_another_session_holds_the_model(tmp_path):
     frames = [Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)) for i in range(4)]
     path = write_video(frames, str(tmp_path / "clip.mp4"))
     a = Reading()
-    engine = a.engine = Engine(a)
+    engine = a.engine = ModelService(a)
     other, mine = engine.new_session(), engine.new_session()
     done = []
     engine.model_lock.acquire(other)  # another visitor's forward pass is under way
@@ -141,7 +141,7 @@ def test_a_video_is_decoded_while_another_session_holds_the_model(tmp_path):
 
 def test_the_engine_refuses_a_sessions_third_waiting_encode():
     a = Reading()
-    engine = a.engine = Engine(a, max_waiting=2)
+    engine = a.engine = ModelService(a, max_waiting=2)
     s, other = engine.new_session(), engine.new_session()
     img = [Image.fromarray(np.full((16, 16, 3), v, np.uint8)) for v in (10, 20, 30)]
     engine.model_lock.acquire(other)

@@ -168,7 +168,7 @@ def test_viz_does_not_import_pyplot_or_gradio():
     import subprocess
     import sys
 
-    code = ("import sys, mipruner, mipruner.viz, mipruner.engine;"
+    code = ("import sys, mipruner, mipruner.viz, mipruner.serve.service;"
             "from mipruner.bench.slider import synthetic_encoded as s;"
             "e = s(1, 2, 8, dim=4, n_text=2);"
             "mipruner.viz.scores_heatmap(e, [0., 1., 2., 3.]);"
@@ -246,7 +246,7 @@ def test_colour_bar_needs_a_range_and_is_memoised(image_enc):
 
 
 def test_every_method_says_what_its_scores_are():
-    from mipruner.engine import method_specs
+    from mipruner.serve.service import method_specs
 
     labels = {s.name: s.score_label for s in method_specs()}
     assert labels["random"] is None  # random draws: nothing to colour

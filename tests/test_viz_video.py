@@ -1,4 +1,4 @@
-"""A video drawn so it can be read (mipruner.viz_video): frames in a grid whose pixels map back to the right
+"""A video drawn so it can be read (mipruner.viz.video): frames in a grid whose pixels map back to the right
 token, the tokens kept per frame as a bar chart, and the temporal dissimilarity over every frame. Synthetic
 encodings, no model."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import mipruner
-from mipruner import viz, viz_video
+from mipruner import viz
+from mipruner.viz import video as viz_video
 from mipruner.bench.slider import synthetic_encoded
 from mipruner.pruners import Selection
 

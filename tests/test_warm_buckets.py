@@ -1,4 +1,4 @@
-"""No compilation inside a request: after `mipruner.warm_up` on the compiled path (bucket 64, static cache,
+"""No compilation inside a request: after `mipruner.serve.warm_up` on the compiled path (bucket 64, static cache,
 compile; backend: dynamo's CompileCounter, set in `common/decode.COMPILE`, which runs each captured graph
 eagerly), 20 requests with varied images, prompts, budgets and methods (each a first view: the unpruned
 answer with three methods' answers, then a slider move: the methods alone) capture no new graph; the
@@ -10,12 +10,12 @@ import threading
 import pytest
 import torch
 
-from mipruner.batch import answer_batch
+from mipruner.serve.batch import answer_batch
 from mipruner.methods import encode_for, select
 from mipruner.models.common import decode as P
 from mipruner.models.common import rows as R
 from mipruner.testing import embedded_encoding
-from mipruner.warm_up import buckets, warm_up
+from mipruner.serve.warm_up import buckets, warm_up
 
 from .models.tiny_llava import scene
 from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)

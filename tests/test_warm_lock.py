@@ -1,64 +1,32 @@
 """The warm-up holds the model's lock around every forward pass it runs (issue 51, section 5): visitors'
 requests meanwhile wait for a batch to finish instead of running beside it. A lock that records its owner
-and a forward pre-hook on every module of the model (removed afterwards) count the forwards run without it."""
+and forward hooks on every module of the model (tests/conftest.py's `OwnedLock`, `ModelForwards`; removed
+afterwards) count the forwards run without it."""
 from __future__ import annotations
 
 import threading
 
-
 from mipruner.testing import embedded_encoding
-from mipruner.turns import Turns
-from mipruner.warm_up import warm_up
+from mipruner.serve.turns import Turns
+from mipruner.serve.warm_up import warm_up
 
+from .conftest import ModelForwards, OwnedLock
 from .no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 
-class OwnedLock:
-    """A lock that knows which thread holds it."""
-
-    def __init__(self):
-        self._lock, self.owner = threading.Lock(), None
-
-    def __enter__(self):
-        self._lock.acquire()
-        self.owner = threading.get_ident()
-        return self
-
-    def __exit__(self, *exc):
-        self.owner = None
-        self._lock.release()
-
-
-class Forwards:
+class Forwards(ModelForwards):
     """Counts forwards of `model`'s modules (outermost calls only) with and without `held()`."""
 
     def __init__(self, model, held):
-        self.mine, self.held = {id(m) for m in model.modules()}, held
-        self.locked = self.unlocked = 0
-        self.depth = 0
+        super().__init__(model)
+        self.held, self.locked, self.unlocked = held, 0, 0
 
-    def pre(self, module, args):
-        if id(module) in self.mine:
-            if self.depth == 0:
-                if self.held():
-                    self.locked += 1
-                else:
-                    self.unlocked += 1
-            self.depth += 1
-
-    def post(self, module, args, out):
-        if id(module) in self.mine:
-            self.depth -= 1
-
-    def __enter__(self):
-        from torch.nn.modules import module as M
-
-        self.handles = [M.register_module_forward_pre_hook(self.pre), M.register_module_forward_hook(self.post)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
+    def seen(self, outer, others):
+        if outer:
+            if self.held():
+                self.locked += 1
+            else:
+                self.unlocked += 1
 
 
 def run_warm_up(lock, held):

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from mipruner.answer_time import own_timing
-from mipruner.engine import method_spec
+from mipruner.serve.answer_time import own_timing
+from mipruner.serve.service import method_spec
 
 from .messages import plain
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from mipruner.export import selection_to_json
+from mipruner.serve.export import selection_to_json
 
 
 def write_export(views, summary: dict, encoded, out_dir: str) -> list[str]:

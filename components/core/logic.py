@@ -14,10 +14,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from mipruner.engine import MethodView, method_spec, method_specs
+from mipruner.serve.service import MethodView, method_spec, method_specs
 from mipruner.media import is_video_path
 from mipruner.models.common.generation import GenerationConfig
-from mipruner.session import EncodingKey, FileBudget, Session, StaleKeyError
+from mipruner.serve.session import EncodingKey, FileBudget, Session, StaleKeyError
 
 from ..hosting.hub import ModelHub
 from ..hosting.spaces_gpu import DURATIONS, generate_seconds

@@ -9,7 +9,7 @@ import os
 import re
 import unicodedata
 
-from mipruner.engine import PromptWords
+from mipruner.serve.service import PromptWords
 from mipruner.media import image_problem, video_problem
 
 _PATH = re.compile(r"(?<![\w:/.~-])(?:/[^/\s'\"]+){2,}/?")  # an absolute path of 2+ parts (not a URL)

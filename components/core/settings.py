@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mipruner.engine import TEXT_MODES, check_budget, method_spec
-from mipruner.engine import parameters as all_params
+from mipruner.serve.service import TEXT_MODES, check_budget, method_spec
+from mipruner.serve.service import parameters as all_params
 from .messages import short
 
 FIELDS = {"methods": "m", "budget": "b", "text_mode": "tm", "heat": "ht"}

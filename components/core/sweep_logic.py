@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from mipruner import viz
-from mipruner.engine import TEXT_MODES, method_spec, parameters
+from mipruner.serve.service import TEXT_MODES, method_spec, parameters
 from mipruner.eval import sweep as sweeps
 
 from .logic import UIState, UserError, user_errors

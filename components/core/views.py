@@ -3,7 +3,7 @@
 On CPU hardware a 5-view LLaVA-OneVision encode takes tens of seconds; its base view alone is 1 view (g x g tokens
 and a newline), so the page's "Fewer views for speed" box is ticked there by default (`fewer_by_default`) and the
 status line says so (`views_note`); on a GPU (ZeroGPU included) it is unticked and hidden. An encode with all views and one with the
-base view are different encodings (`mipruner.session.EncodingKey.views`).
+base view are different encodings (`mipruner.serve.session.EncodingKey.views`).
 """
 from __future__ import annotations
 

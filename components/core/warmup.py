@@ -1,20 +1,20 @@
 """The compiled decoding path's warm-up: the start-up model answers on `DecodePath(bucket=64,
-static_cache=True, compile=True)` (`mipruner.batch.use_decode_path`) once the shapes of the app's
+static_cache=True, compile=True)` (`mipruner.serve.batch.use_decode_path`) once the shapes of the app's
 first views have compiled.
 
 A compiled prefill or decoding step is specialised to its shapes (rows padded to a power of two, the
 width to the bucket; the step also to its static cache's size), and compiling one takes tens of seconds
-on a GPU. So at start-up, before a visitor asks, `WarmUp.run` has the engine (`Engine.warm_up`, i.e.
-`mipruner.warm_up`) encode the gallery's first example with its prompt and answer, on the compiled
+on a GPU. So at start-up, before a visitor asks, `WarmUp.run` has the engine (`ModelService.warm_up`, i.e.
+`mipruner.serve.warm_up`) encode the gallery's first example with its prompt and answer, on the compiled
 path, the batches the first views ask for (the default view, a slider move, one unpruned answer) and
 then one batch per shape of the fixed set: every row count up to the view's and every width bucket up
 to the example's unpruned prompt plus one bucket, at the app's answer length (`--max-new-tokens`).
 The warm-up is the model's, not a session's: its encoding is its own and is dropped afterwards.
 Until it is done the adapter stays on the plain path, so requests arriving meanwhile answer there
-(they wait only while one batch of the warm-up holds the model: `Engine.model_lock`); then the
+(they wait only while one batch of the warm-up holds the model: `ModelService.model_lock`); then the
 decode path is switched under the model lock. Each step is published (`message`, read by the page's
 status line and the encode status), and a failure leaves the plain path with one sentence: the app
-never stops for it. The shapes it compiled become the adapter's declared buckets (`mipruner.warm_up`):
+never stops for it. The shapes it compiled become the adapter's declared buckets (`mipruner.serve.warm_up`):
 a request of any other shape (a prompt longer than the warmed widths, more rows, another answer length)
 runs eagerly, so no request compiles. Models loaded after start-up answer on the plain path.
 """
@@ -48,7 +48,7 @@ class WarmUp:
     """The warm-up of one engine's model on `path` (module docstring). `state`: "waiting", "warming",
     "ready" or "failed"; `message` says which in a sentence; `on_change(message)` is called at each step.
 
-    engine: the start-up model's `mipruner.engine.Engine`; media, prompt: what to encode (the gallery's
+    engine: the start-up model's `mipruner.serve.service.ModelService`; media, prompt: what to encode (the gallery's
     first example); methods, budget, max_new_tokens: the default view's settings."""
 
     def __init__(self, engine, media, prompt: str, methods, budget, max_new_tokens: int, *,
@@ -89,7 +89,7 @@ class WarmUp:
             self.on_change(self.message)
 
     def run(self) -> bool:
-        """Warm up now (in this thread: `Engine.warm_up`); True when the compiled path is on. Never raises."""
+        """Warm up now (in this thread: `ModelService.warm_up`); True when the compiled path is on. Never raises."""
         t0 = time.perf_counter()
         try:
             self._set(state="waiting")

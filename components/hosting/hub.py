@@ -1,10 +1,10 @@
-"""Which models the app can run, and one shared `Engine` per loaded model.
+"""Which models the app can run, and one shared `ModelService` per loaded model.
 
 The embedded model (`shapes-llava`, shipped under assets/) is loaded at start-up and never
 unloaded: it is the fallback when another model cannot be loaded (offline, missing weights, out of
 memory, unsupported type). At most `max_loaded` models are held at once; loading another drops the
 least recently used one that is not the fallback. Engines hold no per-user state (see
-`mipruner.engine`), so one engine per model serves every browser session; they share one byte cap
+`mipruner.serve.service`), so one engine per model serves every browser session; they share one byte cap
 on cached encodings (`CacheBudget`).
 
 What may be loaded is a `ModelPolicy` (components.hosting.policy): an allow-list of ids, a size cap read
@@ -20,9 +20,9 @@ import urllib.parse
 from collections import OrderedDict
 from typing import Callable
 
-from mipruner.engine import DEFAULT_CACHE_BYTES, Engine, load_adapter
+from mipruner.serve.service import DEFAULT_CACHE_BYTES, ModelService, load_adapter
 from mipruner.models.families import suggested_models
-from mipruner.session import CacheBudget
+from mipruner.serve.session import CacheBudget
 
 from ..core.messages import plain, short
 from .policy import ModelPolicy, cached_locally, looks_local
@@ -92,7 +92,7 @@ class ModelHub:
         self.device, self.dtype, self.max_loaded = device, dtype, max_loaded
         self.fallback = fallback
         self._loader = loader
-        self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._engines: OrderedDict[str, ModelService] = OrderedDict()
         self._lock = threading.Lock()
         self.default = default
         self.startup_message = ""
@@ -134,7 +134,7 @@ class ModelHub:
             return self._loader(name, self.device, self.dtype)
         return load_adapter(name, device=self.device, dtype=self.dtype)
 
-    def _load(self, name: str) -> Engine:
+    def _load(self, name: str) -> ModelService:
         with self._lock:
             if name in self._engines:
                 self._engines.move_to_end(name)
@@ -147,7 +147,7 @@ class ModelHub:
             except Exception as e:  # noqa: BLE001 - any failure is reported, the app stays up
                 gc.collect()
                 raise ModelLoadError(describe_load_error(name, e), load_error_reason(e)) from e
-            self._engines[name] = Engine(adapter, name=name, cache=self.cache)
+            self._engines[name] = ModelService(adapter, name=name, cache=self.cache)
             while len(self._engines) > self.max_loaded:
                 victim = next((k for k in self._engines if k not in (self.fallback, name)), None)
                 if victim is None:
@@ -156,7 +156,7 @@ class ModelHub:
                 gc.collect()
             return self._engines[name]
 
-    def get(self, name: str | None) -> tuple[Engine, str]:
+    def get(self, name: str | None) -> tuple[ModelService, str]:
         """(engine, message). An empty name means the default; a failed load returns the fallback
         engine and a message saying so (the message is empty on success)."""
         name = (name or "").strip() or self.default

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.to_thread
 
-from mipruner.session import FileBudget
+from mipruner.serve.session import FileBudget
 
 from .new_sessions import NewSessions
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import gradio as gr
 
-from mipruner.engine import Busy, visitor
+from mipruner.serve.service import Busy, visitor
 
 from ..core.kept import Kept, kept_in
 from ..core.logic import UserError
@@ -29,7 +29,7 @@ from .handlers import ENCODE_FIELDS, Handlers, Media, controls_of
 
 PROGRESS = (inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress()),)
 # Gradio injects the request (by annotation, never an API input): a plain event takes the model's turns as its
-# connection (`mipruner.engine.visitor`), so one client's calls share one line and one cap
+# connection (`mipruner.serve.service.visitor`), so one client's calls share one line and one cap
 MAX_CALLS = 3  # model calls one connection may have under way (one running, two waiting: the engine's cap)
 REQUEST = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=gr.Request)
 _END = object()

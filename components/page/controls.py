@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from mipruner.engine import TEXT_MODES, method_specs, parameters
+from mipruner.serve.service import TEXT_MODES, method_specs, parameters
 
 from ..core.logic import UserError, budget_of, check_methods, method_choices
 from ..core.settings import DEFAULT_METHODS, Settings

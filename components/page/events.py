@@ -84,7 +84,7 @@ def wire(logic: AppLogic, state: gr.State, inp, ctl: C.Controls, act: C.Actions,
     # the API's endpoints (one named input per control) on hidden buttons; the page's buttons run the
     # same handlers with the controls boxed, sharing each endpoint's concurrency limit
     api = {name: gr.Button(name, visible=False) for name in ("encode", "view", "generate", "inspect", "export")}
-    # several at once reach the engine, whose model slot sessions take in turns (mipruner/turns.py) and which
+    # several at once reach the engine, whose model slot sessions take in turns (mipruner/serve/turns.py) and which
     # refuses a session's third waiting request at once: Gradio's own queue would serve one flooder's 40 first
     encoding = dict(concurrency_id="encode", concurrency_limit=MODEL_CALLS)
     answering = dict(concurrency_id="generate", concurrency_limit=MODEL_CALLS)

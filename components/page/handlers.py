@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from mipruner.engine import parameters
+from mipruner.serve.service import parameters
 
 from ..core.logic import MAX_PANELS, AppLogic, UIState, UserError, check_methods
 from ..core.messages import plain

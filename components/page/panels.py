@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import gradio as gr
 from PIL import Image
 
-from mipruner.answer_time import timing_line
-from mipruner.engine import method_spec
+from mipruner.serve.answer_time import timing_line
+from mipruner.serve.service import method_spec
 
 from ..core.logic import MAX_PANELS, label
 from ..core.panel_files import IMAGES
@@ -131,7 +131,7 @@ def method_notes(sel) -> str:
         notes.append(f"K = {sel.budget} chosen per input (the budget caps it)")
     if sel.extras.get("withdrawn_at") is not None:  # an in-LLM stage kept no visual token
         notes.append(f"all withdrawn from layer {sel.extras['withdrawn_at']}")
-    if sel.extras.get("compute") is not None:  # `mipruner.compute`: the prefill compute it implies
+    if sel.extras.get("compute") is not None:  # `mipruner.measure.compute`: the prefill compute it implies
         notes.append(sel.extras["compute"].text())
     return "".join(f" · {n}" for n in notes)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from mipruner.engine import method_specs
+from mipruner.serve.service import method_specs
 
 from ..core import sweep_logic as SL
 from ..core.logic import UserError

@@ -1,7 +1,7 @@
 """A video on the page: its frames in a grid that can be read, one frame picked at full width, a click
 mapped back through either, the tokens kept per frame under each panel, and the video-only controls (shown for a video only).
 
-The drawing is the library's (`mipruner.viz_video`: the grid layout, the timeline, the dissimilarity
+The drawing is the library's (`mipruner.viz.video`: the grid layout, the timeline, the dissimilarity
 map); this module only decides how the page shows it. Panel images are `gr.Image`s, which never enlarge
 a picture past its own size (`object-fit: scale-down`) and fit it in the component's height: a video's
 images therefore take the panel's width at their own height ("auto"), and a picked frame is enlarged
@@ -13,7 +13,7 @@ import math
 
 import gradio as gr
 
-from mipruner.viz_video import video_params
+from mipruner.viz.video import video_params
 
 from ..core.logic import UIState
 from ..core.panel_files import IMAGES
@@ -60,7 +60,7 @@ def timeline_field(view) -> tuple[dict, object]:
 
 
 def build_video_controls(params: dict, widget) -> tuple[gr.Column, dict]:
-    """The video-only parameters (`mipruner.viz_video.video_params`: EVS's rate, the per-frame budget split) in a
+    """The video-only parameters (`mipruner.viz.video.video_params`: EVS's rate, the per-frame budget split) in a
     group of their own under the budget, hidden until a video is encoded (`shown_for`). params: every
     parameter by name; widget(p): its control (`controls.param_widget`). Returns the group and
     {name: widget}; they feed the page's controls like every other parameter (live, in the settings string)."""

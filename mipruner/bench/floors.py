@@ -14,7 +14,7 @@ lengths, `prompts`):
 - one decoding step: the LLM's weights plus the KV cache of every row (the context at the middle of
   the answer) read once, over the bandwidth (`decode_weight_ms`: the weights alone, the issue's
   "weight-bandwidth floor" of the per-token goal).
-FLOPs per row: `mipruner.answer_time.row_prefill_flops` (LLM) and `tower_flops` (a ViT's blocks and the
+FLOPs per row: `mipruner.serve.answer_time.row_prefill_flops` (LLM) and `tower_flops` (a ViT's blocks and the
 projector), both approximations from the configs (norms, softmax and rotary left out).
 
 The floor of a ratio of two cells (`floor_ratio`) is the ratio of their floors: in ms where the device's
@@ -23,8 +23,8 @@ every ratio, so that "0.514x generate's" reads against "floor 0.506".
 """
 from __future__ import annotations
 
-from mipruner.answer_time import row_prefill_flops
-from mipruner.compute import LLMShape
+from mipruner.serve.answer_time import row_prefill_flops
+from mipruner.measure.compute import LLMShape
 
 # (substrings of torch.cuda.get_device_name, all must match) -> figures; TFLOP/s dense, GB/s
 DEVICES = [

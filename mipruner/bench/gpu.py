@@ -11,9 +11,9 @@ Latency, batch 1 (`efficiency.make_run`: encode -> select -> answer, what a user
   none              our unpruned answer (`adapter.generate`, on the chosen decoding path)
   <method> x budget every registered image method (or `--methods`) at 64 / 128 / 192 kept tokens
 Throughput, batch B in `--batches` (1, 8, 32), for `--batch-methods`: B items encoded with one
-vision-tower call (`mipruner.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
+vision-tower call (`mipruner.serve.batch.encode_items`; LLaVA-NeXT's tiles differ per aspect ratio and
 are encoded one by one), selected one by one, and answered as ONE batch
-(`mipruner.batch.answer_items`: kept sets packed into one prefill; in-LLM methods answer one by one);
+(`mipruner.serve.batch.answer_items`: kept sets packed into one prefill; in-LLM methods answer one by one);
 `generate` here is `model.generate` on the processor's batch of B prompts. Columns: items/s end to
 end, and LLM items/s = B / (time - encode - select).
 
@@ -39,7 +39,7 @@ import time
 import torch
 
 import mipruner
-from mipruner.batch import answer_items, encode_items, use_decode_path
+from mipruner.serve.batch import answer_items, encode_items, use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from .cli import add_run_options, command_parser, names, parse, write_json
@@ -173,8 +173,8 @@ def view_runs(adapter, image, budget: int, new_tokens: int):
     and as gpu-check's protocol times it: the unpruned answer alone; the selections of VIEW (cold
     cache) and the unpruned + pruned answers in one `mipruner.answer_batch` (the first view of an
     encoding); the same without the unpruned row (a later view: the app's answer cache holds the
-    unpruned answer, `mipruner.answer_cache`, so a slider move answers the pruned rows only)."""
-    from mipruner.batch import answer_batch
+    unpruned answer, `mipruner.serve.answer_cache`, so a slider move answers the pruned rows only)."""
+    from mipruner.serve.batch import answer_batch
 
     methods = [m for m in VIEW if m in list_pruners()]
     enc = mipruner.encode_for(adapter, image, PROMPT, methods)  # with what the view's methods read

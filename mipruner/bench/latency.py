@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from mipruner.batch import use_decode_path
+from mipruner.serve.batch import use_decode_path
 from mipruner.pruners import get_pruner, list_pruners
 
 from . import latency_runs as R

@@ -26,7 +26,7 @@ import torch
 from transformers import LogitsProcessorList
 
 import mipruner
-from mipruner.batch import answer_batch, answer_items, encode_items
+from mipruner.serve.batch import answer_batch, answer_items, encode_items
 
 
 class Clock:

@@ -12,7 +12,7 @@ rounds each running every cell of the group once, in turn):
               pruned prompt) and `select <method>` (`mipruner.select`, cold cache). Per method:
                 select_vs_saved  = select ms / (prefill none ms - prefill <method> ms)   (goal <= 0.05)
                 prefill_ratio    = prefill <method> ms / prefill none ms, beside its floor: the pruned prompt's
-                                   prefill FLOPs over the unpruned one's (`mipruner.compute`)
+                                   prefill FLOPs over the unpruned one's (`mipruner.measure.compute`)
               each a ratio of the cells' medians in this group.
   ttft F      (F in `--ttft-frames`, default the first frame count) end to end from the video:
               `generate` (transformers `model.generate` on the processor's inputs, which are prepared before
@@ -20,11 +20,11 @@ rounds each running every cell of the group once, in turn):
               (`mipruner.encode_for` -> `select` -> `answer`, the processor and the tower included), answers
               of `--lengths[0]` tokens. Ratios of the TTFT medians: evs / none and evs / generate, each beside
               its floor: the same ratio of the cells' LLM prefill FLOPs (`floors.cell_floor` with no tower
-              pass, `mipruner.compute`'s formula; in ms where the device's figures are known).
+              pass, `mipruner.measure.compute`'s formula; in ms where the device's figures are known).
   decode F    (the same F, answers of more than one token) DyCoke, whose DP masks visual keys at every decoding
               step: `decode dycoke-keep-all` (budget N_V, the in-LLM loop unpruned) and `decode dycoke` (the
               release's k = p = 0.7), per-token decode time from the answer's own marks; decode_ms_ratio beside
-              its floor, the decoding's FLOPs share (`mipruner.compute.decode_compute`). The keys are masked,
+              its floor, the decoding's FLOPs share (`mipruner.measure.compute.decode_compute`). The keys are masked,
               not gathered: SDPA still reads every cached key, so the time falls less than the FLOPs count.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 import mipruner
-from mipruner.compute import selection_compute
+from mipruner.measure.compute import selection_compute
 
 from . import latency_runs as R
 from . import video as V
@@ -140,7 +140,7 @@ def decode_cells(adapter, clock, enc, frames: int, n: int) -> tuple[list, dict]:
 
 def decode_goals(adapter, enc, cells: list[dict], frames: int, logs: dict) -> dict:
     """DyCoke's per-token decode time over keep-all's, beside its decoding FLOPs share (`decode_compute`)."""
-    from mipruner.compute import adapter_shape, decode_compute
+    from mipruner.measure.compute import adapter_shape, decode_compute
 
     med = {c["method"]: c["decode_ms_per_token"]["median"] for c in cells
            if c.get("frames") == frames and c["kind"] == "decode" and c.get("decode_ms_per_token")}
@@ -176,7 +176,7 @@ def frame_cells(adapter, clock, lay, enc, k: int, methods, ttft: bool, n: int) -
 
 def video_goals(cells: list[dict], frames: int, methods, compute: dict) -> dict:
     """The ratios of one frame count from the cells' medians (module docstring); `compute`: {method: pruned
-    prefill FLOPs / unpruned, from mipruner.compute}."""
+    prefill FLOPs / unpruned, from mipruner.measure.compute}."""
     def med(kind, method):
         c = next((c for c in cells if c.get("frames") == frames and c["kind"] == kind and c["method"] == method),
                  None)
@@ -190,7 +190,7 @@ def video_goals(cells: list[dict], frames: int, methods, compute: dict) -> dict:
         out[label(m)] = {"select_ms": sel, "prefill_none_ms": none, "prefill_ms": pruned, "saved_ms": saved,
                          "select_vs_saved": round(sel / saved, 4) if sel is not None and saved and saved > 0 else None,
                          "prefill_ratio": round(pruned / none, 3) if pruned is not None and none else None,
-                         "prefill_ratio_floor": compute.get(m), "floor_basis": "FLOPs (mipruner.compute)"}
+                         "prefill_ratio_floor": compute.get(m), "floor_basis": "FLOPs (mipruner.measure.compute)"}
     return out
 
 

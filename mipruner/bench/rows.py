@@ -9,7 +9,7 @@ timings mean nothing). Each of `--batch` items gets its own image and one of fou
 Cells, each answering every item with exactly `--new-tokens` tokens (EOS masked until then):
   generate   transformers: `model.generate` on inputs_embeds left-padded to the longest row, the 2-D mask,
              explicit positions, greedy, dynamic cache (what a user batching the model runs), unpruned
-  ours       `mipruner.batch.answer_items` of the unpruned rows (the decoding engine, the plain path)
+  ours       `mipruner.serve.batch.answer_items` of the unpruned rows (the decoding engine, the plain path)
   ours-mi@K  the same with every row pruned by MI (lambda 1) to `--budget` (64) visual tokens
 After `--warmup` untimed rounds, `--repeats` rounds run every cell once, the order rotated each round.
 Reported per cell: the median and 95% interval of the batch's time (`stats.median_ci`), items/s, memory
@@ -85,7 +85,7 @@ def parse_args(argv):
 
 def build_cells(ad, rows, pruned, n: int) -> dict:
     """name -> a call answering the batch (token ids per row)."""
-    from mipruner.batch import answer_items
+    from mipruner.serve.batch import answer_items
     from mipruner.models.common.embeds_rows import batch_inputs
 
     force = dict(ad.fixed_length_kwargs(n))

@@ -1,6 +1,6 @@
 """`python -m mipruner.bench slider`: server-side time of one slider update (prune + render).
 
-A slider move re-runs `Engine.view` on a cached encoding: each method prunes (MI reuses its
+A slider move re-runs `ModelService.view` on a cached encoding: each method prunes (MI reuses its
 per-encoding cache) and renders its panel (kept mask, score or PMI heatmap, pivot map for MI).
 No encode and no LLM: the encodings are synthetic `Encoded` records built without a model:
 
@@ -81,13 +81,13 @@ CASES = {"image": dict(n_frames=1, grid=24, size=336, budget=64),
 
 
 def run(cases, methods, repeats: int, dim: int, lam: float, log=print) -> list[dict]:
-    from mipruner.engine import Engine, Panel
+    from mipruner.serve.service import ModelService, Panel
 
     results = []
     for case in cases:
         cfg = CASES[case]
         enc = synthetic_encoded(cfg["n_frames"], cfg["grid"], cfg["size"], dim=dim)
-        engine = Engine(FixedAdapter(enc))
+        engine = ModelService(FixedAdapter(enc))
         session = engine.new_session()
         key = engine.encode(session, enc.frames, enc.prompt)
         panels = [Panel(m) for m in methods]

@@ -3,7 +3,7 @@
 Default: the CPU Space's default model (`components.hosting.space_default.HOSTED_DEFAULT["cpu"]`,
 LLaVA-OneVision-qwen2-0.5b) with random weights at its real shape, full depth (SigLIP-so400m 26 layers,
 Qwen2-0.5B 24 layers, 152,000 vocabulary rows; `mipruner.models.onevision.random_weights.build(shape="0.5B")`), in fp32 as the app
-runs on a CPU, through the engine the app's handlers call (`mipruner.engine.Engine`, as
+runs on a CPU, through the engine the app's handlers call (`mipruner.serve.service.ModelService`, as
 `components.core.logic.AppLogic` does):
   startup   a fresh interpreter importing what the app imports at start (gradio where installed, torch,
             transformers, mipruner: a child process, so this library never imports gradio itself), then
@@ -11,10 +11,10 @@ runs on a CPU, through the engine the app's handlers call (`mipruner.engine.Engi
             drawn (and downloaded once before), and the page is built (`components.page.ui.build_demo`,
             about a second, not included);
   encode    one 640 x 480 photo and a question: the vision tower once (with its attention, as the app
-            asks), the prompt embedded (`Engine.encode`);
-  unpruned  the unpruned answer (`Engine.generate`, greedy, `--new-tokens`, the app's 32);
+            asks), the prompt embedded (`ModelService.encode`);
+  unpruned  the unpruned answer (`ModelService.generate`, greedy, `--new-tokens`, the app's 32);
   mi_10     MI-Pruner at 10% of the visual tokens: its selection, then its answer;
-  view_6    one view of six methods at 10% (`Engine.view`: each selection and its panel drawn): the
+  view_6    one view of six methods at 10% (`ModelService.view`: each selection and its panel drawn): the
             app's four defaults (MI, Random, Similarity, Attention), DivPrune and FastV (in the LLM).
 Each round takes a new session (nothing cached), encodes, then runs the unpruned answer, MI at 10% and
 the view in an order rotated each round (each step comes first as often). The first round is reported
@@ -178,7 +178,7 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, war
     import torch
 
     import mipruner
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
 
     from mipruner.models.onevision.random_weights import build
     from .floors import cell_floor, device_figures, floor_ratio
@@ -199,7 +199,7 @@ def measure(*, tiny: bool, new_tokens: int = 32, threads: int | None = None, war
     out["imports_s"], out["imported"] = app_imports_s()
     t = time.perf_counter()
     adapter, desc = build(tiny=tiny, device="cpu", dtype=torch.float32, shape="0.5B")
-    engine = Engine(adapter, name="random-llava-onevision-0.5b")
+    engine = ModelService(adapter, name="random-llava-onevision-0.5b")
     out["model"], out["params_b"] = desc, round(sum(p.numel() for p in adapter.model.parameters()) / 1e9, 3)
     out["model_s"] = time.perf_counter() - t
     out["startup_s"] = out["imports_s"] + out["model_s"]

@@ -5,7 +5,7 @@ import statistics
 import time
 from typing import Callable
 
-from ..text_table import table  # noqa: F401  (the benches print with it)
+from ..measure.text_table import table  # noqa: F401  (the benches print with it)
 
 
 def measure(fn: Callable[[], object], repeats: int = 7, warmup: int = 1, budget_s: float = 3.0) -> list[float]:

@@ -6,7 +6,7 @@ unpruned (method "none") and on every selection's kept tokens, all answers of th
 batch (`mipruner.answer_batch`). Random is run with 3 seeds and averaged,
 as in the paper. Every method goes through `mipruner.select` / `mipruner.answer` with one cache
 per item, so MI's normalisers and the in-LLM methods' first K layers are computed once per item
-and shared by every budget. Items are encoded `encode_batch` at a time (`mipruner.batch.encode_items`:
+and shared by every budget. Items are encoded `encode_batch` at a time (`mipruner.serve.batch.encode_items`:
 one vision-tower call per group where the family batches its tower, else one by one).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Iterable
 
 
 import mipruner
-from mipruner.batch import answer_batch_guarded
-from mipruner.failures import guarded
+from mipruner.serve.batch import answer_batch_guarded
+from mipruner.serve.failures import guarded
 from mipruner.pruners import get_pruner
 from mipruner.pruners.selection import withdrawn_at
 
@@ -39,15 +39,15 @@ def evaluate(adapter, items: Iterable[EvalItem], methods: list[str], budgets: li
     batch: per item, the unpruned answer and every pre-LLM (method, budget, seed) answer decode as
     one batch (`mipruner.answer_batch`; in-LLM methods answer one by one); batch=False answers
     each alone. Greedy tokens are the same either way except at float near-ties of two logits.
-    encode_batch: items per vision-tower call (`mipruner.batch.encode_items`; 1: one by one).
+    encode_batch: items per vision-tower call (`mipruner.serve.batch.encode_items`; 1: one by one).
     equal_compute: a share of the unpruned prefill FLOPs (e.g. 0.3): per item and method, of `budgets`
-    (the candidates) the one whose compute (`mipruner.compute`) is closest to it is answered (ties: the
+    (the candidates) the one whose compute (`mipruner.measure.compute`) is closest to it is answered (ties: the
     first listed); the rows' budget reads "~30% FLOPs", `chosen` lists the budgets taken and `same_flops`
     the other candidates whose compute equals a taken one's exactly (e.g. a method that withdraws every
     visual token at one layer costs the same at any K): the table names them all.
     Every row's `flops` is the mean share of the unpruned prefill FLOPs its selections imply.
     """
-    from mipruner.batch import encode_items
+    from mipruner.serve.batch import encode_items
 
     items = list(items)
     signals = mipruner.signals_for(m for m in methods if m != "none")  # every method's, one tower pass
@@ -246,7 +246,7 @@ def _score(recs) -> dict:
 
 def format_rows(rows: list[dict]) -> str:
     """A paper-style table: one line per method x budget x split."""
-    from mipruner.text_table import table
+    from mipruner.measure.text_table import table
 
     fmt = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
     kept = lambda r: ("-" if math.isnan(r.get("kept", math.nan)) else f"{r['kept']:.1f}") \

@@ -197,7 +197,7 @@ def timed_greedy(adapter, encoded: Encoded, cache: dict | None, max_new_tokens, 
 class DecodeAnswer(Answer):
     """The answer of a method with a decode-time stage: as `Answer`, and `decode_visual`, the visual
     keys the layers from `decode_layer` on attended at each decoding step (one per generated token
-    after the first), what `mipruner.compute.decode_compute` counts."""
+    after the first), what `mipruner.measure.compute.decode_compute` counts."""
 
     decode_layer: int = 0
     decode_visual: tuple = ()

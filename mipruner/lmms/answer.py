@@ -104,10 +104,10 @@ def answer_encoded(adapter, enc, config: MethodConfig, max_new_tokens: int, cach
                    computes: list | None = None):
     """The answer of `config` on an encoding. `cache`: one dict per encoding, shared by the methods and
     budgets answered on it (MI's PMI matrices, FastV/DART's first K layers), as in the eval runner.
-    computes: a list the selection's prefill compute (`mipruner.compute.Compute`) is appended to."""
+    computes: a list the selection's prefill compute (`mipruner.measure.compute.Compute`) is appended to."""
     if config.method == NONE:
         if computes is not None:
-            from mipruner.compute import selection_compute
+            from mipruner.measure.compute import selection_compute
 
             computes.append(selection_compute(adapter, enc, None))
         return mipruner.answer(adapter, enc, None, max_new_tokens=max_new_tokens)

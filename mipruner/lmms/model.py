@@ -46,7 +46,7 @@ from PIL import Image
 
 import mipruner
 
-from ..failures import guarded
+from ..serve.failures import guarded
 from ..media import media_hash
 from .answer import MethodConfig, answer_encoded, compute_summary
 from .cache import AnswerCache, answer_key
@@ -137,7 +137,7 @@ class MiPruner(lmms):
         self.batch_size_per_gpu = int(batch_size)  # requests encoded per vision-tower call; answers one by one
         self.calls = 0  # model answers computed by this instance (cache hits excluded)
         self.failures: list[str] = []  # "task/doc: sentence" of each answer a method failed to give
-        self.computes: list = []  # this run's selections' prefill compute (`mipruner.compute`), answers computed
+        self.computes: list = []  # this run's selections' prefill compute (`mipruner.measure.compute`), answers computed
 
     def _sweep(self, dtype, cache_dir) -> list[MethodConfig]:
         """This run's configuration, then the sweep's other runs answered on the same encodings (same
@@ -185,11 +185,11 @@ class MiPruner(lmms):
 
     def generate_until(self, requests) -> list[str]:
         """Answers in request order. `batch_size` requests at a time are encoded together
-        (`mipruner.batch.encode_items`: one vision-tower call where the family batches its tower);
+        (`mipruner.serve.batch.encode_items`: one vision-tower call where the family batches its tower);
         each request is then answered on its own encoding."""
         from tqdm import tqdm
 
-        from mipruner.batch import encode_items
+        from mipruner.serve.batch import encode_items
 
         requests = list(requests)
         step = max(1, self.batch_size_per_gpu)

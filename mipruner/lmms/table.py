@@ -14,7 +14,7 @@ import math
 import os
 import sys
 
-from mipruner.text_table import table
+from mipruner.measure.text_table import table
 
 METRICS = ("acc", "f1", "yes_rate")
 

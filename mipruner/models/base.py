@@ -193,7 +193,7 @@ class Answer:
 
     An answer of a batched call (`mipruner.answer_batch`) carries the batch's `prefill_s` / `decode_s`,
     `batch_rows` (the rows that shared them) and `prefill_share` (its share of the prefill's compute);
-    `mipruner.answer_time.own_timing` gives what it may show as its own."""
+    `mipruner.serve.answer_time.own_timing` gives what it may show as its own."""
 
     text: str
     token_ids: list[int]

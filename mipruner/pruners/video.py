@@ -39,7 +39,7 @@ OUTSIDE = -1  # the frame_index of a token in no frame's grid
 
 class NotApplicable(ValueError):
     """A method that does not apply to this input (a video method on an image or a 1-frame video): its sentence
-    says why. The app shows it in that method's panel alone (`mipruner.failures`), the other methods still run."""
+    says why. The app shows it in that method's panel alone (`mipruner.serve.failures`), the other methods still run."""
 
 
 def token_frames(frame: torch.Tensor, kind: Sequence[str]) -> torch.Tensor:

@@ -44,10 +44,10 @@ def tiny(tmp_path_factory):
     import torch
 
     from mipruner.bench.zoo import picture
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
     from mipruner.models.onevision.random_weights import build
 
-    engine = Engine(build(tiny=True, device="cpu", dtype=torch.float32, shape="0.5B")[0], name="tiny-onevision")
+    engine = ModelService(build(tiny=True, device="cpu", dtype=torch.float32, shape="0.5B")[0], name="tiny-onevision")
     path = str(tmp_path_factory.mktemp("tiny") / "photo.png")
     picture(64, 48).save(path)
     session = engine.new_session()

@@ -7,7 +7,7 @@ from components.core.examples import load_examples
 from components.core.logic import AppLogic
 from components.core.settings import Settings
 from components.page.panels import answer_md, reference_md
-from mipruner.answer_time import own_timing, row_prefill_flops
+from mipruner.serve.answer_time import own_timing, row_prefill_flops
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_video_panels_show_their_own_share_of_the_prefill(logic):
 def test_the_share_follows_the_rows_compute(hub):
     adapter = hub.get(None)[0].adapter
     from mipruner.models.base import Answer
-    from mipruner.answer_time import split_batch
+    from mipruner.serve.answer_time import split_batch
 
     answers = [Answer("", [1], n, 0, 0.3, 0.1) for n in (1579, 168, 168)]
     split_batch(adapter, answers)

@@ -5,14 +5,13 @@ nested, and calls with one value too few or too many. Every refusal carries a pl
 empty, never a Python exception's text such as "invalid literal for int()"), and the server keeps answering."""
 from __future__ import annotations
 
-import json
 import re
-import uuid
 
 import pytest
 
 from components.core.examples import load_examples
 
+from .conftest import ApiSession
 from .test_bad_inputs import assert_plain
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
@@ -23,42 +22,11 @@ PYTHON_WORDING = re.compile(r"invalid literal|could not convert|object has no at
                             r"NoneType|list index|not subscriptable|takes \d+ positional|\w+Error\b")
 
 
-class Session:
-    """Queue calls with any JSON (NaN included) in one session, by api_name, every input given."""
-
-    def __init__(self, url: str):
-        import httpx
-
-        self.http, self.url, self.session = httpx, url.rstrip("/") + "/", uuid.uuid4().hex[:11]
-        cfg = httpx.get(self.url + "config", timeout=30).json()
-        comps = {c["id"]: c for c in cfg["components"]}
-        self.deps = {d["api_name"]: d for d in cfg["dependencies"] if d.get("api_visibility", "public") != "private"}
-        self.defaults = {a: [comps[c]["props"].get("value") for c in d["inputs"]] for a, d in self.deps.items()}
-        self.labels = {a: [comps[c]["props"].get("label") for c in d["inputs"]] for a, d in self.deps.items()}
-
-    def call(self, api: str, data: list, timeout: float = 120) -> tuple[bool, object]:
-        body = json.dumps({"data": data, "fn_index": self.deps[api]["id"], "session_hash": self.session,
-                           "event_data": None, "trigger_id": None}, allow_nan=True)
-        r = self.http.post(self.url + "gradio_api/queue/join", content=body,
-                           headers={"content-type": "application/json"}, timeout=timeout)
-        r.raise_for_status()
-        event = r.json()["event_id"]
-        with self.http.stream("GET", self.url + "gradio_api/queue/data", params={"session_hash": self.session},
-                              timeout=timeout) as s:
-            for line in s.iter_lines():
-                if line.startswith("data:"):
-                    msg = json.loads(line[5:])
-                    if msg.get("event_id") == event and msg.get("msg") == "process_completed":
-                        out = msg.get("output") or {}
-                        return bool(msg.get("success")), out.get("data") if msg.get("success") else out.get("error")
-        raise AssertionError(f"no answer to {api}")
-
-
 @pytest.fixture(scope="module")
 def api(app_url):
     import httpx
 
-    s = Session(app_url)
+    s = ApiSession(app_url, timeout=120)  # queue calls with any JSON (NaN included) in one session
     with open(EXAMPLE["path"], "rb") as f:
         path = httpx.post(s.url + "gradio_api/upload", files={"files": f}, timeout=30).json()[0]
     enc = list(s.defaults["encode"])

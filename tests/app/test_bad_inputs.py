@@ -7,11 +7,8 @@ like any strict JSON encoder, refuses to send them, but Python's JSON reader on 
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import struct
-import uuid
 import zlib
 
 import numpy as np
@@ -22,6 +19,8 @@ from components.core.examples import load_examples
 from components.core.settings import Settings
 from components.page.controls import control_names, control_values
 from mipruner.media import write_video
+
+from .conftest import ApiSession
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
 CTL = control_values(Settings(methods=("mi", "random"), budget=16), 196)
@@ -105,34 +104,12 @@ def client(app_url):
     return Client(app_url, verbose=False)
 
 
-class Raw:
+class Raw(ApiSession):
     """Queue calls with any JSON (NaN and Infinity included), in one session (`session_hash`)."""
-
-    def __init__(self, url: str, session_hash: str | None = None):
-        import httpx
-
-        self.http, self.url = httpx, url.rstrip("/") + "/"
-        self.session = session_hash or uuid.uuid4().hex[:11]
-        deps = httpx.get(self.url + "config", timeout=30).json()["dependencies"]
-        self.fn = {d.get("api_name"): d.get("id", i) for i, d in enumerate(deps)}
 
     def call(self, api: str, data: list, timeout: float = 60) -> tuple[bool, object]:
         """(success, output data | error message); the state input (first) is filled with None."""
-        body = json.dumps({"data": [None, *data], "fn_index": self.fn[api], "session_hash": self.session,
-                           "event_data": None, "trigger_id": None}, allow_nan=True)
-        r = self.http.post(self.url + "gradio_api/queue/join", content=body,
-                           headers={"content-type": "application/json"}, timeout=timeout)
-        r.raise_for_status()
-        event = r.json()["event_id"]
-        with self.http.stream("GET", self.url + "gradio_api/queue/data", params={"session_hash": self.session},
-                              timeout=timeout) as s:
-            for line in s.iter_lines():
-                if line.startswith("data:"):
-                    msg = json.loads(line[5:])
-                    if msg.get("event_id") == event and msg.get("msg") == "process_completed":
-                        out = msg.get("output") or {}
-                        return bool(msg.get("success")), out.get("data") if msg.get("success") else out.get("error")
-        raise AssertionError(f"no answer to {api}")
+        return super().call(api, [None, *data], timeout)
 
 
 def encode(client, image=None, video=None, prompt=EXAMPLE["prompt"]):

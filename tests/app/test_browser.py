@@ -8,61 +8,15 @@ MIPRUNER_REQUIRE_BROWSER=1, so there a missing browser fails instead of skipping
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
-import shutil
 
 import numpy as np
-import pytest
 
 from components.core.examples import load_examples
-from mipruner.engine import method_specs
+from mipruner.serve.service import method_specs
 from mipruner.viz import colormap_lut
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def _browser_missing() -> str:
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed"
-    if not os.path.exists(CHROMIUM):
-        return "chromium is not installed"
-    return ""
-
-
-@contextlib.contextmanager
-def chromium():
-    """Debian's Chromium, headless under Playwright; where it is missing the test skips (fails on CI:
-    MIPRUNER_REQUIRE_BROWSER)."""
-    missing = _browser_missing()
-    if missing:
-        if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
-            pytest.fail(missing)
-        pytest.skip(missing)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                                          "--disable-background-networking", "--no-first-run"])
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
-@pytest.fixture(scope="module")
-def page(app_url):
-    with chromium() as browser:
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.set_default_timeout(60_000)
-        pg.goto(app_url)
-        pg.wait_for_selector("#run")
-        yield pg
 
 
 def kept_count(page) -> int:

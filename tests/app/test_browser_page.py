@@ -11,8 +11,7 @@ from PIL import Image
 
 from components.core.examples import load_examples
 
-from .conftest import free_port
-from .test_browser import chromium
+from .conftest import launched, open_page
 
 NOTE = "Could not load 'someone/model' because the hub cannot be reached, so the embedded model serves instead."
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
@@ -22,28 +21,9 @@ CLIP = next(e for e in load_examples() if e["kind"] == "video")
 @pytest.fixture(scope="module")
 def url(hub):
     from components.core.logic import AppLogic
-    from components.page.ui import build_demo, launch_kwargs
 
-    demo = build_demo(AppLogic(hub, max_new_tokens=4, notes=NOTE), auto_answers=False)
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-def open_page(browser, url, width: int, height: int = 900):
-    page = browser.new_page(viewport={"width": width, "height": height})
-    page.set_default_timeout(60_000)
-    page.goto(url)
-    page.wait_for_selector("#run")
-    return page
+    with launched(AppLogic(hub, max_new_tokens=4, notes=NOTE), auto_answers=False) as u:
+        yield u
 
 
 def run(page, image=IMAGE["path"], prompt=IMAGE["prompt"]):

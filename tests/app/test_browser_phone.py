@@ -10,8 +10,8 @@ import pytest
 
 from components.core.examples import load_examples
 
-from .test_browser import chromium
-from .test_browser_page import open_page, run
+from .conftest import chromium, launched, open_page
+from .test_browser_page import run
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 WIDTH, HEIGHT = 390, 844
@@ -67,16 +67,9 @@ OVER_JS = """() => {
 @pytest.fixture(scope="module")
 def url(hub):
     from components.core.logic import AppLogic
-    from components.page.ui import build_demo, launch_kwargs
 
-    from .conftest import free_port
-
-    demo = build_demo(AppLogic(hub, max_new_tokens=4), auto_answers=False)
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    with launched(AppLogic(hub, max_new_tokens=4), auto_answers=False) as u:
+        yield u
 
 
 def test_phone_controls_are_reachable_and_nothing_draws_over_them(url):

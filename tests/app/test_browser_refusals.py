@@ -8,27 +8,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
 
 from components.core.examples import load_examples
 from components.core.logic import MAX_PANELS
-from mipruner.engine import method_specs
+from mipruner.serve.service import method_specs
 
-from .test_browser import chromium
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 TITLE_0 = "document.querySelector('#panel-0-title')"
-
-
-@pytest.fixture(scope="module")
-def page(app_url):
-    with chromium() as browser:
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.set_default_timeout(60_000)
-        pg.goto(app_url)
-        pg.wait_for_selector("#run")
-        yield pg
 
 
 def _kept(page) -> str:

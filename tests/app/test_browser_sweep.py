@@ -1,11 +1,9 @@
-"""The Sweep area in a real browser (headless Chromium via Playwright, the fixtures of test_browser.py):
+"""The Sweep area in a real browser (headless Chromium via Playwright, the `page` fixture of tests/app/conftest.py):
 a small budget sweep for three methods on the embedded model shows its curves and a CSV download;
 a long one stops on Cancel with a partial result."""
 from __future__ import annotations
 
 import re
-
-from .test_browser import page  # noqa: F401  (the module's browser page on this module's app server)
 
 
 def open_sweep(pg) -> None:
@@ -14,7 +12,7 @@ def open_sweep(pg) -> None:
     pg.wait_for_selector("#sweep-run", state="visible")
 
 
-def test_budget_sweep_for_three_methods_shows_curves_and_csv(page):  # noqa: F811
+def test_budget_sweep_for_three_methods_shows_curves_and_csv(page):
     open_sweep(page)
     checked = page.locator("#sweep-methods input[type=checkbox]:checked")
     assert checked.count() == 3  # MI-Pruner, Random, Similarity by default
@@ -42,7 +40,7 @@ def test_budget_sweep_for_three_methods_shows_curves_and_csv(page):  # noqa: F81
                            f"document.querySelector('#sweep-plot img').src !== {before!r}")
 
 
-def test_cancel_stops_a_long_sweep(page):  # noqa: F811
+def test_cancel_stops_a_long_sweep(page):
     open_sweep(page)
     page.fill("#sweep-values textarea", "2,3,5,7,11,13")
     page.fill("#sweep-n input", "300")

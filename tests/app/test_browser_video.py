@@ -15,8 +15,8 @@ import pytest
 from components.core.examples import load_examples
 from components.page import video as V
 
-from .conftest import free_port
-from .test_browser import chromium, colour_bar_columns
+from .conftest import launched, open_page
+from .test_browser import colour_bar_columns
 
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 MIN_FRAME_PX, MIN_PATCH_PX = 160, 8
@@ -25,14 +25,9 @@ MIN_FRAME_PX, MIN_PATCH_PX = 160, 8
 @pytest.fixture(scope="module")
 def url(hub):
     from components.core.logic import AppLogic
-    from components.page.ui import build_demo, launch_kwargs
 
-    demo = build_demo(AppLogic(hub, max_new_tokens=2), auto_answers=False)
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+    with launched(AppLogic(hub, max_new_tokens=2), auto_answers=False) as u:
+        yield u
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +37,6 @@ def layout(hub):
     session = engine.new_session()
     key = engine.encode(session, CLIP["path"], CLIP["prompt"])
     return engine.encoded(session, key), engine.layout(session, key)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 def shown(page, sel: str) -> dict:
@@ -87,11 +76,8 @@ def click_token(page, sel: str, pic: dict, x: float, y: float, before: dict | No
 @pytest.mark.parametrize("width", [1400, 390])
 def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width, tmp_path):
     enc, lay = layout
-    page = browser.new_page(viewport={"width": width, "height": 900 if width > 400 else 844})
-    page.set_default_timeout(90_000)
+    page = open_page(browser, url, width, 900 if width > 400 else 844, timeout=90_000)
     try:
-        page.goto(url)
-        page.wait_for_selector("#run")
         assert not page.locator("#video-controls").is_visible()  # nothing encoded: no video controls
         page.locator("#use").get_by_text("video").click()
         page.wait_for_selector("#video input[type=file]", state="attached")

@@ -15,8 +15,7 @@ import pytest
 from components.core.examples import load_examples
 from components.page.panels import LEGEND_CHIPS
 
-from .conftest import free_port
-from .test_browser import chromium
+from .conftest import launched, open_page
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
@@ -43,29 +42,9 @@ OVERLAYS_JS = """() => {
 @pytest.fixture(scope="module")
 def url(hub):
     from components.core.logic import AppLogic
-    from components.page.ui import build_demo, launch_kwargs
 
-    demo = build_demo(AppLogic(hub, max_new_tokens=4), auto_answers=False)
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
-
-
-def open_page(browser, url, size, **context):
-    ctx = browser.new_context(viewport={"width": size[0], "height": size[1]}, **context)
-    page = ctx.new_page()
-    page.set_default_timeout(60_000)
-    page.goto(url)
-    page.wait_for_selector("#run")
-    return page
+    with launched(AppLogic(hub, max_new_tokens=4), auto_answers=False) as u:
+        yield u
 
 
 def run_image(page):
@@ -90,7 +69,7 @@ def in_view(r, size) -> bool:  # some of it on screen
 
 @pytest.mark.parametrize("size", SIZES)
 def test_a_slider_and_its_panels_are_in_view_together(browser, url, size):
-    page = open_page(browser, url, size)
+    page = open_page(browser, url, *size)
     try:
         run_image(page)
         page.evaluate("document.querySelector('#controls-col').scrollTop = 0")
@@ -120,7 +99,7 @@ def test_a_slider_and_its_panels_are_in_view_together(browser, url, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_no_label_or_button_lies_over_a_panel_picture(browser, url, size):
-    page = open_page(browser, url, size)
+    page = open_page(browser, url, *size)
     try:
         run_image(page)
         page.wait_for_function("document.querySelector('#panel-0-mask img').complete")
@@ -132,7 +111,7 @@ def test_no_label_or_button_lies_over_a_panel_picture(browser, url, size):
 
 
 def test_use_decides_what_shows_and_what_run_encodes(browser, url):
-    page = open_page(browser, url, SIZES[0])
+    page = open_page(browser, url, *SIZES[0])
     try:
         assert page.locator("#media-tabs").count() == 0  # no second switch that could disagree
         page.locator("#examples").get_by_text(CLIP["prompt"]).click()
@@ -158,7 +137,7 @@ def test_use_decides_what_shows_and_what_run_encodes(browser, url):
 def test_run_waits_for_an_example_still_loading_and_enter_runs(browser, url):
     """The examples' load is held in the network (a slow server at start-up) while Run is pressed: the inputs
     show Gradio's progress, and Run encodes the example once it arrives, never "the prompt is empty"."""
-    page = open_page(browser, url, SIZES[0])
+    page = open_page(browser, url, *SIZES[0])
     held, joined, hold = [], [], [True]
     page.on("request", lambda r: joined.append(r.url) if "queue/join" in r.url else None)
     try:
@@ -190,7 +169,7 @@ def test_run_waits_for_an_example_still_loading_and_enter_runs(browser, url):
 
 
 def test_settings_copy_and_no_stale_picture(browser, url):
-    page = open_page(browser, url, SIZES[0], permissions=["clipboard-read", "clipboard-write"])
+    page = open_page(browser, url, *SIZES[0], permissions=["clipboard-read", "clipboard-write"])
     try:
         run_image(page)
         copy = page.locator("#settings button[aria-label='Copy']")
@@ -230,7 +209,7 @@ def test_settings_copy_and_no_stale_picture(browser, url):
 
 
 def test_a_video_shows_evs_at_work_with_its_note_and_a_capped_legend(browser, url):
-    page = open_page(browser, url, SIZES[0])
+    page = open_page(browser, url, *SIZES[0])
     try:
         page.locator("#methods").get_by_text("EVS (video)").click()
         page.locator("#methods").get_by_text("Pool (downsampling)").click()

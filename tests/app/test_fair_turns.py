@@ -24,7 +24,7 @@ from components.core.settings import Settings
 from components.page.calls import MAX_CALLS
 from components.page.controls import control_values
 from mipruner import media as M
-from mipruner.turns import label
+from mipruner.serve.turns import label
 
 from .conftest import free_port
 

@@ -15,7 +15,6 @@ the flood runs last (it fills the cap).
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -27,7 +26,7 @@ from components.core.examples import load_examples
 from components.core.file_access import file_problem, not_uploaded, payload_paths, real_roots
 from components.hosting.uploads import FULL
 
-from .conftest import app_process
+from .conftest import app_process, queue_call
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
 CAP = 1 << 20  # --files-mb 1
@@ -65,7 +64,7 @@ def test_every_payload_shape_is_read_and_symlinks_are_resolved(tmp_path):
 
 
 def test_uploads_are_admitted_under_the_cap_and_kept_while_young(tmp_path):
-    from mipruner.files import FileBudget, FilesFull, disk_bytes
+    from mipruner.serve.files import FileBudget, FilesFull, disk_bytes
 
     (tmp_path / "probe").write_bytes(b"x")
     block = disk_bytes(os.stat(tmp_path / "probe"))  # what the disk holds for one small file (blocks, not bytes)
@@ -139,17 +138,7 @@ def call(url: str, fn: int, data: list, queued: bool = True) -> tuple[bool, obje
         r = http().post(url + "gradio_api/run/predict", json=body)
         out = r.json()
         return r.status_code == 200 and "error" not in out, out.get("data", out.get("error"))
-    r = http().post(url + "gradio_api/queue/join", content=json.dumps(body), headers={"content-type": "application/json"})
-    r.raise_for_status()
-    event = r.json()["event_id"]
-    with http().stream("GET", url + "gradio_api/queue/data", params={"session_hash": session}) as s:
-        for line in s.iter_lines():
-            if line.startswith("data:"):
-                msg = json.loads(line[5:])
-                if msg.get("event_id") == event and msg.get("msg") == "process_completed":
-                    out = msg.get("output") or {}
-                    return bool(msg.get("success")), out.get("data") if msg.get("success") else out.get("error")
-    raise AssertionError(f"no answer from event {fn}")
+    return queue_call(http(), url, session, fn, data)
 
 
 def file_inputs(url: str) -> list[tuple[int, dict, int, dict, dict]]:

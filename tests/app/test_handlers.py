@@ -11,7 +11,7 @@ from components.core.settings import Settings
 from components.page import controls as C
 from components.page.handlers import Handlers, Media, controls_for, controls_of, token_chips
 from components.page.panels import PANEL_FIELDS
-from mipruner.engine import method_spec, method_specs, parameters
+from mipruner.serve.service import method_spec, method_specs, parameters
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 SETTINGS = Settings(methods=("mi", "random"), budget=0.25)

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from components.hosting.uploads import BUSY, FULL, STALLED, TOO_BIG, BodyCap, Limits
-from mipruner.files import FileBudget
+from mipruner.serve.files import FileBudget
 
 MIB = 1 << 20
 BOUNDARY = b"xyzzy"

@@ -15,7 +15,7 @@ import pytest
 
 from components.core.examples import load_examples
 from components.hosting.uploads import FULL, STALLED, TOO_BIG
-from mipruner.files import disk_bytes
+from mipruner.serve.files import disk_bytes
 
 from .test_bad_inputs import CTL, Raw, _bomb, assert_plain
 from .test_space import start_space

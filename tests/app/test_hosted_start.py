@@ -3,7 +3,7 @@ client) and the embedded model serves, with the same one sentence as when HF_HUB
 from __future__ import annotations
 
 from components.hosting.hub import EMBEDDED, OFFLINE, ModelHub, hub_reachable
-from mipruner.engine import load_adapter
+from mipruner.serve.service import load_adapter
 
 
 def test_an_unreachable_hub_is_told_without_waiting_for_it(monkeypatch):

@@ -106,7 +106,7 @@ def test_video_on_the_embedded_model_shows_a_grid_of_frames(logic):
     views, summary = logic.view(st, Settings(methods=("mi", "random", "fastv"), budget=0.1))
     assert [m["kept"] for m in summary["methods"]] == [157, 157, 157]
     w, h = views[0].mask.size
-    assert 1.5 * w < h < 2.5 * w  # eight frames two a row: four rows of two (mipruner.viz_video.video_layout)
+    assert 1.5 * w < h < 2.5 * w  # eight frames two a row: four rows of two (mipruner.viz.video.video_layout)
     out = logic.generate(st, Settings(methods=("mi",), budget=0.1), 4)
     assert out["methods"]["mi"]["visual_tokens"] == 157 and out["reference"]["visual_tokens"] == 1568
 

@@ -16,7 +16,7 @@ from components.core.examples import load_examples
 from components.core.logic import AppLogic, UserError, budget_of, probe_video
 from components.core.messages import clean_prompt, input_problem, plain, unknown_words_warning
 from components.core.settings import Settings
-from mipruner.prompt_words import PromptWords, prompt_words
+from mipruner.serve.prompt_words import PromptWords, prompt_words
 from mipruner.media import MAX_IMAGE_PIXELS, MediaError, load_image, load_video
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")

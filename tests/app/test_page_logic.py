@@ -15,7 +15,7 @@ from components.page import panels as P
 from components.core.file_access import not_uploaded, real_roots
 from components.page import video as V
 from components.page.guards import payload_problem
-from mipruner.engine import parameters
+from mipruner.serve.service import parameters
 
 NOTE = "Could not load 'x/y' because the hub cannot be reached, so the embedded model serves instead."
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")

@@ -13,8 +13,8 @@ from components.core.logic import MAX_PANELS, AppLogic
 from components.core.settings import Settings
 from components.page.handlers import Handlers, Media, controls_for
 from components.page.panels import PANEL_FIELDS
-from mipruner import viz_video
-from mipruner.engine import method_specs
+from mipruner.viz import video as viz_video
+from mipruner.serve.service import method_specs
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")

@@ -12,7 +12,7 @@ from components.core.examples import load_examples
 from components.core.logic import MAX_PANELS, AppLogic
 from components.core.settings import Settings
 from components.page.handlers import Handlers, Media, controls_for
-from mipruner.engine import parameters
+from mipruner.serve.service import parameters
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 AUTO = Settings(methods=("mi", "similarity"), budget=0.25).replace(lam=0.3, lam_rule="auto")

@@ -18,79 +18,39 @@ from components.core import sweep_logic as SL
 from components.core.settings import Settings
 from mipruner.testing import embedded_encoding
 
+from ..conftest import ModelForwards, OwnedLock
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 
 WAIT = 60  # s: a safety stop for a broken run only; the events decide the order
 
 
-class ProbeLock:
-    """The model lock, telling who holds it and setting `moved` when an acquirer has to wait."""
-
-    def __init__(self, moved: threading.Event):
-        self._lock, self.owner, self.moved = threading.Lock(), None, moved
-
-    def __enter__(self):
-        if not self._lock.acquire(blocking=False):
-            self.moved.set()
-            self._lock.acquire()
-        self.owner = threading.get_ident()
-        return self
-
-    def __exit__(self, *exc):
-        self.owner = None
-        self._lock.release()
-
-
-class Forwards:
+class Forwards(ModelForwards):
     """Every module forward in every thread: whether its thread held the lock, and whether another
     thread was inside a forward at the same time. The sweep's first forward waits for `moved`."""
 
-    def __init__(self, model, lock: ProbeLock, sweep_thread: list, moved: threading.Event, inside: threading.Event):
-        self.mine = {id(m) for m in model.modules()}  # this model's modules only (not another test's)
+    def __init__(self, model, lock: OwnedLock, sweep_thread: list, moved: threading.Event, inside: threading.Event):
+        super().__init__(model)  # this model's modules only (not another test's)
         self.lock, self.sweep_thread, self.moved, self.inside = lock, sweep_thread, moved, inside
-        self.depth: dict[int, int] = {}
         self.unlocked, self.overlaps, self.sweep_calls, self.view_calls = 0, 0, 0, 0
-        self._mu = threading.Lock()
 
-    def pre(self, module, args):
-        if id(module) not in self.mine:
-            return
+    def seen(self, outer, others):
         me = threading.get_ident()
-        with self._mu:
-            if any(d > 0 for t, d in self.depth.items() if t != me):
-                self.overlaps += 1
-            self.depth[me] = self.depth.get(me, 0) + 1
-            outer = self.depth[me] == 1
-            if outer and self.lock.owner != me:
-                self.unlocked += 1
-            sweep = me in self.sweep_thread
-            first = sweep and outer and self.sweep_calls == 0
-            if outer:
-                if sweep:
-                    self.sweep_calls += 1
-                else:
-                    self.view_calls += 1
-        if not sweep and outer:
-            self.moved.set()  # the view is inside the model
-        if first:
-            self.inside.set()
-            assert self.moved.wait(WAIT)
+        self.overlaps += others
+        if outer and self.lock.owner != me:
+            self.unlocked += 1
+        sweep = me in self.sweep_thread
+        first = sweep and outer and self.sweep_calls == 0
+        if outer:
+            if sweep:
+                self.sweep_calls += 1
+            else:
+                self.view_calls += 1
+                self.moved.set()  # the view is inside the model
+        return self.first if first else None
 
-    def post(self, module, args, out):
-        if id(module) not in self.mine:
-            return
-        with self._mu:
-            self.depth[threading.get_ident()] -= 1
-
-    def __enter__(self):
-        from torch.nn.modules import module as M
-
-        self.handles = [M.register_module_forward_pre_hook(self.pre), M.register_module_forward_hook(self.post)]
-        return self
-
-    def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
+    def first(self):
+        self.inside.set()
+        assert self.moved.wait(WAIT)
 
 
 def test_a_view_never_runs_beside_the_sweeps_model_call():
@@ -100,7 +60,7 @@ def test_a_view_never_runs_beside_the_sweeps_model_call():
     view_enc = a.encode(items[0].media, "Is there a circle?")
     sw = SL.make_sweep(["mi"], "budget", "4", 16, Settings().params, "question", 2)
     moved, inside = threading.Event(), threading.Event()
-    lock = ProbeLock(moved)
+    lock = OwnedLock(waited=moved)  # the model lock, telling who holds it; `moved` set when an acquirer waits
     engine = SimpleNamespace(adapter=a, model_lock=lock, model_name="shapes-llava")
     sweep_thread: list[int] = []
     held_between_items: list[bool] = []

@@ -15,7 +15,7 @@ import pytest
 from components.core import sweep_logic as SL
 from components.core.logic import UserError
 from components.core.sweep_queue import Deadline, Pace, SweepLimits, SweepQueue, steps_of
-from mipruner.session import FileBudget
+from mipruner.serve.session import FileBudget
 
 PAGE = {"lam": 1.0, "lam_rule": "auto"}
 HOSTED = SweepLimits.for_server(True)

@@ -13,7 +13,7 @@ from PIL import Image
 
 from components.core import sweep_logic as SL
 from components.core.sweep_queue import Pace, SweepQueue
-from mipruner.session import FileBudget
+from mipruner.serve.session import FileBudget
 
 
 def image_zip(path, n: int = 2) -> str:

@@ -11,8 +11,8 @@ from components.core.settings import Settings
 from components.page import video as V
 from components.page.handlers import Handlers, Media, controls_for
 from components.page.panels import IMAGE_HEIGHT, PANEL_FIELDS
-from mipruner import viz_video
-from mipruner.viz_video import video_params
+from mipruner.viz import video as viz_video
+from mipruner.viz.video import video_params
 
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")

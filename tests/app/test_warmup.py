@@ -144,43 +144,25 @@ def test_the_page_says_warming_then_ready(hub, counter):
     """In a browser: the status line under the model says the compiled path is warming while the warm-up
     waits for the model (the test holds the model's lock), then, without a reload, that it is warm; the
     API lists the same endpoints as without a warm-up."""
-    import os
+    from .conftest import chromium, launched, require_browser
 
-    from components.page.ui import build_demo, launch_kwargs
-
-    from .conftest import free_port
-    from .test_browser import CHROMIUM, _browser_missing
-
-    missing = _browser_missing()
-    if missing:
-        if os.environ.get("MIPRUNER_REQUIRE_BROWSER"):
-            pytest.fail(missing)
-        pytest.skip(missing)
-    from playwright.sync_api import expect, sync_playwright
+    require_browser()  # skips (fails on CI) before anything starts
+    from playwright.sync_api import expect
 
     engine = hub.get(None)[0]
     warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], DEFAULT_METHODS, BUDGET, NEW)
-    demo = build_demo(AppLogic(hub, max_new_tokens=NEW, warm=warm))
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        **launch_kwargs())
-    try:
+    with launched(AppLogic(hub, max_new_tokens=NEW, warm=warm)) as url:
         from gradio_client import Client
 
-        eps = Client(f"http://127.0.0.1:{port}/", verbose=False).view_api(return_format="dict", print_info=False)
+        eps = Client(url, verbose=False).view_api(return_format="dict", print_info=False)
         assert set(eps["named_endpoints"]) == {"/encode", "/view", "/generate", "/inspect", "/export", "/settings",
                                                "/sweep", "/sweep_strip"}  # the status line's timer is private
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        with chromium() as browser:
             page = browser.new_page()
             page.set_default_timeout(60_000)
             with engine.model_lock:  # the warm-up cannot encode until the page has shown it warming
                 warm.start()
-                page.goto(f"http://127.0.0.1:{port}/")
+                page.goto(url)
                 expect(page.locator("#warm-status")).to_contain_text("Warming up the compiled path")
             expect(page.locator("#warm-status")).to_contain_text("The compiled path is warm", timeout=300_000)
-            browser.close()
-    finally:
-        demo.close()
     assert warm.wait(60) and warm.state == "ready"

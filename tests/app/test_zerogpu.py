@@ -122,7 +122,7 @@ def test_a_session_pickles_with_its_entries_without_its_lock_and_cap(hub):
     empty one) pickles without its lock and byte cap, and what it held serves the host unchanged."""
     import pickle
 
-    from mipruner.session import Session
+    from mipruner.serve.session import Session
 
     engine = hub.get(None)[0]
     s = engine.new_session()

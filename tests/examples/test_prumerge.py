@@ -75,11 +75,11 @@ def test_the_panel_draws_which_patch_went_into_which(prumerge):
     from PIL import Image
 
     from components.page.panels import method_notes, panel_fields
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
     from mipruner.pruners.selection import selection_failures
 
     ad, _ = embedded_encoding()
-    engine = Engine(ad)
+    engine = ModelService(ad)
     s = engine.new_session()
     img = Image.open(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "assets" / "examples"
                          / "scene_0.png")).convert("RGB")

@@ -189,7 +189,7 @@ def _family(a, s, name: str, report: dict, save, clock: Clock, log) -> None:
         adapter, desc = fam.build(tiny=a.tiny, device=s.device, dtype=DTYPES[s.dtype], seed=a.seed,
                                   llm_layers=a.llm_layers)
         if a.static_cache:
-            from mipruner.batch import use_decode_path
+            from mipruner.serve.batch import use_decode_path
 
             use_decode_path(adapter, bucket=64, static_cache=True)
     except Exception as e:  # noqa: BLE001  (every row of the family fails with the reason)

@@ -32,7 +32,7 @@ import traceback
 import torch
 
 import mipruner
-from mipruner.batch import use_decode_path
+from mipruner.serve.batch import use_decode_path
 from mipruner.bench.efficiency import PROMPT, PeakMemory, make_run, measure_cell
 from mipruner.bench.gpu import VIEW_CELLS, make_batch_run, make_plain_run, view_goals, view_runs
 from mipruner.bench.prefill import test_image

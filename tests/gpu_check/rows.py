@@ -8,7 +8,7 @@ the unpruned answer, then
   <method>   for each budget share f: K = max(1, floor(f * N_V + 0.5)) tokens; `mipruner.select` with a
              fresh per-encoding cache (select_ms: the cold selection, what one slider move of a new
              method costs), then `mipruner.answer` one by one (answer_ms), then the app's batched
-             path: `mipruner.batch.answer_items` of [(encoding, unpruned), (encoding, selection)]
+             path: `mipruner.serve.batch.answer_items` of [(encoding, unpruned), (encoding, selection)]
              as one batch (batch_ms; in-LLM selections answer one by one inside it).
 A row is ok when nothing raised, the selection keeps 1..K tokens (prefix rows counted), the one-by-one
 answer has 1..new_tokens tokens, the batched call returns both rows, and every logit the output head
@@ -29,7 +29,7 @@ import traceback
 import torch
 
 import mipruner
-from mipruner.batch import answer_items
+from mipruner.serve.batch import answer_items
 from mipruner.pruners import get_pruner, resolve_budget
 
 from mipruner.bench.finite_logits import LogitWatch

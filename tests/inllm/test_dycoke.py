@@ -20,7 +20,7 @@ import torch
 
 import mipruner
 from mipruner import inllm
-from mipruner.compute import adapter_shape, decode_compute
+from mipruner.measure.compute import adapter_shape, decode_compute
 from mipruner.inllm._prompt import prompt_of
 from mipruner.inllm.api import DecodeStage
 from mipruner.pruners.dycoke import dp_keep, ttm_keep

@@ -2,7 +2,7 @@
 (H, R, L), equal to the attention probabilities the model's own forward computes (its decoder switched to
 eager attention, read by a forward hook on the layer's attention module during `adapter.prefill_logits`,
 the model's forward on the full prompt), for the layer before the stage ("previous") and the stage's own
-("this"). Two code paths: within 16 float32 eps. Also: the prompt rows `mipruner.compute` counts
+("this"). Two code paths: within 16 float32 eps. Also: the prompt rows `mipruner.measure.compute` counts
 (N_T + N_V) are the prompt's, and FastV's compute is counted stage by stage, in every family."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_per_head_reads_are_the_models_own(family, tmp_path):
         for h in hooks:
             h.remove()
     p = prompt_of(ad, enc)
-    assert enc.text.shape[0] + enc.n_visual == p.length  # the rows `mipruner.compute` counts are the prompt's
+    assert enc.text.shape[0] + enc.n_visual == p.length  # the rows `mipruner.measure.compute` counts are the prompt's
     c = mipruner.select(ad, enc, "fastv", 1, layer=1).extras["compute"]
     assert c.visual_rows == (enc.n_visual, *[1] * (len(ad.text_decoder().layers) - 1))
     view = DecoderRun(p, None, "original").at(1)

@@ -139,7 +139,7 @@ def test_the_answer_cache_and_the_app_key_the_same_media_alike(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
     from mipruner.lmms.model import media_key
     from mipruner.media import Video
     from mipruner.models.common.dummy import DummyAdapter
@@ -148,7 +148,7 @@ def test_the_answer_cache_and_the_app_key_the_same_media_alike(tmp_path):
     pics = [Image.fromarray(rng.integers(0, 255, (32, 48, 3), dtype=np.uint8)) for _ in range(2)]
     path = tmp_path / "a.png"
     pics[0].save(path)
-    engine = Engine(DummyAdapter())
+    engine = ModelService(DummyAdapter())
     s = engine.new_session()
     app = {name: engine.encode(s, media, "what is this?").media
            for name, media in (("image", pics[0]), ("images", pics), ("path", str(path)))}

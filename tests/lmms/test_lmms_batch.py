@@ -1,5 +1,5 @@
 """The lmms-eval model encodes `batch_size` requests per vision-tower call (LLaVA-1.5, one image each:
-`mipruner.batch.encode_items`) and gives the answers of batch_size=1, in request order."""
+`mipruner.serve.batch.encode_items`) and gives the answers of batch_size=1, in request order."""
 from __future__ import annotations
 
 import math

@@ -89,7 +89,7 @@ def assert_selections_batch_equals_one_by_one(a, e, positions: str, min_share: f
     batch give the one-by-one answers (the tie rule), tokens compared on at least `min_share` of the steps;
     the GPU path (bucketed lengths, static cache) keeps the keep-all answer."""
     import mipruner
-    from mipruner.batch import answer_batch, use_decode_path
+    from mipruner.serve.batch import answer_batch, use_decode_path
 
     n = e.n_visual
     g = torch.Generator().manual_seed(3)

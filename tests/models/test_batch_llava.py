@@ -9,7 +9,7 @@ import torch
 
 import mipruner
 from mipruner.media import Video
-from mipruner.batch import answer_batch, answer_items, use_decode_path
+from mipruner.serve.batch import answer_batch, answer_items, use_decode_path
 from mipruner.models.common.path import DecodePath
 from mipruner.pruners import Selection
 

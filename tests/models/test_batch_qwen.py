@@ -11,7 +11,7 @@ import torch
 
 import mipruner
 import mipruner.models
-from mipruner.batch import answer_batch, answer_items, use_decode_path
+from mipruner.serve.batch import answer_batch, answer_items, use_decode_path
 
 from ..no_grad import no_grad  # noqa: F401  (autouse: autograd off for this module)
 from . import tiny_qwen

@@ -1,4 +1,4 @@
-"""Batched encodings (`mipruner.batch.encode_items`, `LlavaAdapter.encode_batch`, Qwen's `encode_batch`):
+"""Batched encodings (`mipruner.serve.batch.encode_items`, `LlavaAdapter.encode_batch`, Qwen's `encode_batch`):
 several one-image items through ONE vision-tower call give the one-by-one encodings (visual tokens, attention, keys,
 [CLS] rows up to float rounding of the batched tower; ids, text and geometry exactly) and answers;
 items the family cannot batch (a video, several images) are encoded one by one in the same call;
@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 import mipruner
-from mipruner.batch import encode_items
+from mipruner.serve.batch import encode_items
 from mipruner.eval.runner import evaluate
 from mipruner.eval.tasks import EvalItem
 from mipruner.media import Video

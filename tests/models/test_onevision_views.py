@@ -82,10 +82,10 @@ def test_base_view_default_is_all(onevision, pair):
 
 
 def test_engine_keys_the_views(onevision, pair):
-    from mipruner.engine import Engine
+    from mipruner.serve.service import ModelService
 
     im = pair[0]
-    engine = Engine(onevision, name="tiny-ov")
+    engine = ModelService(onevision, name="tiny-ov")
     s = engine.new_session()
     k_all = engine.encode(s, im, PROMPT, need_attention=True)
     k_base = engine.encode(s, im, PROMPT, need_attention=True, views="base")

@@ -62,7 +62,7 @@ def compiled_path(adapter, monkeypatch):
     yields the counter; afterwards the plain path, no compiled function kept, dynamo's caches reset."""
     from torch._dynamo.testing import CompileCounter
 
-    from mipruner.batch import use_decode_path
+    from mipruner.serve.batch import use_decode_path
 
     counter = CompileCounter()
     monkeypatch.setitem(P.COMPILE, "backend", counter)
@@ -210,7 +210,7 @@ def test_qwen_compiled_path_answers_as_the_plain_path(qwen, kind, monkeypatch):
     `DecodeEngine.compiled` (backend: CompileCounter); two views of two kept counts per bucket capture one
     prefill graph per (rows, width) bucket and one step graph, and the answers are the plain path's
     (tie rule)."""
-    from mipruner.batch import answer_batch
+    from mipruner.serve.batch import answer_batch
 
     a, e = qwen[kind]
     n = e.n_visual
@@ -270,7 +270,7 @@ def test_a_batch_of_items_runs_the_compiled_tower_once(embedded, monkeypatch):
     and each item's tokens are its one-by-one encoding's."""
     from PIL import Image
 
-    from mipruner.batch import encode_items
+    from mipruner.serve.batch import encode_items
 
     a, e = embedded
     images = [Image.new("RGB", (96, 80), c) for c in ((200, 30, 30), (30, 200, 30), (30, 30, 200))]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mipruner.batch import answer_items
+from mipruner.serve.batch import answer_items
 from mipruner.models.llava.random_weights import build_random_llava
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from mipruner.pruners import get_pruner
-from mipruner.text_table import table
+from mipruner.measure.text_table import table
 
 from ..runner import RANDOM_SEEDS, aggregate
 from .spec import Sweep

@@ -18,7 +18,7 @@ a function of the kept tokens (in-LLM and merging methods are always answered).
 Each (method, value) point holds accuracy, F1 and yes-rate (yes/no questions), query recall (the
 share of the asked object's tokens kept, where masks exist), mean tokens kept, mean select time and
 mean LLM prefill time, and `flops`: the mean share of the unpruned prefill FLOPs the selections imply
-(`mipruner.compute`; `SweepResult.at_compute(share)` picks, per method, the budget closest to a share). `prune_ms` is the select time with the item's cache filled (each method's
+(`mipruner.measure.compute`; `SweepResult.at_compute(share)` picks, per method, the budget closest to a share). `prune_ms` is the select time with the item's cache filled (each method's
 first select on an item runs once untimed: MI's PMI, the in-LLM prefix), so the values compare
 what changing the swept parameter costs, as a slider move does in the app. Sweeping
 `lam` sets `lam_rule` to "fixed" unless given (else the paper's rule would override the values).
@@ -29,7 +29,7 @@ import contextlib
 import time
 
 import mipruner
-from mipruner.failures import guarded
+from mipruner.serve.failures import guarded
 from mipruner.pruners import get_pruner
 from mipruner.pruners.signals import encode_kwargs
 
@@ -147,7 +147,7 @@ class SweepRun:
         r = {**gold, "method": method, "value": value, "seed": seed, "prediction": text, "correct": bool(correct),
              "query_recall": recall, "kept": kept, "prune_ms": prune_s * 1e3, "prefill_ms": prefill_s * 1e3,
              "lam": lam, "flops": flops}  # lam: the lambda applied (the MI methods; "auto" picks it per prompt);
-        # flops: the share of the unpruned prefill FLOPs the selection implies (`mipruner.compute`)
+        # flops: the share of the unpruned prefill FLOPs the selection implies (`mipruner.measure.compute`)
         return r
 
     def result(self, *, set_name: str = "", set_info: dict | None = None, model: str = "") -> "SweepResult":

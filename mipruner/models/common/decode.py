@@ -7,7 +7,7 @@ knows a family, and the engine never reaches back into an adapter.
 On the compiled path every forward has a shape: the prefill (rows padded to a power of two by
 repeating a row, width bucketed), the step (rows padded the same way, a static cache of `slots` = the
 batch's pruned width + new tokens, bucketed: sized to the PRUNED rows, not the unpruned prompt). A shape
-in the declared set (`state.Buckets`, which `mipruner.warm_up` declares and compiles before a request
+in the declared set (`state.Buckets`, which `mipruner.serve.warm_up` declares and compiles before a request
 comes) runs its own compiled function; any other shape runs eagerly and is counted (`DecodeState.eager`),
 so no request compiles. Each shape's compiled function is compiled from its own code object, so dynamo's
 per-function recompile limit is never reached (and never raised).

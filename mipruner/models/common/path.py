@@ -14,7 +14,7 @@ the family's batched decoder (`common/embeds_rows.py`, `qwen/batch.py`) with:
                 where the LLaVA family falls back to `generate`: `cache_implementation="static"`);
   compile       the prefill (rows padded to a power of two, width to the bucket) and the decoding
                 step through `torch.compile` (`common/greedy.compiled`: CUDA graphs on CUDA), every
-                family alike; `mipruner.warm_up` compiles the fixed set at start. Off by default:
+                family alike; `mipruner.serve.warm_up` compiles the fixed set at start. Off by default:
                 compiling takes tens of seconds per new shape.
 
 Padding never changes what a row computes beyond float rounding: its pad columns are masked out of

@@ -11,17 +11,17 @@ layer of the LLM, from the LLM's config). `own_timing(answer)` gives what an ans
 prefill as that share of the batch's prefill, labelled "share of a 6-answer batch's prefill, by
 compute", and the decoding loop's time labelled as the batch's (the rows decode together).
 
-A row's prefill FLOPs are `mipruner.compute`'s formula (docs/methods.md, "Compute") for the row's own
+A row's prefill FLOPs are `mipruner.measure.compute`'s formula (docs/methods.md, "Compute") for the row's own
 tokens through every layer of the LLM: the same for every row, so the shares compare rows of one batch.
 """
 from __future__ import annotations
 
-from .compute import LLMShape
-from .models.base import Answer
+from ..measure.compute import LLMShape
+from ..models.base import Answer
 
 
 def row_prefill_flops(config, n_tokens: int) -> int:
-    """Prefill FLOPs of one row of `n_tokens` tokens through the LLM of `config` (mipruner.compute)."""
+    """Prefill FLOPs of one row of `n_tokens` tokens through the LLM of `config` (mipruner.measure.compute)."""
     return LLMShape.of(config).row_flops(int(n_tokens))
 
 

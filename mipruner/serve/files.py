@@ -1,7 +1,7 @@
 """`FileBudget`: keeps the folders the app writes files into (rendered panels, exports, a sweep's unpacked
 set while it runs, visitors' uploads) under one byte cap on disk, oldest files first; an upload is admitted
 only when it fits (`admit`, `reserve`) and is never removed while young (`uploaded`), so a flood of uploads is
-refused instead of evicting what other visitors are using. `mipruner.session` offers it too.
+refused instead of evicting what other visitors are using. `mipruner.serve.session` offers it too.
 
 What is counted is what the disk holds: every file's and every folder's blocks (`st_blocks * 512`, as `du`
 counts), so 100,000 one-byte files count 100,000 blocks, not 100,000 bytes. The count is kept running:

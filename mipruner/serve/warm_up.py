@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from .methods import encode_for, select
-from .pruners import get_pruner
+from ..methods import encode_for, select
+from ..pruners import get_pruner
 
 FILLER = " Please answer in one short sentence."  # appended to reach the widths above the example's prompt
 
@@ -31,7 +31,7 @@ FILLER = " Please answer in one short sentence."  # appended to reach the widths
 def buckets(rows: int, full: int, bucket: int) -> tuple[list[int], list[int]]:
     """(row counts, widths) the warm-up compiles: powers of two up to `rows`' bucket, and the multiples
     of `bucket` up to the unpruned prompt `full` rounded up plus one bucket."""
-    from .models.common.rows import batch_bucket, round_up
+    from ..models.common.rows import batch_bucket, round_up
 
     counts = sorted({batch_bucket(n) for n in range(1, int(rows) + 1)})
     top = round_up(int(full), bucket) + bucket
@@ -61,8 +61,8 @@ def warm_up(adapter, lock: threading.Lock, media, prompt: str, methods, budget, 
     `on_batch(i, n, what)` before each batch. Returns the number of batches; what fails raises with the
     adapter's path unchanged."""
     from .batch import use_decode_path
-    from .models.common.path import DecodePath
-    from .models.common.state import Buckets
+    from ..models.common.path import DecodePath
+    from ..models.common.state import Buckets
 
     target = DecodePath(**path)
     with lock:

@@ -4,7 +4,7 @@ by as a heatmap over every frame (`temporal_dissimilarity`, `dissimilarity_heatm
 parameters concern a video only (`video_params`: a page shows them for a video alone).
 
 Pure functions of (Encoded, Selection) -> arrays and PIL images, like `mipruner.viz`; matplotlib (Agg
-canvas, never pyplot) draws the timeline, as `mipruner.colorbar` draws colour bars.
+canvas, never pyplot) draws the timeline, as `mipruner.viz.colorbar` draws colour bars.
 
 Why a grid: an 8-frame strip of 224 px frames is 1,820 px wide, so a panel a few hundred px wide shows
 each frame at ~50 px (3-4 px a patch). Two frames a row keep each frame at half a panel's width
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from . import viz
-from .pruners import video as pv
-from .viz_layout import Layout, build_layout
+from .. import viz
+from ..pruners import video as pv
+from .layout import Layout, build_layout
 
 GRID_COLUMNS = 2  # frames a row on the page (see the module docstring)
 MIN_FRAME_PX = 224  # smaller frames are upscaled in the grid, so a frame is never drawn under ~160 px
@@ -160,8 +160,8 @@ def video_params() -> list[str]:
     """The method parameters that mean something on a video only (what a page shows for a video alone), in
     registry order: the video methods' own (EVS's rate; `MethodSpec.video`) and the per-frame budget split
     every other pre-LLM method gets (`PER_FRAME`)."""
-    from .pruners import all_params, get_pruner, list_pruners
-    from .pruners.per_frame import PER_FRAME
+    from ..pruners import all_params, get_pruner, list_pruners
+    from ..pruners.per_frame import PER_FRAME
 
     specs = [get_pruner(n) for n in list_pruners()]
     own = {p for s in specs if s.video for p in s.param_names} - {p for s in specs if not s.video for p in s.param_names}

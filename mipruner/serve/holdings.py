@@ -1,6 +1,6 @@
 """What a session holds, in bytes (`nbytes`), and handing freed bytes back to the operating system (`Release`).
 
-`mipruner.session.CacheBudget` charges every cached encoding by `nbytes` of everything it holds and calls its
+`mipruner.serve.session.CacheBudget` charges every cached encoding by `nbytes` of everything it holds and calls its
 `Release` after entries were dropped; the model's own tensors (`model_storages`) are shared, never a session's.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Engine and sessions: encode once per key, LRU + expiry, isolation between sessions, settings
+"""ModelService and sessions: encode once per key, LRU + expiry, isolation between sessions, settings
 strings, answer caching, JSON export; one end-to-end run on a tiny real LLaVA."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 import mipruner
-from mipruner.engine import Engine, Panel
-from mipruner.export import selection_to_json
-from mipruner.session import EncodingKey, StaleKeyError, media_hash
+from mipruner.serve.service import ModelService, Panel
+from mipruner.serve.export import selection_to_json
+from mipruner.serve.session import EncodingKey, StaleKeyError, media_hash
 from mipruner.models.common.dummy import DummyAdapter
 
 PROMPT = "Is there a white square?"
@@ -56,7 +56,7 @@ def picture(seed: int, white: tuple[int, int, int, int] | None = None) -> Image.
 
 @pytest.fixture
 def engine():
-    return Engine(CountingAdapter(), clock=FakeClock())
+    return ModelService(CountingAdapter(), clock=FakeClock())
 
 
 def test_encode_once_across_many_prune_and_view_calls(engine):
@@ -110,7 +110,7 @@ def test_attention_method_without_attention_raises(engine):
 
 def test_cache_lru_and_expiry():
     clock = FakeClock()
-    eng = Engine(CountingAdapter(), clock=clock, session_entries=2, session_max_age_s=60)
+    eng = ModelService(CountingAdapter(), clock=clock, session_entries=2, session_max_age_s=60)
     s = eng.new_session()
     ka = eng.encode(s, picture(1), PROMPT)
     kb = eng.encode(s, picture(2), PROMPT)
@@ -130,7 +130,7 @@ def test_cache_lru_and_expiry():
     n = eng.adapter.encodes
     assert eng.encode(s, picture(1), PROMPT) == ka and eng.adapter.encodes == n + 1  # re-encoded
     with pytest.raises(ValueError):
-        Engine(CountingAdapter(), session_entries=0).new_session()
+        ModelService(CountingAdapter(), session_entries=0).new_session()
 
 
 def test_sessions_are_isolated_under_interleaving(engine):
@@ -154,7 +154,7 @@ def test_sessions_are_isolated_under_interleaving(engine):
 
 
 def test_threads_on_two_sessions():
-    eng = Engine(CountingAdapter())
+    eng = ModelService(CountingAdapter())
     errors = []
 
     def user(seed):
@@ -224,14 +224,14 @@ def test_lazy_loader_called_once():
         calls.append(1)
         return CountingAdapter()
 
-    eng = Engine(load)
+    eng = ModelService(load)
     assert not calls
     s = eng.new_session()
     eng.encode(s, picture(0), PROMPT)
     eng.encode(s, picture(1), PROMPT)
     assert len(calls) == 1
     with pytest.raises(ValueError):
-        Engine(42)
+        ModelService(42)
 
 
 def test_tiny_llava_end_to_end(tmp_path):
@@ -239,7 +239,7 @@ def test_tiny_llava_end_to_end(tmp_path):
 
     torch.manual_seed(0)
     path = save_tiny("llava", str(tmp_path / "llava"))
-    eng = Engine(lambda: mipruner.load(path, device="cpu"))
+    eng = ModelService(lambda: mipruner.load(path, device="cpu"))
     s = eng.new_session()
     img = scene(56, 56, square=(28, 14, 42, 28))
     with torch.no_grad():
@@ -290,7 +290,7 @@ def test_generate_many_is_one_batch_on_a_tiny_llava(tmp_path):
         return plain_batch(rows, *a, **kw)
 
     adapter.generate_batch = counting_batch  # this instance only
-    eng = Engine(adapter)
+    eng = ModelService(adapter)
     s = eng.new_session()
     with torch.no_grad():
         key = eng.encode(s, scene(56, 56, square=(28, 14, 42, 28)), "What colour is the square?")
@@ -324,7 +324,7 @@ def test_a_budget_move_redraws_the_mask_only(engine):
     again = engine.view(s, key, methods, 4, {"lam": 1.0})
     for va, vg in zip(a, again):  # whatever was reused draws what a fresh drawing would
         assert np.array_equal(np.asarray(vg.heatmap), np.asarray(va.heatmap))
-    fresh = Engine(CountingAdapter(), clock=FakeClock())
+    fresh = ModelService(CountingAdapter(), clock=FakeClock())
     fs = fresh.new_session()
     fv = fresh.view(fs, fresh.encode(fs, picture(1, white=(8, 8, 16, 16)), PROMPT), methods, 4, {"lam": 1.0})
     for va, vf in zip(again, fv):
@@ -332,7 +332,7 @@ def test_a_budget_move_redraws_the_mask_only(engine):
 
 
 def test_drawn_compares_values_not_identity():
-    from mipruner.session import CachedEncoding
+    from mipruner.serve.session import CachedEncoding
 
     e, calls = CachedEncoding(encoded=None), []
 

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..methods import answer
+from ..models.base import Answer, Encoded
+from ..models.common.generation import GenerationConfig
+from ..pruners._registry import get_pruner
+from ..pruners.selection import Selection
+from ..pruners.signals import Signals, encode_kwargs
 from .answer_time import split_batch
 from .failures import guarded
-from .methods import answer
-from .models.base import Answer, Encoded
-from .models.common.generation import GenerationConfig
-from .pruners._registry import get_pruner
-from .pruners.selection import Selection
-from .pruners.signals import Signals, encode_kwargs
 
 MAX_BATCH = 32  # rows per forward: more are split into several batches
 
@@ -74,7 +74,7 @@ def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], config: Gene
     out: list[Answer] = []
     for i in range(0, len(rows), max(1, int(max_batch))):
         got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], config=config, **_model_kw(positions))
-        out += split_batch(adapter, got)  # each answer's share of the batch's prefill (mipruner.answer_time)
+        out += split_batch(adapter, got)  # each answer's share of the batch's prefill (mipruner.serve.answer_time)
     return out
 
 
@@ -108,7 +108,7 @@ def answer_batch_guarded(adapter, encoded: Encoded, selections: Sequence[Selecti
                          config: GenerationConfig | None = None) -> tuple[list[Answer | None], list[str | None]]:
     """(answers, sentences) of `selections` as `answer_batch` gives them; when the batch raises (or
     batch=False) each selection answers alone, and one whose answer fails gets None and the sentence of
-    its failure (`mipruner.failures`): a broken method costs only its own answer. A bad generation
+    its failure (`mipruner.serve.failures`): a broken method costs only its own answer. A bad generation
     option raises here, before anything runs."""
     config = GenerationConfig.of(max_new_tokens, config)
     selections = list(selections)

@@ -1,13 +1,13 @@
 """One model, many browser sessions: encode once, prune and render many times, generate on demand.
 
-`Engine` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode, generate) hold its one
+`ModelService` owns ONE model adapter (loaded once, shared, read-only); its forward passes (encode, generate) hold its one
 slot, which sessions take in turns (`turns.Turns`: round robin, `max_waiting` waiting per session; a file is decoded
 before, outside it). Everything per user lives in a `Session` (one per browser session), which holds its own small LRU
 cache of encodings, keyed by (model, media content hash, prompt, text_mode, need_attention, views) and expiring by
 count and by idle age. Per encoding it also keeps the MI cache (`cache=` of `mipruner.prune`, which makes a slider
 move cheap), the render `Layout`, and the answers generated so far (`session.py` keeps that bookkeeping: expiry, LRU
-order, the byte cap). Sessions share no mutable state; the engine holds no per-user state. One `CacheBudget` (shared
-by every engine of an app) caps the bytes of all sessions' encodings together, least recently used first: memory stays
+order, the byte cap). Sessions share no mutable state; the service holds no per-user state. One `CacheBudget` (shared
+by every service of an app) caps the bytes of all sessions' encodings together, least recently used first: memory stays
 bounded however many sessions come and go.
 
 The UI calls only this module: `encode -> key`, `view(key, methods, budget, ...)` for the images
@@ -17,7 +17,7 @@ of each method (drawn by `render.py`), `generate(key, method, ...)` for answers 
 `warm_up` compiles the decoding path for the first views' shapes at start-up (model-level, no session).
 
 Budgets, method names and parameters come validated from the edges (the app's settings, the
-Python API's `mipruner.select`); the engine passes them on and does not check them again, except
+Python API's `mipruner.select`); the service passes them on and does not check them again, except
 that `view` resolves the budget against the encoding once, before any panel, so a budget that does
 not fit is the request's error and not each method's (`failures.py`: a failing method costs only
 its own panel).
@@ -36,10 +36,10 @@ from mipruner.pruners.signals import Signals, encode_kwargs, recorded
 from mipruner.pruners import (MethodSpec, Param, Selection, all_params, check_budget, get_pruner, list_pruners,
                               resolve_budget)
 
-from . import viz, viz_video
+from ..measure.compute import attach_compute
+from ..viz import Layout, video as viz_video
 from .answer_cache import answer_key
 from .batch import answer_batch_guarded
-from .compute import attach_compute
 from .export import selection_to_json
 from .failures import guarded, request_errors
 from .prompt_words import PromptWords, prompt_words
@@ -92,7 +92,7 @@ def _panel(m) -> Panel:
 # ---------------------------------------------------------------------------------- the engine
 
 
-class Engine:
+class ModelService:
     """Owns one adapter (or a loader called once, on first use); serves any number of sessions.
 
     adapter_or_loader: a `mipruner.models.Adapter`, or a zero-argument callable returning one (e.g. `lambda:
@@ -112,7 +112,7 @@ class Engine:
         elif callable(adapter_or_loader):
             self._adapter, self._loader = None, adapter_or_loader
         else:
-            raise ValueError("Engine needs an Adapter or a zero-argument callable returning one, "
+            raise ValueError("ModelService needs an Adapter or a zero-argument callable returning one, "
                              f"got {type(adapter_or_loader).__name__}")
         self._name = name
         self._model_lock = Turns(max_waiting)  # one forward pass at a time, sessions taking turns (turns.py)
@@ -236,7 +236,7 @@ class Engine:
     def encoded(self, session: Session, key: EncodingKey):
         return self.entry(session, key).encoded
 
-    def layout(self, session: Session, key: EncodingKey) -> viz.Layout:
+    def layout(self, session: Session, key: EncodingKey) -> Layout:
         e = self.entry(session, key)
         with session.lock:
             if e.layout is None:
@@ -368,7 +368,7 @@ class Engine:
 
     def warm_up(self, media, prompt: str, methods, budget, max_new_tokens: int,
                 on_batch: Callable[[int, int, str], None] | None = None, **path) -> int:
-        """`mipruner.warm_up.warm_up` on this model, each batch holding its slot; requests meanwhile take turns."""
+        """`mipruner.serve.warm_up.warm_up` on this model, each batch holding its slot; requests meanwhile take turns."""
         return _warm_up(self.adapter, self._model_lock, media, prompt, methods, budget, max_new_tokens, on_batch, **path)
 
     def export_json(self, session: Session, key: EncodingKey, method: str, budget, **params) -> str:
@@ -376,5 +376,5 @@ class Engine:
         return selection_to_json(self.encoded(session, key), sel)
 
 
-__all__ = ["Busy", "DEFAULT_CACHE_BYTES", "TEXT_MODES", "Engine", "MethodView", "Panel", "PromptWords", "check_budget",
+__all__ = ["Busy", "DEFAULT_CACHE_BYTES", "TEXT_MODES", "ModelService", "MethodView", "Panel", "PromptWords", "check_budget",
            "load_adapter", "method_spec", "method_specs", "parameters", "visitor"]

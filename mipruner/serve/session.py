@@ -20,10 +20,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-from . import viz
+from .. import viz
+from ..media import media_hash  # noqa: F401 - the one media hasher (the lmms answer cache uses it too)
 from .files import FileBudget  # noqa: F401 - its home was this module
 from .holdings import Release, model_storages, nbytes
-from .media import media_hash  # noqa: F401 - the one media hasher (the lmms answer cache uses it too)
 
 
 class EncodingKey(NamedTuple):
@@ -104,7 +104,7 @@ class Session:
 
     def __getstate__(self) -> dict:
         """Pickled without its lock and byte cap (ZeroGPU hands a session to a worker process and back:
-        the process that keeps it re-attaches the cap, `Engine.adopt`)."""
+        the process that keeps it re-attaches the cap, `ModelService.adopt`)."""
         state = dict(self.__dict__)
         state.pop("lock", None)
         state["budget"] = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 
-from .pruners import Selection
+from ..pruners import Selection
 
 
 def _finite(x: float) -> float | None:

@@ -14,9 +14,10 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from . import viz, viz_video
+from .. import viz
+from ..pruners import Selection
+from ..viz import video as viz_video
 from .failures import drawing
-from .pruners import Selection
 
 
 @dataclass

@@ -18,11 +18,11 @@ import contextlib
 import logging
 from typing import Callable, Iterator, TypeVar
 
-from .pruners._registry import ContractError
-from .pruners.video import NotApplicable
+from ..pruners._registry import ContractError
+from ..pruners.video import NotApplicable
 
 T = TypeVar("T")
-log = logging.getLogger("mipruner.failures")
+log = logging.getLogger("mipruner.serve.failures")
 
 
 class DrawingError(RuntimeError):
@@ -71,7 +71,7 @@ def request_errors(method: str) -> tuple:
     """What stays the request's error when `method` raises it in the app: a built-in's ValueError says the
     settings do not fit this input (a layer past the model's depth, say), as before; a plug-in's every
     exception costs only its own panel."""
-    from .pruners._registry import get_pruner
+    from ..pruners._registry import get_pruner
 
     return () if get_pruner(method).origin else (ValueError,)
 

@@ -1,7 +1,7 @@
 """Rendering a Selection over the original media: kept-patch masks, PMI / score heatmaps, pivot maps.
 
 Pure functions of (Encoded, Selection) -> PIL images, in numpy + PIL; matplotlib only for colormap
-tables and colour bars (`mipruner.colorbar`), imported lazily, never pyplot. Geometry is read from
+tables and colour bars (`mipruner.viz.colorbar`), imported lazily, never pyplot. Geometry is read from
 `Encoded.geometry` alone: token boxes are in each frame's ORIGINAL pixel coordinates.
 
 How it stays fast (a slider drives these): everything that depends only on the encoding is built
@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from .colorbar import colorbar, with_colorbar  # noqa: F401 (the app reaches them through viz)
-from .viz_layout import NO_BOX_KINDS, Layout, build_layout
+from .layout import NO_BOX_KINDS, Layout, build_layout
 
 
 def _layout(encoded, layout: Layout | None) -> Layout:

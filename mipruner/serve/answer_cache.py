@@ -7,7 +7,7 @@ of each cached encoding in its `CachedEncoding.answers` under these keys, so the
 """
 from __future__ import annotations
 
-from .pruners import get_pruner, resolve_budget
+from ..pruners import get_pruner, resolve_budget
 
 
 def _frozen(params: dict) -> tuple:
