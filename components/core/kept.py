@@ -5,7 +5,7 @@ of a new session (even one that reads nothing, such as /settings) takes a place 
 sessions pushes out the state of a visitor who encoded, whose next view then says "run the model first".
 `Kept` is the app's own record of the sessions that did encode, bounded by count and idle age: a session that
 never encoded takes no place in it and so evicts nobody; a state Gradio dropped is found again by the session's
-hash. What a kept state holds (its encodings) stays under the app's byte cap (`mipruner.session.CacheBudget`),
+hash. What a kept state holds (its encodings) stays under the app's byte cap (`mipruner.serve.session.CacheBudget`),
 as it did in Gradio's store.
 
 The hash is Gradio's own key for the session's state: knowing it reads no more here than it does there.

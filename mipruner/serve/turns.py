@@ -97,8 +97,8 @@ class Turns:
     @staticmethod
     def _key(owner):
         """An owner's line: a name (str) by its value (two requests of one connection carry equal names, not
-        one object), None as the anonymous owner, any other object (a session) by its identity."""
-        return owner if owner is None or isinstance(owner, str) else id(owner)
+        one object), None as the anonymous owner, any other object (a session) by its identity: its `label`."""
+        return label(owner)
 
     def waiting(self, owner=None) -> int:
         """Requests of `owner` waiting for the slot now."""

@@ -13,7 +13,7 @@ import pytest
 from components.core.kept import Kept, kept_in
 from components.hosting.new_sessions import TOO_MANY_SESSIONS, NewSessions
 from components.core.logic import UIState
-from mipruner.session import EncodingKey
+from mipruner.serve.session import EncodingKey
 
 from .test_bad_inputs import CTL, Raw
 from .test_hosted_limits import EXAMPLE, rss, settles
