@@ -205,7 +205,10 @@ def build_sweep(logic, page_state: gr.State, inp, ctl: C.Controls, limits: Sweep
         except UserError as e:
             _error(e)
 
-    area.param.change(lambda p: SL.default_values(p), area.param, area.values, api_visibility="private")
+    # `input`, not `change`: only the visitor's own choice of parameter fills in its default values (a change
+    # Gradio reports when the closed accordion's dropdown first mounts, late on a loaded server, wrote the
+    # defaults over values the visitor had typed meanwhile)
+    area.param.input(lambda p: SL.default_values(p), area.param, area.values, api_visibility="private")
     area.run.click(on_run, [area.state, *area.fields(), area.x, area.metrics, inp.model, inp.model_path,
                             *ctl.inputs()], [area.state, area.status, area.plot, area.files, area.table],
                    api_name="sweep", concurrency_id="sweep", concurrency_limit=limits.max_waiting + 1,

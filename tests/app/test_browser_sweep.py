@@ -53,3 +53,16 @@ def test_cancel_stops_a_long_sweep(page):
                            timeout=120_000)
     done = int(re.search(r"(\d+) items of pope", page.locator("#sweep-status").inner_text()).group(1))
     assert 1 <= done < 300
+
+
+def test_choosing_another_parameter_fills_in_its_values(page):
+    """The visitor's own choice of parameter fills in that parameter's default values (and only that choice:
+    values typed before it are never written over by the page itself)."""
+    from components.core.sweep_logic import default_values
+
+    open_sweep(page)
+    page.fill("#sweep-values textarea", "3,5")
+    page.locator("#sweep-param input").click()
+    page.get_by_role("option", name=re.compile(r"^tau: ")).click()
+    want = default_values("tau")
+    page.wait_for_function(f"document.querySelector('#sweep-values textarea').value === {want!r}")
