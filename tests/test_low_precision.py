@@ -110,9 +110,9 @@ def plain_inputs(fam: str, enc) -> dict:
     """The unpruned model's own inputs for `enc` (what the family tests compare with)."""
     st = enc.state
     if fam.startswith("qwen"):
-        return dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], **st["vision_inputs"],
-                    **st["rope_kwargs"])
-    return st["ref"]
+        return dict(input_ids=st.input_ids, mm_token_type_ids=st.mm_token_type_ids, **st.vision_inputs,
+                    **st.rope_kwargs)
+    return st.ref
 
 
 # ------------------------------------------------------------------------------ (a) mipruner.select

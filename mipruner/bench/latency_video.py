@@ -33,6 +33,7 @@ import torch
 
 import mipruner
 from mipruner.measure.compute import selection_compute
+from mipruner.models.common.request import ProcessorState
 
 from . import latency_runs as R
 from . import video as V
@@ -85,10 +86,10 @@ def reference_inputs(enc) -> dict:
     """The model's own inputs of an encoding (transformers' processor output; for Qwen the ids, the vision
     inputs and the M-RoPE arguments the adapter gave `get_rope_index`)."""
     st = enc.state
-    if "ref" in st:
-        return dict(st["ref"])
-    return dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], **st["vision_inputs"],
-                **st["rope_kwargs"])
+    if isinstance(st, ProcessorState):
+        return dict(st.ref)
+    return dict(input_ids=st.input_ids, mm_token_type_ids=st.mm_token_type_ids, **st.vision_inputs,
+                **st.rope_kwargs)
 
 
 def generate_run(adapter, clock, enc, n: int):

@@ -55,7 +55,7 @@ def test_equals_the_released_forward(pyramiddrop, adapters, encoded, name):
     cache: dict = {}
     sel = mipruner.select(ad, enc, name, k, cache=cache)
     assert sel.extras["layers"].tolist() == [1, 2, 3] and sel.budget == k
-    vis = enc.state["visual_positions"].cpu()
+    vis = enc.state.visual_positions.cpu()
     assert torch.equal(vis, torch.arange(int(vis[0]), int(vis[0]) + n))  # one contiguous image span
     lm = ad.model.model.language_model
     embeds = ad.pruned_inputs(enc, None)["inputs_embeds"]
@@ -100,4 +100,4 @@ def test_pruned_answers_one_by_one_and_batched(pyramiddrop, adapters, encoded, f
     replay = mipruner.answer(ad, enc, sel, max_new_tokens=5)
     ref, batched = mipruner.answer_batch(ad, enc, [None, sel], max_new_tokens=5, cache=cache)
     assert one.token_ids == replay.token_ids == batched.token_ids
-    assert one.visual_tokens == k and one.input_tokens == int(enc.state["input_ids"].shape[-1]) - enc.n_visual + k
+    assert one.visual_tokens == k and one.input_tokens == int(enc.state.input_ids.shape[-1]) - enc.n_visual + k

@@ -113,7 +113,7 @@ def test_keep_all_is_the_unpruned_model(adapters, encoded, fam, media):
 # ------------------------------------------------------------------------------------ pruned
 def _reference_inputs(ad, enc):
     """(prefill kwargs, step kwargs fn) of the model's own forward on the full sequence."""
-    L = int(enc.state["input_ids"].shape[-1])
+    L = int(enc.state.input_ids.shape[-1])
     if ad.family in LLAVA:
         embeds = ad.pruned_inputs(enc, None)["inputs_embeds"]
         inputs = dict(inputs_embeds=embeds, attention_mask=torch.ones(1, L, dtype=torch.long))
@@ -123,9 +123,9 @@ def _reference_inputs(ad, enc):
                         position_ids=torch.tensor([[L + s - 1]]))
         return inputs, step
     st = enc.state
-    inputs = dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], position_ids=st["positions"],
-                  attention_mask=torch.ones(1, L, dtype=torch.long), **st["vision_inputs"], **st["rope_kwargs"])
-    start = int(st["positions"].max()) + 1
+    inputs = dict(input_ids=st.input_ids, mm_token_type_ids=st.mm_token_type_ids, position_ids=st.positions,
+                  attention_mask=torch.ones(1, L, dtype=torch.long), **st.vision_inputs, **st.rope_kwargs)
+    start = int(st.positions.max()) + 1
 
     def step(token, s):
         return dict(input_ids=torch.tensor([[token]]), position_ids=torch.full((3, 1, 1), start + s - 1),
@@ -145,11 +145,11 @@ def test_pruned_equals_masking_from_layer_k(adapters, encoded, fam, media, metho
     k = max(1, enc.n_visual // 4)
     sel = mipruner.select(ad, enc, method, k, layer=layer)
     assert sel.budget == k and sel.method == method and sel.extras["layer"] == layer
-    L = int(enc.state["input_ids"].shape[-1])
+    L = int(enc.state.input_ids.shape[-1])
     dropped = torch.zeros(L, dtype=torch.bool)
     gone = torch.ones(enc.n_visual, dtype=torch.bool)
     gone[sel.keep] = False
-    dropped[enc.state["visual_positions"].cpu()[gone]] = True
+    dropped[enc.state.visual_positions.cpu()[gone]] = True
     inputs, step = _reference_inputs(ad, enc)
     ref_logits, ref_tokens, margins = reference_run(ad.model, inputs, step, layer, dropped, max_new_tokens=5)
     got = inllm.prefill_logits(ad, enc, sel, layer=layer)
@@ -201,7 +201,7 @@ def test_fastv_is_the_top_k_of_eager_attention(paths, adapters, encoded, fam):
         inputs = dict(inputs_embeds=ad.pruned_inputs(enc, None)["inputs_embeds"])
     else:
         inputs = ad._llm_inputs(enc, None)  # the adapter's own public-input kwargs (ids, positions, visual rows)
-    vis = enc.state["visual_positions"].cpu()
+    vis = enc.state.visual_positions.cpu()
     for layer in (1, 2):
         att = eager(**inputs, output_attentions=True).attentions[layer - 1]  # (1, H, L, L)
         expected = att[0, :, -1, vis].float().mean(0)  # the last token's head-mean attention on the image
@@ -293,7 +293,7 @@ def test_dart_reads_keys_and_hidden_states_of_the_model(adapters, encoded, fam):
     keys = cache.layers[layer - 1].keys[0]  # (KV, L, d_head)
     l1 = keys.abs().sum(dim=(0, 2))  # (L,)
     hidden = ad.model.model.language_model.norm(out.hidden_states[layer])[0]  # input of layer K, final norm
-    vis = enc.state["visual_positions"].cpu()
+    vis = enc.state.visual_positions.cpu()
     after = torch.arange(int(vis.max()) + 1, l1.numel())
     k = enc.n_visual // 2
     expected = dart_rank(l1[vis], l1[after], hidden[vis], hidden[after], k, image_positions=vis,

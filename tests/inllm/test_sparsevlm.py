@@ -134,8 +134,8 @@ def test_keep_all_is_the_unpruned_model(adapters, encoded, fam, media):
 # ------------------------------------------------------------------------------------ pruned
 def _stages(enc, sel):
     """The reference's stages, read from the selection's extras (independently of `stages_of`)."""
-    ex, vis = sel.extras, enc.state["visual_positions"].cpu()
-    L = int(enc.state["input_ids"].shape[-1])
+    ex, vis = sel.extras, enc.state.visual_positions.cpu()
+    L = int(enc.state.input_ids.shape[-1])
     out = []
     for s, layer in enumerate(ex["layers"].tolist()):
         made = [j for j in range(ex["merged_slot"].numel()) if int(ex["merged_stage"][j]) == s]
@@ -168,7 +168,7 @@ def test_pruned_equals_the_model_with_stages_masked_and_merged(adapters, encoded
     ref_logits, ref_tokens, _ = reference_staged(ad.model, inputs, step, stages, max_new_tokens=5)
     visible = ~stages[-1][1]
     got = sv.prefill_logits(ad, enc, sel)
-    n_rows = int(enc.state["input_ids"].shape[-1]) - enc.n_visual + k + ex["n_merged"]
+    n_rows = int(enc.state.input_ids.shape[-1]) - enc.n_visual + k + ex["n_merged"]
     assert got.shape[0] == int(visible.sum()) == n_rows
     torch.testing.assert_close(got, ref_logits[visible], atol=1e-5, rtol=1e-5)
     eos = set(mipruner.inllm._run._get_prompt(ad, enc, None).eos)
@@ -196,7 +196,7 @@ def test_recycling_off(adapters, encoded):
     inputs, step = _reference_inputs(ad, enc)
     ref_logits, ref_tokens, _ = reference_staged(ad.model, inputs, step, stages, max_new_tokens=4)
     visible = ~stages[-1][1]
-    assert int(visible.sum()) == int(enc.state["input_ids"].shape[-1]) - enc.n_visual + 2
+    assert int(visible.sum()) == int(enc.state.input_ids.shape[-1]) - enc.n_visual + 2
     torch.testing.assert_close(sv.prefill_logits(ad, enc, sel), ref_logits[visible], atol=1e-5, rtol=1e-5)
     eos = set(mipruner.inllm._run._get_prompt(ad, enc, None).eos)
     cut = next((i + 1 for i, t in enumerate(ref_tokens) if t in eos), len(ref_tokens))
@@ -214,7 +214,7 @@ def test_stage_scores_are_the_raters_eager_attention(paths, adapters, encoded, f
     inputs, _ = _reference_inputs(ad, enc)
     with hide_by_stage(eager, stages, additive=True):
         att = eager(**inputs, output_attentions=True).attentions
-    vis, raters = enc.state["visual_positions"].cpu(), ex["raters"]
+    vis, raters = enc.state.visual_positions.cpu(), ex["raters"]
     for s, layer in enumerate(ex["layers"].tolist()):
         ranked = ex["survived"] >= s  # the tokens present (not merged) when stage s ranks
         expected = att[layer - 1][0].float().mean(0)[raters][:, vis[ranked]].mean(0)

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import torch
 
+from mipruner.models.common.request import ProcessorState, QwenState
+
 # Families whose keep-all logits match the model's own forward within 1e-5 rather than bit for bit.
 ANCHOR_ATOL = {"llava_onevision": 1e-5, "internvl": 1e-5}
 
 
 def reference_inputs(e) -> dict:
-    """The model's own inputs for an encoding: transformers' processor output kept in state["ref"] (LLaVA
+    """The model's own inputs for an encoding: transformers' processor output kept in state.ref (LLaVA
     line, OneVision, InternVL), or the Qwen adapters' ids, vision inputs and M-RoPE arguments."""
     st = e.state
-    if "ref" in st:
-        return st["ref"]
-    return dict(input_ids=st["input_ids"], mm_token_type_ids=st["mm_token_type_ids"], **st["vision_inputs"],
-                **st["rope_kwargs"])
+    if isinstance(st, ProcessorState):
+        return st.ref
+    return dict(input_ids=st.input_ids, mm_token_type_ids=st.mm_token_type_ids, **st.vision_inputs,
+                **st.rope_kwargs)
 
 
 def _same(got, want, atol: float) -> None:
@@ -31,7 +33,7 @@ def assert_keep_all_is_the_unpruned_model(a, e):
     ref_inputs = reference_inputs(e)
     ids = ref_inputs["input_ids"]
     atol = ANCHOR_ATOL.get(a.family, 0.0)
-    assert torch.equal(e.state["input_ids"].reshape(1, -1).cpu(), ids.reshape(1, -1).cpu())
+    assert torch.equal(e.state.input_ids.reshape(1, -1).cpu(), ids.reshape(1, -1).cpu())
     ref = a.model(**ref_inputs).logits[0].float()
     _same(a.prefill_logits(e), ref, atol)
     _same(a.prefill_logits(e, keep=torch.arange(e.n_visual)), ref, atol)
@@ -49,10 +51,10 @@ def masked_reference(a, e, seq_keep: torch.Tensor) -> torch.Tensor:
     the kept rows. M-RoPE (Qwen): explicit positions and a 4D mask (a dropped query attends to itself
     only, never read); otherwise the 2D attention mask."""
     L = seq_keep.numel()
-    if "rope_kwargs" in e.state:
+    if isinstance(e.state, QwenState):
         allowed = torch.tril(torch.ones(L, L, dtype=torch.bool)) & seq_keep[None, :]
         allowed |= torch.eye(L, dtype=torch.bool)
-        out = a.model(**reference_inputs(e), position_ids=e.state["positions"], attention_mask=allowed[None, None])
+        out = a.model(**reference_inputs(e), position_ids=e.state.positions, attention_mask=allowed[None, None])
     else:
         out = a.model(**dict(reference_inputs(e), attention_mask=seq_keep[None].long()))
     return out.logits[0, seq_keep].float()
@@ -62,11 +64,11 @@ def assert_pruned_equals_masked_full_sequence(a, e):
     """A pruned prefill (original positions) = the model's own forward with the dropped tokens hidden."""
     k = max(1, e.n_visual // 4)
     keep = torch.randperm(e.n_visual, generator=torch.Generator().manual_seed(1))[:k].sort().values
-    L = e.state["input_ids"].numel()
-    dropped = e.state["visual_positions"][torch.isin(torch.arange(e.n_visual), keep, invert=True)]
+    L = e.state.input_ids.numel()
+    dropped = e.state.visual_positions[torch.isin(torch.arange(e.n_visual), keep, invert=True)]
     seq_keep = torch.ones(L, dtype=torch.bool)
     seq_keep[dropped] = False
-    if "rope_kwargs" in e.state:  # Qwen keeps the original M-RoPE positions
+    if isinstance(e.state, QwenState):  # Qwen keeps the original M-RoPE positions
         pruned = a.prefill_logits(e, keep=keep)
         tol = dict(atol=1e-5, rtol=1e-5)
     else:

@@ -66,8 +66,8 @@ def test_batch_equals_one_by_one(adapters, encoded, fam, kind, positions):
     done, total = compare_all(got, ref)
     assert done >= 0.75 * total, (done, total)
     # the keep-all row is the unpruned answer, and that is plain transformers' generate
-    plain = a.model.generate(**e.state["ref"], do_sample=False, max_new_tokens=NEW)
-    plain = plain[0, e.state["ref"]["input_ids"].shape[1]:].tolist()
+    plain = a.model.generate(**e.state.ref, do_sample=False, max_new_tokens=NEW)
+    plain = plain[0, e.state.ref["input_ids"].shape[1]:].tolist()
     if positions == "compact":
         compare(got[0].token_ids, plain, ref[0][1].margins)
         assert ref[0][0].token_ids == plain
@@ -139,7 +139,7 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, fam, kind):
             fast = one_by_one(a, e, [None], NEW)[0]
         compare(fast[0].token_ids, plain_ref[0].token_ids, plain_ref[1].margins)
         torch.testing.assert_close(fast[1].first, full, atol=1e-5, rtol=0)
-        L = e.state["input_ids"].numel()
+        L = e.state.input_ids.numel()
         assert shapes.calls[0][0] == -(-L // BUCKET) * BUCKET and L % BUCKET  # padded
         assert {c[1] for c in shapes.calls[1:]} == {"StaticCache"}  # the steps decode in a static cache
         full_size = shapes.cache_sizes[1]

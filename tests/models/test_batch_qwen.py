@@ -64,7 +64,7 @@ def test_batch_equals_one_by_one(adapters, encoded, kind, media):
     assert done >= 0.75 * total, (done, total)
     # keep-all row = the unpruned answer = transformers' generate on the processor inputs
     g = a.model.generate(**plain_inputs(e), do_sample=False, max_new_tokens=NEW)
-    plain = g[0, e.state["input_ids"].shape[1]:].tolist()
+    plain = g[0, e.state.input_ids.shape[1]:].tolist()
     assert ref[0][0].token_ids == plain
     compare(got[0].token_ids, plain, ref[0][1].margins)
 
@@ -122,7 +122,7 @@ def test_gpu_path_keeps_the_keep_all_anchor(adapters, encoded, kind, media):
     handle = lm.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         fast = one_by_one(a, e, [None], NEW)[0]
-        L = e.state["input_ids"].shape[1]
+        L = e.state.input_ids.shape[1]
         assert calls[0][0] == -(-L // BUCKET) * BUCKET and L % BUCKET  # the prefill, padded
         assert {c[1] for c in calls[1:]} == {"StaticCache"}  # the steps decode in a static cache
         full_size = sizes[1]

@@ -47,7 +47,7 @@ class TowerCalls:
 
 
 def _same(a, b):
-    assert torch.equal(a.state["input_ids"], b.state["input_ids"]) and a.text_tokens == b.text_tokens
+    assert torch.equal(a.state.input_ids, b.state.input_ids) and a.text_tokens == b.text_tokens
     assert torch.equal(a.text, b.text) and torch.equal(a.text_mask, b.text_mask)
     for name in ("frame", "row", "col", "box"):
         assert torch.equal(getattr(a.geometry, name), getattr(b.geometry, name))
@@ -123,10 +123,10 @@ def test_qwen_batches_its_single_images(qwen, kind):
     assert batched_calls == 2 and len(calls) == 2 + 3  # three images in one call, the video alone
     alone = [a.encode(m, p) for m, p in items]
     for g, x in zip(got, alone):
-        assert torch.equal(g.state["input_ids"], x.state["input_ids"]) and g.text_tokens == x.text_tokens
-        assert torch.equal(g.geometry.box, x.geometry.box) and torch.equal(g.state["positions"], x.state["positions"])
+        assert torch.equal(g.state.input_ids, x.state.input_ids) and g.text_tokens == x.text_tokens
+        assert torch.equal(g.geometry.box, x.geometry.box) and torch.equal(g.state.positions, x.state.positions)
         torch.testing.assert_close(g.visual, x.visual, atol=1e-5, rtol=1e-5)
-        for gd, xd in zip(g.state.get("deepstack", []) or [], x.state.get("deepstack", []) or []):
+        for gd, xd in zip(getattr(g.state, "deepstack", None) or [], getattr(x.state, "deepstack", None) or []):
             torch.testing.assert_close(gd, xd, atol=1e-5, rtol=1e-5)
 
 

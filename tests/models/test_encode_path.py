@@ -130,11 +130,11 @@ def test_the_prompt_is_tokenized_once_and_the_inputs_are_the_processors(adapter,
     many = adapter.encode(two, PROMPT)
     monkeypatch.undo()
     for e, images in ((enc, [image]), (many, two)):
-        ref = adapter.processor(images=images, text=e.state["templated"], return_tensors="pt")
-        assert set(e.state["ref"]) == set(ref)  # the model's own inputs: the processor's, key for key
+        ref = adapter.processor(images=images, text=e.state.templated, return_tensors="pt")
+        assert set(e.state.ref) == set(ref)  # the model's own inputs: the processor's, key for key
         for k in ref:
-            assert torch.equal(e.state["ref"][k], ref[k]), k
-        assert torch.equal(e.state["input_ids"], ref["input_ids"][0])
+            assert torch.equal(e.state.ref[k], ref[k]), k
+        assert torch.equal(e.state.input_ids, ref["input_ids"][0])
     with pytest.raises(RuntimeError, match="2 visual placeholders in the prompt for 1 images"):
         expand_placeholders([5, 9, 6, 9], [9], [3])
     assert expand_placeholders([5, 9, 6, 9, 7], [9], [2, 3]).tolist() == [5, 9, 9, 6, 9, 9, 9, 7]
@@ -148,7 +148,7 @@ def test_video_llava_images_run_the_image_tower_only_as_far_as_it_reads(tmp_path
         enc = a.encode(image, PROMPT)
     assert last == [] and passes == [1]
     assert not enc.geometry.built and len(enc.geometry) == enc.n_visual  # built when first read
-    ref = a.model.model.get_image_features(pixel_values=enc.state["ref"]["pixel_values"].to(a.dtype), return_dict=True)
+    ref = a.model.model.get_image_features(pixel_values=enc.state.ref["pixel_values"].to(a.dtype), return_dict=True)
     assert torch.equal(enc.visual, ref.pooler_output.reshape(-1, enc.visual.shape[-1]))  # bit for bit
 
 
@@ -161,7 +161,7 @@ def test_llava_next_tokenizes_the_prompt_once_and_keeps_the_processors_inputs(tm
     enc = a.encode(image, PROMPT)
     monkeypatch.undo()
     assert len(runs) == 1
-    ref = a.processor(images=image, text=enc.state["templated"], return_tensors="pt")
-    assert set(enc.state["ref"]) == set(ref)
+    ref = a.processor(images=image, text=enc.state.templated, return_tensors="pt")
+    assert set(enc.state.ref) == set(ref)
     for k in ref:
-        assert torch.equal(enc.state["ref"][k], ref[k]), k
+        assert torch.equal(enc.state.ref[k], ref[k]), k

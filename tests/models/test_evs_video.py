@@ -101,15 +101,15 @@ def test_qwen_kept_tokens_keep_their_unpruned_positions(adapter, encoded, family
     sel = mipruner.select(a, e, "evs", e.n_visual, video_pruning_rate=0.5)
     assert 0 < sel.keep.numel() < e.n_visual
     st = e.state
-    ids = st["input_ids"]
-    vis = st["vision_inputs"]
+    ids = st.input_ids
+    vis = st.vision_inputs
     positions, _ = a.model.model.get_rope_index(
-        ids, mm_token_type_ids=st["mm_token_type_ids"], image_grid_thw=vis.get("image_grid_thw"),
-        video_grid_thw=vis.get("video_grid_thw"), **st["rope_kwargs"])
+        ids, mm_token_type_ids=st.mm_token_type_ids, image_grid_thw=vis.get("image_grid_thw"),
+        video_grid_thw=vis.get("video_grid_thw"), **st.rope_kwargs)
     seq_keep = torch.ones(ids.shape[1], dtype=torch.bool)
     dropped = torch.ones(e.n_visual, dtype=torch.bool)
     dropped[sel.keep] = False
-    seq_keep[st["visual_positions"][dropped]] = False
+    seq_keep[st.visual_positions[dropped]] = False
     inputs = a._llm_inputs(e, sel)
     assert torch.equal(inputs["position_ids"].cpu(), positions[:, :, seq_keep])
     assert torch.equal(inputs["input_ids"].cpu(), ids[:, seq_keep])
@@ -117,7 +117,7 @@ def test_qwen_kept_tokens_keep_their_unpruned_positions(adapter, encoded, family
     torch.testing.assert_close(pruned, masked_reference(a, e, seq_keep), atol=1e-5, rtol=1e-5)
     if family == "qwen3_vl":  # the deepstack rows the LLM reads are the kept ones
         deep = inputs["mm_encoder_outputs"]["video"].deepstack_features
-        for got, full in zip(deep, st["deepstack"]):
+        for got, full in zip(deep, st.deepstack):
             assert torch.equal(got[0].cpu(), full[sel.keep])
 
 

@@ -175,7 +175,7 @@ def test_encoder_signals(adapter, encoded, files, family, medium):
     assert (more.signal("attention_heads", -1) is None) == (more.blocks[depth - 1]["block"] not in given)
     if family in ("llava", "video_llava") and medium == "image":  # the tower's own output_attentions, block 0
         tower = a.model.model.vision_tower if family == "llava" else a.model.model.image_tower
-        own = tower(e.state["ref"]["pixel_values"].to(a.device, a.dtype), output_attentions=True).attentions[0]
+        own = tower(e.state.ref["pixel_values"].to(a.device, a.dtype), output_attentions=True).attentions[0]
         torch.testing.assert_close(more.signal("attention", 0), own[0].mean(0), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(more.signal("attention_heads", 0), own[0], atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match=f"encoder block {depth} does not exist"):
@@ -217,7 +217,7 @@ def _check_features(a, e):
     if a.family.startswith("qwen"):  # each row: a token's m x m patch states side by side, as the merger reads them
         got = m.visual.merger(f.reshape(f.shape[0] * a.merge ** 2, -1))  # (N_V * m*m, D) -> (N_V, d)
     elif a.family == "llava_onevision" and e.is_video:  # pooled after the projector: features are pooled likewise
-        pixels = e.state["ref"]["pixel_values_videos"][0].to(a.device, a.dtype)  # (F, 3, H, W)
+        pixels = e.state.ref["pixel_values_videos"][0].to(a.device, a.dtype)  # (F, 3, H, W)
         hidden = m.vision_tower(pixels, output_hidden_states=True).hidden_states[a.config.vision_feature_layer]
         hidden = hidden[:, 1:] if a.config.vision_feature_select_strategy == "default" else hidden
         torch.testing.assert_close(f[~newline], m.apply_pooling(hidden).flatten(0, 1), atol=1e-6, rtol=1e-5)

@@ -95,7 +95,7 @@ def test_internvl_token_counts_and_layout(internvl, encoded):
     assert set(video.geometry.kind) == {"frame"} and video.geometry.frame.tolist() == \
         torch.arange(8).repeat_interleave(SEQ).tolist()
     # the text around the tokens: <img> ... </img> per image, "Frame{i}: " per frame
-    toks = internvl.tokenizer.convert_ids_to_tokens(video.state["input_ids"].tolist())
+    toks = internvl.tokenizer.convert_ids_to_tokens(video.state.input_ids.tolist())
     assert toks.count("<img>") == toks.count("</img>") == 8 and toks.count("frame") == 8
     assert encoded["images"].text_tokens.count("<img>") == 2 and encoded["images"].scoring_tokens[0] == "what"
     question = ["what", "colour", "is", "the", "square", "?"]  # scoring text: the question, not "frame 1 :"
@@ -148,7 +148,7 @@ def test_internvl_cls_attention_pooled_to_tokens(internvl, encoded):
         assert e.has_cls and e.cls is None
         n = e.n_visual
         assert e.attention.shape == (n + 1, n + 1) and e.keys.shape[0] == n + 1
-        raw = e.state["attention_all"]  # (views, 1 + g*g, 1 + g*g)
+        raw = e.state.extra["attention_all"]  # (views, 1 + g*g, 1 + g*g)
         views = raw.shape[0]
         # row 0: each token's [CLS] attention = the sum over its 4 patches; per view 1 - A[cls, cls]
         want = raw[:, 0, 1:][:, own].sum(-1).flatten()  # (views * h*h,)
@@ -186,7 +186,7 @@ def test_internvl_video_frames_as_the_video_processor(internvl, video_path, enco
     arr = np.stack([np.asarray(f.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC), np.float64) / 255
                     for f in ours.frames])
     want = (arr - np.array(s["image_mean"])) / np.array(s["image_std"])
-    got = e.state["ref"]["pixel_values"].permute(0, 2, 3, 1).double().numpy()
+    got = e.state.ref["pixel_values"].permute(0, 2, 3, 1).double().numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert clip.total_frames == 12
 
@@ -225,9 +225,9 @@ def test_internvl_video_frames_follow_the_checkpoint(tmp_path, cfg, k):
 def test_internvl_image_modes_match_the_processor(internvl, mode):
     img = scene(50, 30, square=(10, 5, 30, 20)).convert(mode)
     e = internvl.encode(img, PROMPT)
-    ref = internvl.processor(images=[load_image(img)], text=e.state["templated"], return_tensors="pt")
-    assert torch.equal(e.state["ref"]["pixel_values"], ref["pixel_values"])
-    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0])
+    ref = internvl.processor(images=[load_image(img)], text=e.state.templated, return_tensors="pt")
+    assert torch.equal(e.state.ref["pixel_values"], ref["pixel_values"])
+    assert torch.equal(e.state.input_ids.cpu(), ref["input_ids"][0])
 
 
 @pytest.mark.parametrize("size", [(300, 3), (3, 300), (700, 7), (1, 1)])
@@ -238,7 +238,7 @@ def test_internvl_extreme_shapes(internvl, size):
     assert len(g) == e.n_visual and float(g.box[:, 2].max()) <= W + 1e-4 and float(g.box[:, 3].max()) <= Hh + 1e-4
     assert e.n_visual == internvl.image_processor.get_number_of_image_patches(Hh, W, {"crop_to_patches": True}) * SEQ
     assert e.n_visual <= (MAX_TILES + 1) * SEQ
-    ref = e.state["ref"]
+    ref = e.state.ref
     torch.testing.assert_close(internvl.prefill_logits(e), internvl.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
 
 
@@ -288,8 +288,8 @@ def test_internvl_several_images_as_the_official_chat_template(internvl):
                                                     add_generation_prompt=True, tokenize=True, return_dict=True,
                                                     return_tensors="pt")
     e = a.encode(ims, PROMPT)
-    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0]) and e.n_visual == 7 * SEQ
-    assert torch.equal(e.state["ref"]["pixel_values"], ref["pixel_values"])
+    assert torch.equal(e.state.input_ids.cpu(), ref["input_ids"][0]) and e.n_visual == 7 * SEQ
+    assert torch.equal(e.state.ref["pixel_values"], ref["pixel_values"])
     torch.testing.assert_close(a.prefill_logits(e), a.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
 
 

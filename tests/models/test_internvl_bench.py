@@ -18,7 +18,7 @@ def test_internvl_random_builder_encodes_and_answers():
         seq = ad.processor.image_seq_length
         assert enc.n_visual == 3 * seq and enc.geometry.grids == [(4, 8), (4, 4)]  # 2 x 1 tiles + thumbnail
         assert enc.attention.shape == (enc.n_visual + 1, enc.n_visual + 1)
-        ref = ad.model(**enc.state["ref"]).logits[0].float()
+        ref = ad.model(**enc.state.ref).logits[0].float()
         torch.testing.assert_close(ad.prefill_logits(enc), ref, atol=1e-5, rtol=0)
         ans = ad.generate(enc, keep=torch.arange(0, enc.n_visual, 3), max_new_tokens=3)
         assert 1 <= len(ans.token_ids) <= 3 and ans.visual_tokens == len(range(0, enc.n_visual, 3))

@@ -184,13 +184,13 @@ def test_vision_attention_capture(adapters, video_path, fam):
     if fam == "video_llava":  # block-diagonal over frames, every frame's CLS is a visual token
         assert not e.has_cls and e.attention.shape == (8 * n, 8 * n) == (e.n_visual, e.n_visual)
         assert e.keys.shape[0] == e.n_visual
-        blocks = e.state["attention_per_frame"]
+        blocks = e.state.extra["attention_per_frame"]
         assert torch.equal(e.attention[n:2 * n, n:2 * n], blocks[1]) and e.attention[:n, n:].abs().sum() == 0
         torch.testing.assert_close(e.attention.sum(-1), torch.ones(8 * n))
     elif fam == "llava_next":  # all views, CLS first; the base view's block is the tower's own
         N = e.n_visual
         assert e.has_cls and e.attention.shape == (N + 1, N + 1) and e.keys.shape[0] == N + 1
-        base = e.state["attention_all"][0]  # (n, n): the base view, its CLS first
+        base = e.state.extra["attention_all"][0]  # (n, n): the base view, its CLS first
         assert torch.equal(e.attention[: n, : n][1:, 1:], base[1:, 1:]) and torch.equal(e.attention[0, 1:n], base[0, 1:])
         newline = torch.tensor([k == "newline" for k in e.geometry.kind])
         assert e.attention[1:][newline].abs().sum() == 0 and e.attention[0, 1:][newline].abs().sum() == 0
@@ -277,7 +277,7 @@ def test_llava_reads_a_video_as_several_images(adapters, encoded):
     assert e.is_video and len(e.frames) == a.default_frames == 8
     assert e.n_visual == 8 * img.n_visual and e.geometry.grids == img.geometry.grids * 8
     assert e.geometry.frame.tolist() == [f for f in range(8) for _ in range(img.n_visual)]
-    ids = e.state["input_ids"]
+    ids = e.state.input_ids
     assert int((ids == a.config.image_token_id).sum()) == e.n_visual
     # attention over all frames: one [CLS] row, blocks within frames, zeros across frames
     e2 = a.encode(e.frames, PROMPT, need_attention=True)

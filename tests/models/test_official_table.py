@@ -170,10 +170,10 @@ def test_same_as_transformers(families, inputs, fam, name):
         assert video[0] == expect, video
     with torch.no_grad():
         enc = ad.encode(media, PROMPT)
-        ids = enc.state["input_ids"].reshape(1, -1).cpu()
+        ids = enc.state.input_ids.reshape(1, -1).cpu()
         assert torch.equal(ids, ref["input_ids"])
         if fam.startswith("qwen") and video is not None:
-            assert enc.state["frame_indices"] == video[1]
+            assert enc.state.frame_indices == video[1]
         assert_same_pixels(fam, enc, ref, video is not None)
         ref_logits = ad.model(**model_inputs(ref)).logits[0].float()
         torch.testing.assert_close(ad.prefill_logits(enc), ref_logits, atol=1e-5, rtol=0)
@@ -185,16 +185,16 @@ def test_same_as_transformers(families, inputs, fam, name):
 def assert_same_pixels(fam, enc, ref, is_video):
     if fam.startswith("qwen"):
         key = "pixel_values_videos" if is_video else "pixel_values"
-        ours = enc.state["vision_inputs"][key]
+        ours = enc.state.vision_inputs[key]
         # videos: normalised in another order than the image processor does it (float rounding)
         torch.testing.assert_close(ours, ref[key], atol=1e-6 if is_video else 0, rtol=0)
         return
     if fam in ("llava_onevision", "internvl") and is_video:  # the same steps, float rounding of rescale/normalise aside
         key = "pixel_values" if fam == "internvl" else "pixel_values_videos"  # InternVL: frames as images
-        torch.testing.assert_close(enc.state["ref"][key].float(), ref[key].float(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(enc.state.ref[key].float(), ref[key].float(), atol=1e-5, rtol=0)
         return
     key = "pixel_values_videos" if fam == "video_llava" and is_video else "pixel_values"
-    assert torch.equal(enc.state["ref"][key].float(), ref[key if key in ref else image_key(ref)].float())
+    assert torch.equal(enc.state.ref[key].float(), ref[key if key in ref else image_key(ref)].float())
 
 
 def image_key(inputs) -> str:
@@ -227,7 +227,7 @@ def test_more_extreme_shapes(families, fam, size):
         return
     with torch.no_grad():
         enc = ad.encode(image, PROMPT)
-    assert torch.equal(enc.state["input_ids"].reshape(1, -1).cpu(), ref["input_ids"])
+    assert torch.equal(enc.state.input_ids.reshape(1, -1).cpu(), ref["input_ids"])
     g, (w, h) = enc.geometry, size
     assert len(g) == enc.n_visual and bool(torch.isfinite(g.box).all())
     assert bool((g.box[:, 0] >= 0).all() & (g.box[:, 1] >= 0).all() & (g.box[:, 2] <= w).all() & (g.box[:, 3] <= h).all())

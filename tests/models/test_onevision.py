@@ -143,11 +143,11 @@ def test_onevision_video_frames_as_the_video_processor(onevision, video_path, en
     arr = np.stack([np.asarray(f.resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC), np.float64) / 255
                     for f in clip.frames])
     want = (arr - np.array(s["image_mean"])) / np.array(s["image_std"])
-    got = e.state["ref"]["pixel_values_videos"][0].permute(0, 2, 3, 1).double().numpy()
+    got = e.state.ref["pixel_values_videos"][0].permute(0, 2, 3, 1).double().numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     # the placeholder expansion: one <video> token per pooled token + 1 newline
     vid = onevision.config.video_token_id
-    assert int((e.state["input_ids"] == vid).sum()) == len(clip.frames) * math.ceil(G / 2) ** 2 + 1
+    assert int((e.state.input_ids == vid).sum()) == len(clip.frames) * math.ceil(G / 2) ** 2 + 1
 
 
 @pytest.mark.parametrize("cfg,want", [({"do_sample_frames": True, "num_frames": 4}, [0, 3, 6, 9]),
@@ -174,9 +174,9 @@ def test_onevision_image_modes_match_the_processor(onevision, mode):
     base = scene(50, 30, square=(10, 5, 30, 20))
     img = base.convert(mode)
     e = onevision.encode(img, PROMPT)
-    ref = onevision.processor(images=[[load_image(img)]], text=e.state["templated"], return_tensors="pt")
-    assert torch.equal(e.state["ref"]["pixel_values"], ref["pixel_values"])
-    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0])
+    ref = onevision.processor(images=[[load_image(img)]], text=e.state.templated, return_tensors="pt")
+    assert torch.equal(e.state.ref["pixel_values"], ref["pixel_values"])
+    assert torch.equal(e.state.input_ids.cpu(), ref["input_ids"][0])
 
 
 @pytest.mark.parametrize("size", [(300, 3), (3, 300), (700, 7), (1, 1)])
@@ -185,7 +185,7 @@ def test_onevision_extreme_shapes(onevision, size):
     W, H = size
     g = e.geometry
     assert len(g) == e.n_visual and float(g.box[:, 2].max()) <= W and float(g.box[:, 3].max()) <= H
-    ref = e.state["ref"]
+    ref = e.state.ref
     torch.testing.assert_close(onevision.prefill_logits(e), onevision.model(**ref).logits[0].float(), atol=1e-5, rtol=0)
 
 
@@ -226,5 +226,5 @@ def test_onevision_several_images_as_the_official_chat_template(onevision):
                                    tokenize=True, return_dict=True, return_tensors="pt")
     assert ref["batch_num_images"].tolist() == [3]
     e = a.encode(ims, PROMPT)
-    assert torch.equal(e.state["input_ids"].cpu(), ref["input_ids"][0]) and e.n_visual == 3 * (G * G + 1)
+    assert torch.equal(e.state.input_ids.cpu(), ref["input_ids"][0]) and e.n_visual == 3 * (G * G + 1)
     torch.testing.assert_close(a.prefill_logits(e), a.model(**ref).logits[0].float(), atol=1e-5, rtol=0)

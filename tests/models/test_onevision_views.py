@@ -36,8 +36,8 @@ def test_base_view_is_the_first_view_of_the_anyres_encoding(onevision, pair):
     assert full.n_visual > G * G + 1 and base.n_visual == G * G + 1
     assert list(base.geometry.kind) == ["base"] * (G * G) + ["newline"]
     # the same pixels as the processor's first view
-    ref = onevision.processor(images=[[im]], text=base.state["templated"], return_tensors="pt")
-    assert torch.equal(base.state["ref"]["pixel_values"], ref["pixel_values"][:, :1])
+    ref = onevision.processor(images=[[im]], text=base.state.templated, return_tensors="pt")
+    assert torch.equal(base.state.ref["pixel_values"], ref["pixel_values"][:, :1])
     # the same tokens (the tower batched over 5 views or 1: float rounding only) and the same boxes
     torch.testing.assert_close(base.visual[: G * G], full.visual[: G * G], atol=1e-6, rtol=0)
     assert torch.equal(base.geometry.box[: G * G], full.geometry.box[: G * G])
@@ -46,14 +46,14 @@ def test_base_view_is_the_first_view_of_the_anyres_encoding(onevision, pair):
     assert base.geometry.box[-1].tolist() == [0.0, 0.0, 200.0, 120.0]
     # the text around the image is the same
     vis = onevision.model.config.image_token_id
-    assert base.state["input_ids"][base.state["input_ids"] != vis].tolist() == \
-        full.state["input_ids"][full.state["input_ids"] != vis].tolist()
+    assert base.state.input_ids[base.state.input_ids != vis].tolist() == \
+        full.state.input_ids[full.state.input_ids != vis].tolist()
     assert base.attention.shape == (G * G + 1, G * G + 1) and float(base.attention[-1].abs().sum()) == 0.0
 
 
 def test_base_view_keep_all_is_the_unpruned_model(onevision, pair):
     _, _, base = pair
-    assert base.state["ref"]["pixel_values"].shape[1] == 1  # the model reads one view, through its own path
+    assert base.state.ref["pixel_values"].shape[1] == 1  # the model reads one view, through its own path
     assert_keep_all_is_the_unpruned_model(onevision, base)
 
 

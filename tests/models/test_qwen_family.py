@@ -110,11 +110,11 @@ def test_qwen3_deepstack_must_be_pruned_with_the_same_rows(adapters, encoded, me
     inputs = ad._llm_inputs(enc, keep)
     out = inputs["mm_encoder_outputs"][media]
     assert len(out.deepstack_features) == len(ad.config.vision_config.deepstack_visual_indexes)
-    for f, full in zip(out.deepstack_features, enc.state["deepstack"]):
+    for f, full in zip(out.deepstack_features, enc.state.deepstack):
         assert torch.equal(f[0], full[keep])
     with torch.no_grad():
         good = ad.model(**inputs).logits[0]
-        wrong = [(f[: keep.numel()],) for f in enc.state["deepstack"]]  # not the kept rows
+        wrong = [(f[: keep.numel()],) for f in enc.state.deepstack]  # not the kept rows
         inputs["mm_encoder_outputs"] = {media: BaseModelOutputWithDeepstackFeatures(
             pooler_output=out.pooler_output, deepstack_features=wrong)}
         bad_rows = ad.model(**inputs).logits[0]
@@ -144,7 +144,7 @@ def test_boxes_tile_each_frame(encoded, kind, media):
         # row-major order, as the merger emits tokens
         assert torch.equal(g.row[sel] * cols + g.col[sel], torch.arange(rows * cols))
     if media == "video":
-        assert enc.is_video and enc.state["frame_groups"][-1] == [4, 4]  # 5 frames, padded to 6 with the last
+        assert enc.is_video and enc.state.frame_groups[-1] == [4, 4]  # 5 frames, padded to 6 with the last
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
@@ -159,7 +159,7 @@ def test_red_square_maps_to_expected_token(adapters, kind):
     want = 2 * 7 + 5
     assert torch.allclose(g.box[want], torch.tensor([240.0, 112.0, 288.0, 168.0]), atol=1e-4)
     # the token's own pixels are the red ones: patches in merge-group order, (C, T, p, p) each
-    px = enc.state["vision_inputs"]["pixel_values"]
+    px = enc.state.vision_inputs["pixel_values"]
     m2, p = ad.merge ** 2, ad.patch
     px = px.view(enc.n_visual, m2, 3, ad.temporal, p, p)
     redness = (px[:, :, 0] - px[:, :, 1]).mean(dim=(1, 2, 3, 4))  # (N_V,)
@@ -218,12 +218,12 @@ def test_video_file_frame_count_and_qwen3_timestamps(adapters, tmp_path):
     path = write_video(frames, str(tmp_path / "clip.mp4"), fps=4)
     enc = adapters["qwen2_vl"].encode(path, PROMPT)
     # Qwen2-VL rule: 3 s * 2 fps = 6 frames (within min 4 / max 8) -> 3 token-frames
-    assert len(enc.state["sampled_frames"]) == 6 and len(enc.geometry.grids) == 3
+    assert len(enc.state.sampled_frames) == 6 and len(enc.geometry.grids) == 3
     enc3 = adapters["qwen3_vl"].encode(path, PROMPT)
-    assert len(enc3.state["sampled_frames"]) == 6
-    text = enc3.state["templated"]
+    assert len(enc3.state.sampled_frames) == 6
+    text = enc3.state.templated
     assert text.count(" seconds>") == len(enc3.geometry.grids) == 3
-    assert enc3.visual.shape[0] == enc3.n_visual == len(enc3.state["visual_positions"])
+    assert enc3.visual.shape[0] == enc3.n_visual == len(enc3.state.visual_positions)
 
 
 # ---------------------------------------------------------------------------------------- attention
@@ -231,7 +231,7 @@ def recompute_block(ad, enc, media: str, block: int, **capture):
     """Run the tower again with `_attention_capture` on ViT `block` (per head kept) and check that its
     recomputed probabilities reproduce the block's real attention output, proj(P @ V); returns (the
     block's attention module, the capture's store)."""
-    vision = dict(enc.state["vision_inputs"])
+    vision = dict(enc.state.vision_inputs)
     module = ad.model.model.visual.blocks[block].attn
     seen = {}
     handle = module.register_forward_hook(lambda mod, a, out: seen.setdefault("out", out))
@@ -295,14 +295,14 @@ def test_qwen2_5_video_temporal_positions(encoded, adapters):
     """second_per_grid_ts = T / sampled fps (5 of 15 frames at 6 fps -> 2 fps -> 1 s per patch);
     temporal M-RoPE ids then step by tokens_per_second * 1 s between token-frames."""
     enc = encoded["qwen2_5_vl", "video"]
-    assert enc.state["rope_kwargs"]["second_per_grid_ts"].tolist() == [1.0]
-    pos = enc.state["positions"][:, 0, enc.state["visual_positions"]]  # (3, N_V)
+    assert enc.state.rope_kwargs["second_per_grid_ts"].tolist() == [1.0]
+    pos = enc.state.positions[:, 0, enc.state.visual_positions]  # (3, N_V)
     per = enc.n_visual // len(enc.geometry.grids)
     step = adapters["qwen2_5_vl"].config.vision_config.tokens_per_second
     assert (pos[0, per] - pos[0, 0]).item() == step and (pos[0, 2 * per] - pos[0, per]).item() == step
     # Qwen2-VL: temporal ids step by 1
     enc2 = encoded["qwen2_vl", "video"]
-    pos2 = enc2.state["positions"][:, 0, enc2.state["visual_positions"]]
+    pos2 = enc2.state.positions[:, 0, enc2.state.visual_positions]
     assert (pos2[0, per] - pos2[0, 0]).item() == 1
 
 

@@ -73,8 +73,8 @@ def test_visionzip_feeds_the_cls_row(adapters, encoded, fam):
     p = enc.cls.shape[0]
     assert sel.budget == k and sel.keep.numel() == k - p and torch.equal(sel.prefix, enc.cls)
     # the pruned sequence by hand: text before the image, the [CLS] rows, the kept rows in image order, the rest
-    ids = enc.state["input_ids"]
-    vpos = enc.state["visual_positions"]
+    ids = enc.state.input_ids
+    vpos = enc.state.visual_positions
     text = enc.text
     first = int(vpos[0])
     n_before = first  # the visual block is contiguous here and text rows are in prompt order

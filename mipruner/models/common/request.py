@@ -6,11 +6,11 @@ positions, the vision inputs, Qwen3-VL's deepstack). Only `mipruner/models/` rea
 the library needs of it is an `Encoded` property (`Encoded.prompt_tokens`).
 
 `extra` holds a family's raw records that nothing decodes from (e.g. LLaVA-NeXT's per-view attention).
-`state["name"]` / `state.get("name")` read a field or an `extra` entry by name (for tests and tools).
+A field is read as an attribute (`state.input_ids`), an `extra` record from that dict (`state.extra["name"]`):
+one name, one way to read it (no string-keyed lookup beside the fields).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,23 +31,6 @@ class RequestState:
     def prompt_tokens(self) -> int:
         """The unpruned prompt's length in tokens (visual tokens included)."""
         return int(self.input_ids.numel())
-
-    def _names(self) -> set[str]:
-        return {f.name for f in dataclasses.fields(self)} - {"extra"}
-
-    def __getitem__(self, name: str):
-        if name in self._names():
-            return getattr(self, name)
-        return self.extra[name]
-
-    def get(self, name: str, default=None):
-        try:
-            return self[name]
-        except KeyError:
-            return default
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._names() or name in self.extra
 
 
 @dataclass(kw_only=True)

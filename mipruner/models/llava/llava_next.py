@@ -19,7 +19,7 @@ its own [CLS]. `attention` is (N_V+1, N_V+1) over ALL visual tokens, [CLS] first
 each token's [CLS] attention within its own view; block (1+i, 1+j) the attention between tokens
 of the same view (0 across views); newline tokens, which the tower never sees, get zeros. `keys`
 is (N_V+1, d_head): the base view's [CLS] key, then each token's key in its view (newlines 0).
-The raw per-view tensors are in `state["attention_all"]` (views, n+1, n+1) / `state["keys_all"]`.
+The raw per-view tensors are in `state.extra["attention_all"]` (views, n+1, n+1) / `state.extra["keys_all"]`.
 """
 from __future__ import annotations
 

@@ -15,14 +15,14 @@ Preprocessing: transformers' Video-LLaVA *video* processor needs torchvision, wh
 on the machines this project targets, so frames are prepared by the image processor (PIL/NumPy), which the
 checkpoints configure identically (shortest-edge resize + center crop + CLIP normalisation), and
 the `<image>` / `<video>` placeholder is expanded here to the number of tokens the model returns.
-The plain-model inputs this builds are kept in `Encoded.state["ref"]` (the tests check them
+The plain-model inputs this builds are kept in `Encoded.state.ref` (the tests check them
 against `model.generate`).
 
 Attention (need_attention=True): for an image, (N+1, N+1) of the image tower with CLS first; for a
 video, the frames attend only within themselves, and every frame's CLS is itself a visual token,
 so `attention` is block-diagonal (N_V, N_V) over the F blocks of (N+1, N+1) in token order, with
 no separate CLS (`has_cls` False), and `keys` is (N_V, d_head). This is the "(N, N)" form the
-attention pruners take; the per-frame stack (F, N+1, N+1) stays in `state["attention_per_frame"]`.
+attention pruners take; the per-frame stack (F, N+1, N+1) stays in `state.extra["attention_per_frame"]`.
 """
 from __future__ import annotations
 
