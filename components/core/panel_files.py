@@ -8,17 +8,27 @@ values already in their wire form (`prepared`): each output is post-processed he
 handler's thread, and an image that was already written (the same object, its file still there)
 goes out as the same file, so the page re-fetches nothing for it.
 
+Each file is written once, whole, and never again: Gradio's own `save_pil_to_cache` rewrites its file in place at
+every post-process (`write_bytes` on a path named by the content's hash), so two draws of the same picture at
+once (a video's first panels: the Run's draw and the frame selector's) truncate the file a browser is reading
+(a short response, a broken panel image). `PanelImages.file` writes to a temporary name and renames it into
+place, and leaves a file that is already there alone.
+
 `PanelImages` keys on the image objects themselves (a weak reference each: an entry goes when its
 image does), so two sessions never share an entry and memory follows the engine's caches.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import os
+import tempfile
 import threading
 import weakref
 from collections import OrderedDict
+from pathlib import Path
 
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from mipruner import viz
 
@@ -81,9 +91,53 @@ class PanelImages:
         got = self._get(key, img)
         if got is not None and os.path.exists(got["path"]):  # a file pruned by the FileBudget is made again
             return dict(got)
-        data = block.postprocess(img).model_dump()
+        cache, fmt = getattr(block, "GRADIO_CACHE", None), getattr(block, "format", None)
+        saved = written(img, cache, fmt) if cache and fmt else img  # a block of no cache: Gradio's own writing
+        data = block.postprocess(saved).model_dump()  # a path: Gradio reads it as it is, writes nothing
         self._put(key, img, data)
         return dict(data)
+
+
+def _encoded(img: Image.Image, fmt: str) -> tuple[bytes, str]:
+    """The image's bytes in `fmt` (a PNG keeps the image's text entries, as Gradio's encoder does), or in PNG
+    when PIL cannot write `fmt` (as Gradio falls back)."""
+    for f in (fmt, "png"):
+        try:
+            with io.BytesIO() as out:
+                if f.lower() == "png":
+                    info = PngImagePlugin.PngInfo()
+                    for k, v in img.info.items():
+                        if isinstance(k, str) and isinstance(v, str):
+                            info.add_text(k, v)
+                    img.save(out, "png", pnginfo=info)
+                else:
+                    img.save(out, f)
+                return out.getvalue(), f
+        except (KeyError, ValueError):
+            continue
+    raise ValueError(f"cannot write an image as {fmt}")
+
+
+def written(img: Image.Image, cache_dir: str, fmt: str) -> Path:
+    """`img` as a file under `cache_dir` named by its bytes' hash, written whole under a temporary name and
+    renamed into place (atomic), and not written at all when that file is there already: a browser reading the
+    file never sees it shorter."""
+    data, fmt = _encoded(img, fmt)
+    folder = Path(cache_dir) / hashlib.sha256(data).hexdigest()
+    path = folder / f"image.{fmt}"
+    if path.is_file() and path.stat().st_size == len(data):
+        return path.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".image-", suffix=f".{fmt}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path.resolve()
 
 
 IMAGES = PanelImages()
@@ -112,4 +166,4 @@ def prepared(blocks: list, values: list, images: PanelImages = IMAGES) -> list:
     return out
 
 
-__all__ = ["IMAGES", "PanelImages", "prepared"]
+__all__ = ["IMAGES", "PanelImages", "prepared", "written"]

@@ -28,7 +28,10 @@ def test_prepared_matches_gradios_postprocess(tmp_path, monkeypatch):
                    PanelImages())
     assert got[0] == md.postprocess("  **a**\n  b")
     want = img.postprocess(pic).model_dump()
-    assert got[1] == want and os.path.exists(got[1]["path"])
+    path, gradios = got[1].pop("path"), want.pop("path")
+    assert got[1] == want and os.path.dirname(os.path.dirname(path)) == str(tmp_path)  # in the block's cache
+    assert open(path, "rb").read() == open(gradios, "rb").read()  # the bytes Gradio writes
+    want["path"] = path
     assert got[2] == num.postprocess(3.7) == 4
     assert got[3] == "x" and got[4] is state_value and got[5] is None
     assert got[6] == {"__type__": "update", "visible": False}
@@ -51,6 +54,22 @@ def test_an_image_is_written_once_and_again_when_its_file_went(tmp_path, monkeyp
     assert os.path.exists(remade["path"])
     other = images.file(picture(2), block)
     assert other["path"] != remade["path"]
+
+
+def test_a_file_there_already_is_never_written_again(tmp_path, monkeypatch):
+    """Gradio's writer truncates and rewrites its file at every post-process, which a browser reading it at that
+    moment sees short; here an equal picture (another object, another memo: two draws of one view at once, or
+    two sessions of one example) finds the file whole and leaves it alone, and a file is only ever renamed in."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    block = gr.Image(type="pil", format="png")
+    first = PanelImages().file(picture(3), block)
+    assert Image.open(first["path"]).tobytes() == picture(3).tobytes()
+    size = os.path.getsize(first["path"])
+    with open(first["path"], "r+b") as f:  # a mark of the same length: any write of the file would undo it
+        f.write(b"m" * size)
+    again = PanelImages().file(picture(3), block)
+    assert again == first and open(again["path"], "rb").read() == b"m" * size  # not written again
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["image.png"]  # no temporary left
 
 
 def test_colorbar_composites_are_memoised_per_image_and_label():
