@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 from .measure.compute import attach_compute
 from .models.base import Answer, Encoded
-from .models.common.generation import GenerationConfig
+from .models.common.generation import GenerationConfig, processors
 from .pruners._registry import MethodSpec, check_plugin_selection, get_pruner, run_pre_llm
 from .pruners.batched import run_batch
 from .pruners.lam_rule import resolve_lam
@@ -151,24 +151,29 @@ def select_batch(adapter, encodings: Sequence[Encoded], method: str, budget, *, 
 
 def answer(adapter, encoded: Encoded, selection: Selection | None = None, *, max_new_tokens: int | None = None,
            cache: dict | None = None, config: GenerationConfig | None = None, positions: str | None = None,
-           **gen) -> Answer:
+           logits_processor=None, **gen) -> Answer:
     """Greedy answer of the LLM on `selection`'s kept tokens (None: all of them, the unpruned answer).
     `config`: a `GenerationConfig`, or its fields as keywords (`max_new_tokens` None: 64), checked here
     once and passed down as the object. `positions`: the LLaVA family's position rule ("compact" / "original").
+    `logits_processor`: callables (generated ids, scores) -> scores, passed down beside the config (a config
+    holds values only).
 
     In-LLM methods answer through their registered `answer` (the LLM pruned at their layer, reusing
     the prefix in `cache`; they take `max_new_tokens` and `min_new_tokens`); every other selection
     through `adapter.generate`.
     """
     config = GenerationConfig.of(max_new_tokens, config, **gen)
+    procs = processors(logits_processor)
     spec = get_pruner(selection.method) if selection is not None and selection.method else None
     if spec is not None and spec.stage == "llm":
-        if config != GenerationConfig(**config.answer_kwargs()):
+        if procs or config != GenerationConfig(**config.answer_kwargs()):
             raise ValueError(f"an in-LLM method ({selection.method}) answers with max_new_tokens and "
                              "min_new_tokens only")
         sub = None if cache is None else cache.setdefault(_LLM_CACHE, {})
         return spec.answer(adapter, encoded, selection, cache=sub, **config.answer_kwargs())
     model_kw = {} if positions is None else {"positions": positions}
+    if procs:  # beside the config, only when given (an adapter written before them need not take the keyword)
+        model_kw["logits_processor"] = procs
     return adapter.generate(encoded, keep=selection, config=config, **model_kw)
 
 

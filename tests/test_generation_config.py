@@ -3,6 +3,8 @@ object, abilities declared (never probed), a read-only decoding path, the declar
 typed per-request state that nothing outside `mipruner/models/` reads."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
 import re
 
@@ -26,9 +28,9 @@ def test_max_new_tokens_is_checked_where_the_config_is_made(bad):
 
 
 def test_the_config_is_frozen_normalised_and_refuses_sampling():
-    cfg = GenerationConfig.of(7.0, min_new_tokens=7, eos_token_id=5, logits_processor=[abs], top_k=3)
+    cfg = GenerationConfig.of(7.0, min_new_tokens=7, eos_token_id=5, top_k=3)
     assert (cfg.max_new_tokens, cfg.min_new_tokens, cfg.eos_token_id) == (7, 7, (5,))
-    assert cfg.logits_processor == (abs,) and dict(cfg.extra) == {"top_k": 3}
+    assert dict(cfg.extra) == {"top_k": 3} and not hasattr(cfg, "logits_processor")
     with pytest.raises(AttributeError):
         cfg.max_new_tokens = 9  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -42,6 +44,46 @@ def test_the_config_is_frozen_normalised_and_refuses_sampling():
         GenerationConfig.of(8, cfg)
     with pytest.raises(ValueError, match="either"):
         GenerationConfig.of(None, cfg, eos_token_id=1)
+
+
+def test_equal_configs_hash_equal_and_a_config_round_trips_through_a_dict():
+    a = GenerationConfig.of(9, min_new_tokens=2, eos_token_id=[5, 6], pad_token_id=0, top_k=3,
+                            bad_words_ids=((1, 2),), sequence_bias={(4,): -1.5})
+    b = GenerationConfig(max_new_tokens=9.0, min_new_tokens=2, eos_token_id=(5, 6), pad_token_id=0,
+                         extra={"sequence_bias": {(4,): -1.5}, "bad_words_ids": [[1, 2]], "top_k": 3})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != dataclasses.replace(a, pad_token_id=1) and hash(GenerationConfig()) == hash(GenerationConfig())
+    assert {GenerationConfig(max_new_tokens=3): "x"}[GenerationConfig.of(3)] == "x"  # a dict key
+    d = a.to_dict()
+    assert d == {"max_new_tokens": 9, "min_new_tokens": 2, "eos_token_id": [5, 6], "pad_token_id": 0,
+                 "extra": {"top_k": 3, "bad_words_ids": [[1, 2]], "sequence_bias": {(4,): -1.5}}}
+    assert GenerationConfig.from_dict(d) == a and hash(GenerationConfig.from_dict(d)) == hash(a)
+    plain = GenerationConfig.of(4, eos_token_id=(), num_beams=1, bad_words_ids=[[3]])
+    back = GenerationConfig.from_dict(json.loads(json.dumps(plain.to_dict())))  # through JSON
+    assert back == plain and back.eos_token_id == () and back.generate_kwargs() == plain.generate_kwargs()
+    with pytest.raises(TypeError, match="unknown field"):
+        GenerationConfig.from_dict({**d, "temperature": 0.5})
+
+
+@pytest.mark.parametrize("where", ["field", "of", "extra", "nested", "object"])
+def test_a_callable_inside_the_config_is_a_sentence(where):
+    make = {"field": lambda: GenerationConfig(max_new_tokens=3, logits_processor=[abs]),
+            "of": lambda: GenerationConfig.of(3, logits_processor=[abs]),
+            "extra": lambda: GenerationConfig(extra={"stopping_criteria": abs}),
+            "nested": lambda: GenerationConfig.of(3, sequence_bias={(1,): abs}),
+            "object": lambda: GenerationConfig.of(3, streamer=object())}[where]
+    with pytest.raises(TypeError, match=r"GenerationConfig holds values only .* callables travel beside a config.*"
+                                        r"logits_processor=\[\.\.\.\]"):
+        make()
+    with pytest.raises(ValueError, match="logits_processor must hold callables"):
+        mipruner.answer(*embedded_encoding(), None, max_new_tokens=2, logits_processor=[3])
+
+
+def test_an_in_llm_answer_refuses_a_logits_processor_beside_its_config():
+    a, enc = embedded_encoding()
+    sel = mipruner.select(a, enc, "fastv", 8, cache={})
+    with pytest.raises(ValueError, match="max_new_tokens and min_new_tokens only"):
+        mipruner.answer(a, enc, sel, max_new_tokens=2, logits_processor=[lambda ids, s: s])
 
 
 def test_resolve_fills_eos_and_pad_from_the_model():

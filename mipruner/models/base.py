@@ -341,9 +341,10 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, *, config=None,
-                 **gen) -> Answer:
+                 logits_processor=None, **gen) -> Answer:
         """Greedy answer on the kept tokens. `config`: a `common.generation.GenerationConfig` (validated
-        where the request entered, passed down as it is), or its fields as keywords (`GenerationConfig.of`)."""
+        where the request entered, passed down as it is), or its fields as keywords (`GenerationConfig.of`);
+        `logits_processor`: callables (generated ids, scores) -> scores beside it (a config holds values only)."""
 
     # -- what the in-LLM methods, the app and the benches need (defaults for transformers models) --
 

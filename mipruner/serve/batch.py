@@ -20,7 +20,7 @@ Falls back to one-by-one `mipruner.answer`:
     dummy adapter): declared per class, never probed.
 
 Generation options: `max_new_tokens` and the rest, or one `GenerationConfig` (`config=`), checked once
-here and passed down as that object.
+here and passed down as that object; `logits_processor=` (callables) passed down beside it.
 
 The prefill runs the rows as padded batches grouped by length (`mipruner/models/common/rows.py`): one
 view's six answers make the LLM process the rows' own lengths, with no mask over the whole batch.
@@ -38,7 +38,7 @@ from typing import Sequence
 
 from ..methods import answer
 from ..models.base import Answer, Encoded
-from ..models.common.generation import GenerationConfig
+from ..models.common.generation import GenerationConfig, processors
 from ..pruners._registry import get_pruner
 from ..pruners.selection import Selection
 from ..pruners.signals import Signals, encode_kwargs
@@ -57,49 +57,53 @@ def _in_llm(selection: Selection | None) -> bool:
     return isinstance(selection, Selection) and bool(selection.method) and get_pruner(selection.method).stage == "llm"
 
 
-def _model_kw(positions: str | None) -> dict:
-    """The model-input keywords an answer passes on (`positions`: the LLaVA family's; only when given)."""
-    return {} if positions is None else {"positions": positions}
+def _model_kw(positions: str | None, procs: tuple = ()) -> dict:
+    """The keywords an answer passes on beside its config, each only when given (`positions`: the LLaVA
+    family's; `logits_processor`: the callables)."""
+    return {**({} if positions is None else {"positions": positions}), **({"logits_processor": procs} if procs else {})}
 
 
 def _one(adapter, encoded: Encoded, selection, config: GenerationConfig, cache: dict | None,
-         positions: str | None = None) -> Answer:
+         positions: str | None = None, procs: tuple = ()) -> Answer:
     if selection is None or isinstance(selection, Selection):
-        return answer(adapter, encoded, selection, cache=cache, config=config, positions=positions)
-    return adapter.generate(encoded, keep=selection, config=config, **_model_kw(positions))  # kept indices
+        return answer(adapter, encoded, selection, cache=cache, config=config, **_model_kw(positions, procs))
+    return adapter.generate(encoded, keep=selection, config=config, **_model_kw(positions, procs))  # kept indices
 
 
 def _batched(adapter, rows: list[tuple[Encoded, Selection | None]], config: GenerationConfig,
-             max_batch: int, positions: str | None = None) -> list[Answer]:
+             max_batch: int, positions: str | None = None, procs: tuple = ()) -> list[Answer]:
     out: list[Answer] = []
     for i in range(0, len(rows), max(1, int(max_batch))):
-        got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], config=config, **_model_kw(positions))
+        got = adapter.generate_batch(rows[i:i + max(1, int(max_batch))], config=config, **_model_kw(positions, procs))
         out += split_batch(adapter, got)  # each answer's share of the batch's prefill (mipruner.serve.answer_time)
     return out
 
 
 def answer_batch(adapter, encoded: Encoded, selections: Sequence[Selection | None], *,
                  max_new_tokens: int | None = None, cache: dict | None = None, max_batch: int = MAX_BATCH,
-                 config: GenerationConfig | None = None, positions: str | None = None, **gen) -> list[Answer]:
+                 config: GenerationConfig | None = None, positions: str | None = None, logits_processor=None,
+                 **gen) -> list[Answer]:
     """The answers of `selections` (None: the unpruned answer; a Selection, or kept indices as
     `adapter.generate` takes them) of ONE encoding, in their order.
 
     Pre-LLM selections decode together, `max_batch` rows per forward; in-LLM ones and adapters
     without `generate_batch` answer one by one through `mipruner.answer` (module docstring).
     `cache`: the encoding's dict, as for `mipruner.answer`. `config` or `gen`: what `adapter.generate`
-    accepts (a `GenerationConfig` or its fields; greedy only); `positions`: the LLaVA family's position rule.
+    accepts (a `GenerationConfig` or its fields; greedy only); `positions`: the LLaVA family's position rule;
+    `logits_processor`: callables beside the config, as `mipruner.answer` takes them.
     """
     config = GenerationConfig.of(max_new_tokens, config, **gen)
+    procs = processors(logits_processor)
     selections = list(selections)
     answers: list[Answer | None] = [None] * len(selections)
     batchable = [i for i, s in enumerate(selections) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
-        got = _batched(adapter, [(encoded, selections[i]) for i in batchable], config, max_batch, positions)
+        got = _batched(adapter, [(encoded, selections[i]) for i in batchable], config, max_batch, positions, procs)
         for i, a in zip(batchable, got):
             answers[i] = a
     for i, s in enumerate(selections):
         if answers[i] is None:
-            answers[i] = _one(adapter, encoded, s, config, cache, positions)
+            answers[i] = _one(adapter, encoded, s, config, cache, positions, procs)
     return answers
 
 
@@ -122,19 +126,21 @@ def answer_batch_guarded(adapter, encoded: Encoded, selections: Sequence[Selecti
 
 
 def answer_items(adapter, rows: Sequence[tuple[Encoded, Selection | None]], *, max_new_tokens: int | None = None,
-                 max_batch: int = MAX_BATCH, config: GenerationConfig | None = None, **gen) -> list[Answer]:
+                 max_batch: int = MAX_BATCH, config: GenerationConfig | None = None, logits_processor=None,
+                 **gen) -> list[Answer]:
     """The answers of several (encoding, selection) rows, e.g. one selection per item of a batch of
     items, as batches of `max_batch` rows. In-LLM selections answer one by one (no shared cache)."""
     config = GenerationConfig.of(max_new_tokens, config, **gen)
+    procs = processors(logits_processor)
     rows = list(rows)
     answers: list[Answer | None] = [None] * len(rows)
     batchable = [i for i, (_, s) in enumerate(rows) if not _in_llm(s)] if _batches(adapter) else []
     if batchable:
-        for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], config, max_batch)):
+        for i, a in zip(batchable, _batched(adapter, [rows[i] for i in batchable], config, max_batch, procs=procs)):
             answers[i] = a
     for i, (enc, s) in enumerate(rows):
         if answers[i] is None:
-            answers[i] = _one(adapter, enc, s, config, None)
+            answers[i] = _one(adapter, enc, s, config, None, procs=procs)
     return answers
 
 

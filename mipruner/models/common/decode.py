@@ -94,9 +94,10 @@ class DecodeEngine:
     # -- decoding -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def decode(self, spec: R.Rows, config: GenerationConfig, path: DecodePath) -> tuple[list[list[int]], float]:
+    def decode(self, spec: R.Rows, config: GenerationConfig, path: DecodePath,
+               procs: tuple = ()) -> tuple[list[list[int]], float]:
         """Greedy token rows of `spec`'s rows (in their order) and the time of the first token. `config`:
-        resolved (`GenerationConfig.resolve`: concrete EOS and pad ids)."""
+        resolved (`GenerationConfig.resolve`: concrete EOS and pad ids); `procs`: the logits processors beside it."""
         from transformers import DynamicCache
 
         model, n_rows, new = self.model, len(spec.lengths), config.max_new_tokens
@@ -137,7 +138,7 @@ class DecodeEngine:
                           use_cache=True)
             return out.logits[:, -1]
 
-        ids, t_first = P.greedy(step, first, mask, new, config.eos, list(config.logits_processor),
+        ids, t_first = P.greedy(step, first, mask, new, config.eos, list(procs),
                                 config.min_new_tokens, config.pad_token_id, slots)
         return ids[:n_rows], t_first
 

@@ -14,7 +14,7 @@ import torch
 
 from ...media import Video, load_media
 from ..base import Adapter, Answer, Encoded, TokenGeometry, check_prompt, keep_indices
-from .generation import GenerationConfig
+from .generation import GenerationConfig, processors
 from .text import text_mask
 
 
@@ -87,8 +87,9 @@ class DummyAdapter(Adapter):
         v = encoded.visual if idx is None else encoded.visual[idx]
         return torch.cat([v[:, :4], encoded.text[:, :4]])
 
-    def generate(self, encoded, keep=None, max_new_tokens=None, *, config=None, **gen) -> Answer:
+    def generate(self, encoded, keep=None, max_new_tokens=None, *, config=None, logits_processor=None, **gen) -> Answer:
         GenerationConfig.of(8 if max_new_tokens is None and config is None else max_new_tokens, config, **gen)
+        processors(logits_processor)  # checked as the real adapters check them; its answer reads no logits
         idx = keep_indices(keep, encoded.n_visual)
         v = encoded.visual if idx is None else encoded.visual[idx]
         bright = bool((v[:, :3].mean(1) > 0.0).any())

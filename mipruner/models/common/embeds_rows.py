@@ -51,8 +51,9 @@ def batch_inputs(adapter, rows: list[tuple[Encoded, object]], positions: str | N
 
 @torch.no_grad()
 def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: GenerationConfig,
-                  positions: str | None = None, path: DecodePath | None = None) -> list[Answer]:
-    """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
+                  positions: str | None = None, path: DecodePath | None = None, procs: tuple = ()) -> list[Answer]:
+    """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring. `procs`: the
+    logits processors beside the config."""
     from transformers import LogitsProcessorList
 
     if not rows:
@@ -60,11 +61,11 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: Generatio
     path = path or adapter.decode_path
     config = config.resolve(adapter.model, adapter.tokenizer.pad_token_id)
     if P.greedy_supported(adapter.model, config):
-        return engine_rows(adapter, rows, config, positions, path)
+        return engine_rows(adapter, rows, config, positions, path, procs)
     b = batch_inputs(adapter, rows, positions, path.bucket)
     timer = PrefillTimer()
     gen = config.generate_kwargs()
-    procs = LogitsProcessorList(list(config.logits_processor) + [timer])
+    procs = LogitsProcessorList(list(procs) + [timer])
     if path.static_cache:
         width = int(b["inputs_embeds"].shape[1])
         gen.update(cache_implementation="static",
@@ -112,13 +113,14 @@ def rows_spec(adapter, rows: list[tuple[Encoded, object]], positions: str | None
 
 
 @torch.no_grad()
-def engine_rows(adapter, rows, config: GenerationConfig, positions: str | None, path: DecodePath) -> list[Answer]:
+def engine_rows(adapter, rows, config: GenerationConfig, positions: str | None, path: DecodePath,
+                procs: tuple = ()) -> list[Answer]:
     """Greedy answers of `rows` through the decoding engine (module docstring)."""
     config = config.resolve(adapter.model, adapter.tokenizer.pad_token_id)  # as it is when already resolved
     cuda_sync(adapter.device)
     t0 = time.perf_counter()
     spec = rows_spec(adapter, rows, positions)
-    ids, first = adapter.decoder.decode(spec, config, path)
+    ids, first = adapter.decoder.decode(spec, config, path, procs)
     cuda_sync(adapter.device)
     t1 = time.perf_counter()
     return _answers(adapter, rows, spec.lengths, ids, config.eos, first - t0, t1 - first)

@@ -40,7 +40,7 @@ from .path import PrefillTimer, cuda_sync
 from ...pruners.signals import Signals
 from .signals import encoded_fields
 from ..base import Abilities, Adapter, Answer, Encoded, LLMInputs, check_prompt, keep_indices
-from .generation import GenerationConfig
+from .generation import GenerationConfig, processors
 from .request import ProcessorState
 from .text import TEXT_MODES, text_mask
 from .views import check_views
@@ -308,9 +308,10 @@ class ProcessorAdapter(Adapter):
 
     @torch.no_grad()
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, positions: str | None = None,
-                 *, config: GenerationConfig | None = None, **gen) -> Answer:
+                 *, config: GenerationConfig | None = None, logits_processor=None, **gen) -> Answer:
         """Greedy (`do_sample=False`) through the model's own `generate`: `config` (a `GenerationConfig`)
-        or its fields as keywords (`max_new_tokens` None: 64), other `generate` keywords pass through.
+        or its fields as keywords (`max_new_tokens` None: 64), other `generate` keywords pass through;
+        `logits_processor` (callables) beside it, handed to `generate` as its own `logits_processor=`.
 
         prefill_s: from the call to the first logits (timestamped by a LogitsProcessor, i.e. after
         the prefill forward); decode_s: the rest. A non-plain `decode_path` answers through the
@@ -319,12 +320,13 @@ class ProcessorAdapter(Adapter):
         from transformers import LogitsProcessorList
 
         config = GenerationConfig.of(max_new_tokens, config, **gen)
+        procs = processors(logits_processor)
         if not self.decode_path.plain:
-            return self.generate_batch([(encoded, keep)], positions=positions, config=config)[0]
+            return self.generate_batch([(encoded, keep)], positions=positions, config=config, logits_processor=procs)[0]
         p = self.pruned_inputs(encoded, keep, positions)
         timer = PrefillTimer()
         gen = config.generate_kwargs()
-        procs = LogitsProcessorList(list(config.logits_processor) + [timer])
+        procs = LogitsProcessorList(list(procs) + [timer])
         if self.tokenizer.pad_token_id is not None:
             gen.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         kw = {} if p["position_ids"] is None else {"position_ids": p["position_ids"]}
@@ -342,13 +344,15 @@ class ProcessorAdapter(Adapter):
                       prefill_s=first - t0, decode_s=t1 - first)
 
     def generate_batch(self, rows, max_new_tokens: int | None = None, positions: str | None = None, *,
-                       path=None, config: GenerationConfig | None = None, **gen) -> list[Answer]:
+                       path=None, config: GenerationConfig | None = None, logits_processor=None,
+                       **gen) -> list[Answer]:
         """Greedy answers of several (encoding, keep) rows as one left-padded batch (`common/embeds_rows.py`);
-        `config` or its fields as keywords, as `generate`; `path`: a DecodePath (None: `decode_path`)."""
+        `config` or its fields as keywords and `logits_processor` beside it, as `generate`; `path`: a DecodePath
+        (None: `decode_path`)."""
         from .embeds_rows import generate_rows
 
         return generate_rows(self, list(rows), GenerationConfig.of(max_new_tokens, config, **gen), positions,
-                             path or self.decode_path)
+                             path or self.decode_path, processors(logits_processor))
 
 
 def expand_placeholders(ids: list[int], visual_ids: list[int], counts: list[int]) -> torch.Tensor:

@@ -92,13 +92,14 @@ def rows_spec(adapter, rows: list[tuple[Encoded, object]], compiled: bool = Fals
 
 @torch.no_grad()
 def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: GenerationConfig,
-                  path: DecodePath | None = None) -> list[Answer]:
-    """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring."""
+                  path: DecodePath | None = None, procs: tuple = ()) -> list[Answer]:
+    """Greedy answers of `rows` ((encoding, keep) pairs) as one batch; see the module docstring. `procs`: the
+    logits processors beside the config."""
     if not rows:
         return []
     if config.extra:
         raise ValueError(f"unsupported generation arguments: {sorted(config.extra)}; supported: max_new_tokens, "
-                         f"min_new_tokens, eos_token_id, pad_token_id, logits_processor")
+                         f"min_new_tokens, eos_token_id, pad_token_id (and logits_processor beside the config)")
     path = path or adapter.decode_path
     config = config.resolve(adapter.model, pad_id(adapter))
     t0 = time.perf_counter()
@@ -107,7 +108,7 @@ def generate_rows(adapter, rows: list[tuple[Encoded, object]], config: Generatio
     if top + config.max_new_tokens > adapter.max_positions:
         raise ValueError(f"prompt ({top} positions) + max_new_tokens ({config.max_new_tokens}) exceeds "
                          f"the model's context {adapter.max_positions}")
-    ids, t1 = adapter.decoder.decode(spec, config, path)
+    ids, t1 = adapter.decoder.decode(spec, config, path, procs)
     t2 = time.perf_counter()
     answers = []
     for (enc, keep), n, row in zip(rows, spec.lengths, ids):

@@ -31,7 +31,7 @@ from . import attention as QA, encode_batch as QE, video as QV
 from .attention import merge_attention
 from .video import read_json, smart_resize
 from ..base import Abilities, Adapter, Answer, Encoded, LLMInputs, TokenGeometry, check_prompt, keep_indices
-from ..common.generation import GenerationConfig
+from ..common.generation import GenerationConfig, processors
 from ..common.request import QwenState
 from ...pruners.signals import Signals
 from ..common.text import text_mask
@@ -302,18 +302,20 @@ class Qwen2VLAdapter(Adapter):
         return out.logits[0].float().cpu()  # (L, vocab)
 
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, *,
-                 config: GenerationConfig | None = None, **gen) -> Answer:
+                 config: GenerationConfig | None = None, logits_processor=None, **gen) -> Answer:
         """Greedy decoding with a KV cache and explicit M-RoPE positions (see module docstring): the
         decoding engine on a batch of one (`batch.generate_rows`), on the adapter's `decode_path`.
-        `config` (a `GenerationConfig`) or its fields as keywords; logits_processor: f(ids, scores)."""
-        return self.generate_batch([(encoded, keep)], config=GenerationConfig.of(max_new_tokens, config, **gen))[0]
+        `config` (a `GenerationConfig`) or its fields as keywords; logits_processor: f(ids, scores), beside it."""
+        return self.generate_batch([(encoded, keep)], config=GenerationConfig.of(max_new_tokens, config, **gen),
+                                   logits_processor=logits_processor)[0]
 
     def generate_batch(self, rows, max_new_tokens: int | None = None, *, path=None,
-                       config: GenerationConfig | None = None, **gen) -> list[Answer]:
+                       config: GenerationConfig | None = None, logits_processor=None, **gen) -> list[Answer]:
         """Greedy answers of several (encoding, keep) rows as one left-padded batch (`batch.py`);
         `path`: a DecodePath (None: `decode_path`)."""
         from .batch import generate_rows
-        return generate_rows(self, list(rows), GenerationConfig.of(max_new_tokens, config, **gen), path)
+        return generate_rows(self, list(rows), GenerationConfig.of(max_new_tokens, config, **gen), path,
+                             processors(logits_processor))
 
 
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):
