@@ -342,9 +342,8 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def generate(self, encoded: Encoded, keep=None, max_new_tokens: int | None = None, *, config=None,
                  logits_processor=None, **gen) -> Answer:
-        """Greedy answer on the kept tokens. `config`: a `common.generation.GenerationConfig` (validated
-        where the request entered, passed down as it is), or its fields as keywords (`GenerationConfig.of`);
-        `logits_processor`: callables (generated ids, scores) -> scores beside it (a config holds values only)."""
+        """Greedy answer on the kept tokens. `config`: a `common.generation.GenerationConfig` validated where
+        the request entered, or its fields as keywords; `logits_processor`: callables (ids, scores) -> scores."""
 
     # -- what the in-LLM methods, the app and the benches need (defaults for transformers models) --
 
