@@ -164,7 +164,7 @@ def tensor_failures(name: str, device="cpu") -> list[str]:
         rows = int(sel.keep.numel())  # one merged row per kept index; `prefix` rows are counted in K, not here
         if sel.tokens is not None and tuple(sel.tokens.shape) != (rows, D):
             out.append(f"tokens must be (kept, d) = ({rows}, {D}), got {tuple(sel.tokens.shape)}")
-    for p in spec.params:
+    for p in spec.options:
         for c in (p.choices if p.kind == "choice" else ()):
             s = _try(f"with {p.name}={c!r}", out, lambda c=c, p=p: prune(name, budget=7, **{**kw, p.name: c}))
             if s is not None:  # a rule may keep fewer (MI's adaptive K), never more
@@ -190,7 +190,7 @@ def low_precision_failures(name: str, dtype: torch.dtype, device="cpu", n: int =
     kw = {**tensor_inputs(spec, n=n, dtype=dtype, device=device), **_fixed_seed(spec)}
     dev, what = kw["visual"].device, f"with {str(dtype).replace('torch.', '')} inputs"
     runs = [(b, {}) for b in budgets]
-    runs += [(budgets[min(1, len(budgets) - 1)], {p.name: c}) for p in spec.params if p.kind == "choice"
+    runs += [(budgets[min(1, len(budgets) - 1)], {p.name: c}) for p in spec.options if p.kind == "choice"
              for c in p.choices if c != p.default]
     for budget, extra in runs:
         at = f"{what} and budget {budget}" + "".join(f", {k}={v!r}" for k, v in extra.items())

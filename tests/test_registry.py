@@ -58,3 +58,38 @@ def test_the_methods_and_the_model_families_are_registry_objects():
     with pytest.raises(ValueError, match=r"Unknown model type \('lava'\)\. Did you mean 'llava'"):
         adapter_class("lava")
     assert adapter_class("llava").__name__ == "LlavaAdapter" and ADAPTERS.current()["llava"] is adapter_class("llava")
+
+
+def test_a_method_is_stored_as_declared_and_the_per_frame_split_is_the_runners():
+    """`register_pruner` stores the Params its author gave and nothing more (it wraps nothing); a call may
+    also pass the runner's `per_frame`, which `options` derives from the stage and `video`, and which
+    `run_pre_llm` applies: on a two-frame input, per_frame="even" is the method on each frame's rows alone."""
+    import torch
+
+    from mipruner.pruners import Param, Selection, prune, register_pruner, unregister_pruner
+    from mipruner.pruners._registry import get_pruner
+    from mipruner.pruners.per_frame import PER_FRAME
+
+    gain = Param.real("gain_x", 1.0, 0.0, 2.0, "a test knob")
+
+    @register_pruner("declared_only", params=(gain,))
+    def declared_only(visual, text, budget, *, gain_x=1.0):
+        """Largest first coordinate."""
+        score = visual[:, 0] * gain_x
+        return Selection.from_order(torch.topk(score, budget).indices, score)
+
+    try:
+        spec = get_pruner("declared_only")
+        assert spec.params == (gain,)
+        assert spec.options == (gain, PER_FRAME) and spec.param_names == ("gain_x", "per_frame")
+        assert get_pruner("evs").options == get_pruner("evs").params  # selects along time: no split
+        assert all(p.name != "per_frame" for p in get_pruner("fastv").options)  # in-LLM: no split
+        visual = torch.tensor([[5.0], [4.0], [3.0], [0.0], [1.0], [2.0]])
+        frames = torch.tensor([0, 0, 0, 1, 1, 1])
+        flat = prune("declared_only", visual=visual, budget=2, frame_index=frames)
+        split = prune("declared_only", visual=visual, budget=2, frame_index=frames, per_frame="even")
+        assert flat.keep.tolist() == [0, 1] and split.keep.tolist() == [0, 5]
+        with pytest.raises(ValueError, match="per_frame"):
+            prune("declared_only", visual=visual, budget=2, frame_index=frames, per_frame="sideways")
+    finally:
+        unregister_pruner("declared_only")

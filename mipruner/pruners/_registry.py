@@ -19,7 +19,9 @@ Its `MethodSpec` (public name `PrunerSpec`, as `mipruner.PrunerSpec`) says
 - `inputs`: the encoding-derived keywords its function takes (attention, keys, ..., cache), read from
   its signature once, here at registration, so no call inspects a signature again.
 - `video`: it selects along time (EVS; reads `frame_index`, needs 2+ frames), so it has no per-frame option;
-  every other pre-LLM method gets the registry's `per_frame` Param (`per_frame.py`), which `run_pre_llm` consumes;
+  every other pre-LLM method can be run per frame: `options` (what a call may pass) adds the runner's `per_frame`
+  Param (`per_frame.py`) to its own `params`, and `run_pre_llm` applies the split. The registry stores what the
+  author declared and wraps nothing; the option follows from the stage and `video`, where the method is run;
 - `capture`: whether (and under which conditions) its selection is one capturable computation, a
   `capture.Capturable` it declares itself (None: it always runs eagerly); on CUDA `prune` then replays it
   as a CUDA graph, and `batched.prune_batch` runs B equal-shape inputs as one call when it allows that.
@@ -115,18 +117,25 @@ class MethodSpec:
                        features="features" in asked)
 
     @property
+    def options(self) -> tuple[Param, ...]:
+        """What a call of it may pass: its own `params`, then the runner's per-frame split (`per_frame.PER_FRAME`,
+        applied by `run_pre_llm`) for a pre-LLM method that does not select along time itself."""
+        return self.params + ((PER_FRAME,) if self.stage != "llm" and not self.video else ())
+
+    @property
     def param_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
+        """The names of its `options`."""
+        return tuple(p.name for p in self.options)
 
     def param(self, name: str) -> Param:
-        for p in self.params:
+        for p in self.options:
             if p.name == name:
                 return p
         raise did_you_mean(f"parameter of {self.name!r}", name, list(self.param_names))
 
     def defaults(self) -> dict[str, Any]:
         """{parameter: default} (a fresh dict)."""
-        return {p.name: p.default for p in self.params}
+        return {p.name: p.default for p in self.options}
 
     def bind(self, params: dict, *, strict: bool = True) -> dict[str, Any]:
         """The method's parameters from `params`, validated. strict: unknown names raise TypeError;
@@ -135,7 +144,7 @@ class MethodSpec:
         if strict and unknown:
             raise TypeError(f"{self.name!r} got unknown keyword argument(s) {unknown}; "
                             f"it accepts {sorted(self.param_names)}")
-        return {p.name: p.validate(params[p.name]) for p in self.params if p.name in params}
+        return {p.name: p.validate(params[p.name]) for p in self.options if p.name in params}
 
 
 def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ...] = (),
@@ -176,7 +185,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
             raise ValueError(f"{name!r}: an in-LLM method needs answer=")
         sig = inspect.signature(fn)
         if PER_FRAME.name in sig.parameters or any(p.name == PER_FRAME.name for p in params):
-            raise ValueError(f"{name!r}: 'per_frame' is the registry's option of every pre-LLM method, not its own")
+            raise ValueError(f"{name!r}: 'per_frame' is the runner's option of every pre-LLM method, not its own")
         if video and stage != "llm" and "frame_index" not in sig.parameters:  # an in-LLM one reads run.frame_index
             raise ValueError(f"{name!r}: video=True is for a method that takes frame_index= (or an in-LLM one)")
         positional = ("adapter", "encoded", "budget") if stage == "llm" else ("visual", "text", "budget")
@@ -203,8 +212,7 @@ def register_pruner(name: str, *, stage: str = "projector", needs: tuple[str, ..
             raise ValueError(f"{name!r}: encoder_layer={layer} names the block of its attention/keys, but it reads "
                              "neither (name them in needs= or take them as keywords)")
         doc = (inspect.getdoc(fn) or "").strip().splitlines()
-        full = tuple(params) + ((PER_FRAME,) if stage != "llm" and not video else ())
-        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), full, label or name,
+        METHODS.register(name, MethodSpec(name, fn, stage, frozenset(needs), tuple(params), label or name,
                                           doc[0] if doc else "", is_mi, answer, score_label=score_label, video=video,
                                           adaptive=adaptive, inputs=inputs, encoder_layer=layer, capture=capture,
                                           builtin=str(getattr(fn, "__module__", "")).split(".")[0] == "mipruner"))
@@ -231,7 +239,7 @@ def get_pruner(name: str) -> MethodSpec:
 def all_params() -> dict[str, Param]:
     """Every registered parameter by name (one definition per name), in registration order; `per_frame` last."""
     out: dict[str, Param] = {}
-    for p in sorted((p for spec in METHODS.values() for p in spec.params), key=lambda p: p.name == "per_frame"):
+    for p in sorted((p for spec in METHODS.values() for p in spec.options), key=lambda p: p.name == "per_frame"):
         out.setdefault(p.name, p)
     return out
 
