@@ -282,3 +282,20 @@ def test_flat_models_modules_are_shared():
     lonely = [f"{m}: only {sorted(u) or 'nothing'}" for m, u in sorted(users.items())
               if m not in SHARED_BY_ROLE and len(u) < 2 and "outside" not in u]
     assert not lonely, "\n".join(lonely)
+
+
+def test_a_module_of_the_flat_layout_says_where_it_went():
+    """`import mipruner.engine` (and every module the 0.2 layout moved into a room) raises ModuleNotFoundError
+    naming its new module, which imports; a name that never existed keeps Python's own sentence."""
+    import importlib
+
+    import mipruner
+
+    for old, new in mipruner.MOVED.items():
+        with pytest.raises(ModuleNotFoundError, match=f"{old} moved in mipruner 0.2: import {new.split()[0]}"):
+            importlib.import_module(old)
+        importlib.import_module(new.split()[0])
+        assert not os.path.exists(os.path.join(ROOT, *old.split("."))) and not os.path.exists(
+            os.path.join(ROOT, *old.split(".")) + ".py")
+    with pytest.raises(ModuleNotFoundError, match="No module named 'mipruner.never_was'"):
+        importlib.import_module("mipruner.never_was")
