@@ -5,6 +5,9 @@ inputs and tiny models on, e.g. `MIPRUNER_TEST_DEVICE=cuda python3 -m pytest -q 
 tests/test_methods_contract.py tests/test_meta_device.py`, so the same tests prove a GPU. Tests
 read it as `TEST_DEVICE` (module constant, for helpers) or the `device` fixture.
 
+`compile_counter`: dynamo's CompileCounter as the compiled decode path's backend (`common/decode.COMPILE`), which
+runs each captured graph eagerly and counts the graphs; dynamo reset before and after.
+
 Shared by the lock tests (tests/test_warm_lock.py, tests/app/test_sweep_lock.py): `OwnedLock` (a lock that
 knows its holder) and `ModelForwards` (every forward of one model, per thread, through removable hooks).
 """
@@ -108,3 +111,17 @@ class ModelForwards:
         for h in self.handles:
             h.remove()
 
+
+
+@pytest.fixture()
+def compile_counter(monkeypatch):
+    """Dynamo's CompileCounter as the compiled decode path's backend: `frame_count` graphs captured, each run eagerly."""
+    from torch._dynamo.testing import CompileCounter
+
+    from mipruner.models.common import decode
+
+    c = CompileCounter()
+    monkeypatch.setitem(decode.COMPILE, "backend", c)
+    torch._dynamo.reset()
+    yield c
+    torch._dynamo.reset()

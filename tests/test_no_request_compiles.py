@@ -8,11 +8,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
 
 import mipruner
 from mipruner.serve.batch import answer_batch
-from mipruner.models.common import decode as D
 from mipruner.serve.warm_up import warm_up
 
 from .models.batch_check import compare_all, one_by_one
@@ -26,19 +24,8 @@ NEW = (1, 32, 512)
 ROWS = (1, 3, 5, 9, 17, 32)
 
 
-@pytest.fixture()
-def counter(monkeypatch):
-    from torch._dynamo.testing import CompileCounter
-
-    c = CompileCounter()
-    monkeypatch.setitem(D.COMPILE, "backend", c)
-    torch._dynamo.reset()
-    yield c
-    torch._dynamo.reset()
-
-
 @pytest.mark.parametrize("family", sorted(TINY))
-def test_after_the_warm_up_no_request_compiles(family, counter, tmp_path):
+def test_after_the_warm_up_no_request_compiles(family, compile_counter, tmp_path):
     a = mipruner.load(save_tiny(family, str(tmp_path / family)))
     text = a.config.get_text_config()
     text.max_position_embeddings = max(int(text.max_position_embeddings), 2048)  # room for 512 new tokens
@@ -47,7 +34,7 @@ def test_after_the_warm_up_no_request_compiles(family, counter, tmp_path):
     image = scene(64, 48, square=(8, 8, 30, 30))
     n = warm_up(a, threading.Lock(), image, PROMPT, ("random",), 0.5, 3, bucket=64, static_cache=True, compile=True)
     state = a.decode_state
-    warmed, shapes = counter.frame_count, {k: set(v) for k, v in state.shapes.items()}
+    warmed, shapes = compile_counter.frame_count, {k: set(v) for k, v in state.shapes.items()}
     assert n >= 3 and warmed > 0 and a.decode_path.compile and state.buckets is not None
     assert {k: set(v) for k, v in state.buckets.shapes.items() if v} == {k: v for k, v in shapes.items() if v}
     try:
@@ -64,11 +51,11 @@ def test_after_the_warm_up_no_request_compiles(family, counter, tmp_path):
         for rows in ROWS:  # every row count up to the app's batch
             got = answer_batch(a, enc, [None] + [sel] * (rows - 1), max_new_tokens=32, eos_token_id=())
             assert len(got) == rows and all(len(g.token_ids) == 32 for g in got)
-        assert counter.frame_count == warmed, (counter.frame_count, warmed, dict(state.eager))
+        assert compile_counter.frame_count == warmed, (compile_counter.frame_count, warmed, dict(state.eager))
         assert {k: set(v) for k, v in state.shapes.items()} == shapes  # nothing compiled outside the warmed set
         assert state.eager["prefill"] > 0 and state.eager["step"] > 0  # the unwarmed shapes ran eagerly
         eager = answer_batch(a, long, [None, sel], max_new_tokens=8, eos_token_id=())
-        assert counter.frame_count == warmed
+        assert compile_counter.frame_count == warmed
         a.use_decode_path()
         ref = one_by_one(a, long, [None, sel], 8, eos_token_id=())  # the plain path
         done, total = compare_all(eager, ref)  # the eager fallback answers as the plain path (tie rule)

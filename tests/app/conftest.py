@@ -67,6 +67,15 @@ def hub():
     return h
 
 
+@pytest.fixture(scope="module")
+def handlers(hub):
+    """The page's handlers around the embedded model (2 new tokens an answer, answers automatic)."""
+    from components.core.logic import AppLogic
+    from components.page.handlers import Handlers
+
+    return Handlers(AppLogic(hub, max_new_tokens=2), auto_answers=True)
+
+
 @contextlib.contextmanager
 def launched(logic, **build):
     """`build_demo(logic, **build)` queued and launched in this process on a free port; yields its URL and
@@ -184,6 +193,17 @@ def open_page(browser, url: str, width: int, height: int = 900, timeout: int = 6
     page.goto(url)
     page.wait_for_selector("#run")
     return page
+
+
+def run_clip(page, clip: dict, frames: int = 8) -> None:
+    """On an open page: choose video, upload `clip` (an example's path and prompt), press Run, and wait until
+    the status says it read `frames` frames (the app's default sampling of the example clip)."""
+    page.locator("#use").get_by_text("video").click()
+    page.wait_for_selector("#video input[type=file]", state="attached")
+    page.set_input_files("#video input[type=file]", clip["path"])
+    page.fill("#prompt textarea", clip["prompt"])
+    page.click("#run")
+    page.wait_for_function(f"/{frames} frames/.test(document.querySelector('#status').innerText)")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from PIL import Image
 
 from components.core.examples import load_examples
 
-from .conftest import launched, open_page
+from .conftest import launched, open_page, run_clip
 
 NOTE = "Could not load 'someone/model' because the hub cannot be reached, so the embedded model serves instead."
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
@@ -90,12 +90,7 @@ def test_the_page_at_desktop_and_phone_width(browser, url, width, tmp_path):
             assert page.evaluate("document.documentElement.scrollWidth") <= 390
 
         # a video: a frame selector; one frame shown is a picture of its own, not the grid of frames
-        page.locator("#use").get_by_text("video").click()
-        page.wait_for_selector("#video input[type=file]", state="attached")
-        page.set_input_files("#video input[type=file]", CLIP["path"])
-        page.fill("#prompt textarea", CLIP["prompt"])
-        page.click("#run")
-        page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
+        run_clip(page, CLIP)
         page.wait_for_selector("#frame", state="visible")
         assert not page.locator("#panel-1-patch").is_visible()  # the picture's clicked patch is forgotten
         natural = "document.querySelector('#panel-0-mask img').naturalWidth"

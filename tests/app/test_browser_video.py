@@ -15,7 +15,7 @@ import pytest
 from components.core.examples import load_examples
 from components.page import video as V
 
-from .conftest import launched, open_page
+from .conftest import launched, open_page, run_clip
 from .test_browser import colour_bar_columns
 
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
@@ -79,12 +79,7 @@ def test_a_video_on_the_page_can_be_read_and_clicked(browser, url, layout, width
     page = open_page(browser, url, width, 900 if width > 400 else 844, timeout=90_000)
     try:
         assert not page.locator("#video-controls").is_visible()  # nothing encoded: no video controls
-        page.locator("#use").get_by_text("video").click()
-        page.wait_for_selector("#video input[type=file]", state="attached")
-        page.set_input_files("#video input[type=file]", CLIP["path"])
-        page.fill("#prompt textarea", CLIP["prompt"])
-        page.click("#run")
-        page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
+        run_clip(page, CLIP)
         page.wait_for_function(f"/ {enc.n_visual} tokens kept/.test((document.querySelector('#panel-0-title') || {{}})"
                                ".innerText || '')")
         page.wait_for_selector("#video-controls", state="visible")  # EVS's rate, the per-frame split

@@ -15,7 +15,7 @@ import pytest
 from components.core.examples import load_examples
 from components.page.panels import LEGEND_CHIPS
 
-from .conftest import launched, open_page
+from .conftest import launched, open_page, run_clip
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
@@ -213,11 +213,7 @@ def test_a_video_shows_evs_at_work_with_its_note_and_a_capped_legend(browser, ur
     try:
         page.locator("#methods").get_by_text("EVS (video)").click()
         page.locator("#methods").get_by_text("Pool (downsampling)").click()
-        page.locator("#use").get_by_text("video").click()
-        page.set_input_files("#video input[type=file]", CLIP["path"])
-        page.fill("#prompt textarea", CLIP["prompt"])
-        page.click("#run")
-        page.wait_for_function("/8 frames/.test(document.querySelector('#status').innerText)")
+        run_clip(page, CLIP)
         # a video's default budget: 25%, two frames' worth (10% is under one frame of 8)
         page.wait_for_function("Number(document.querySelector('#budget input[type=number]').value) === 25")
         evs = "[...document.querySelectorAll('[id$=\"-title\"]')].map((e) => e.innerText).find((t) => /EVS/.test(t))"

@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from components.core.examples import load_examples
-from components.core.logic import MAX_PANELS, AppLogic, UIState, UserError
+from components.core.logic import MAX_PANELS, UIState, UserError
 from components.core.settings import Settings
 from components.page import controls as C
 from components.page.handlers import Handlers, Media, controls_for, controls_of, token_chips
@@ -15,11 +15,6 @@ from mipruner.serve.service import method_spec, method_specs, parameters
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 SETTINGS = Settings(methods=("mi", "random"), budget=0.25)
-
-
-@pytest.fixture(scope="module")
-def handlers(hub):
-    return Handlers(AppLogic(hub, max_new_tokens=2), auto_answers=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from components.core.examples import load_examples
-from components.core.logic import MAX_PANELS, AppLogic
+from components.core.logic import MAX_PANELS
 from components.core.settings import Settings
-from components.page.handlers import Handlers, Media, controls_for
+from components.page.handlers import Media, controls_for
 from components.page.panels import PANEL_FIELDS
 from mipruner.viz import video as viz_video
 from mipruner.serve.service import method_specs
@@ -20,11 +20,6 @@ IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 METHODS = [s.name for s in method_specs()]
 VIDEO_ONLY = {s.name for s in method_specs() if s.video}
-
-
-@pytest.fixture(scope="module")
-def handlers(hub):
-    return Handlers(AppLogic(hub, max_new_tokens=2), auto_answers=True)
 
 
 def _encode(handlers, kind: str):

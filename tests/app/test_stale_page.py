@@ -5,22 +5,16 @@ does. Handlers are called with plain values (components.page.handlers), no page 
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from components.core.examples import load_examples
-from components.core.logic import MAX_PANELS, AppLogic
+from components.core.logic import MAX_PANELS
 from components.core.settings import Settings
 from components.page.handlers import Handlers, Media, controls_for
 from mipruner.serve.service import parameters
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 AUTO = Settings(methods=("mi", "similarity"), budget=0.25).replace(lam=0.3, lam_rule="auto")
-
-
-@pytest.fixture(scope="module")
-def handlers(hub):
-    return Handlers(AppLogic(hub, max_new_tokens=2), auto_answers=True)
 
 
 def encode(handlers, image=IMAGE["path"], prompt=IMAGE["prompt"], settings=AUTO):

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 
 from components.core.examples import load_examples
-from components.core.logic import AppLogic
 from components.core.settings import Settings
 from components.page import video as V
-from components.page.handlers import Handlers, Media, controls_for
+from components.page.handlers import Media, controls_for
 from components.page.panels import IMAGE_HEIGHT, PANEL_FIELDS
 from mipruner.viz import video as viz_video
 from mipruner.viz.video import video_params
@@ -17,11 +16,6 @@ from mipruner.viz.video import video_params
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 SETTINGS = Settings(methods=("mi", "random"), budget=0.25)
-
-
-@pytest.fixture(scope="module")
-def handlers(hub):
-    return Handlers(AppLogic(hub, max_new_tokens=2), auto_answers=True)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ plain path does (tie rule); a failure leaves the plain path with one sentence; t
 from __future__ import annotations
 
 import pytest
-import torch
 
 from components.core.examples import load_examples
 from components.core.logic import AppLogic
@@ -15,24 +14,12 @@ from components.hosting.hub import ModelHub
 from components.page.controls import DEFAULT_SHARE
 import mipruner
 from components.core.warmup import COMPILED, WarmUp, compile_choice
-from mipruner.models.common import decode as P
 from mipruner.models.common.path import PLAIN, DecodePath
 from tests.models.batch_check import compare, one_by_one
 
 EXAMPLE = next(e for e in load_examples() if e["kind"] == "image")
 BUDGET = DEFAULT_SHARE / 100
 NEW = 4
-
-
-@pytest.fixture()
-def counter(monkeypatch):
-    from torch._dynamo.testing import CompileCounter
-
-    c = CompileCounter()
-    monkeypatch.setitem(P.COMPILE, "backend", c)
-    torch._dynamo.reset()
-    yield c
-    torch._dynamo.reset()
 
 
 @pytest.fixture()
@@ -58,7 +45,7 @@ def test_the_flag_chooses_the_compiled_path():
         compile_choice("yes", "cuda", False)
 
 
-def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
+def test_the_warm_up_compiles_the_first_views_shapes(hub, compile_counter):
     engine = hub.get(None)[0]
     a = engine.adapter
     seen: list[str] = []
@@ -70,7 +57,7 @@ def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
     sels = [mipruner.select(a, enc, m, BUDGET, strict=False) for m in DEFAULT_METHODS]
     batches = [[None, *sels], sels, [None]]  # what the warm-up answers: the default view, a slider move, one
     refs = [one_by_one(a, enc, rows, NEW) for rows in batches]  # the plain path's answers
-    assert a.decode_path == PLAIN and counter.frame_count == 0
+    assert a.decode_path == PLAIN and compile_counter.frame_count == 0
 
     assert warm.run()
     assert seen[0].startswith("Warming up the compiled path")
@@ -78,8 +65,8 @@ def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
     assert n > len(batches) and seen[-2].startswith(f"Warming up the compiled path ({n} of {n}")
     assert seen[-1].startswith(f"The compiled path is warm ({n} answer shapes") and warm.message == seen[-1]
     assert a.decode_path == DecodePath(**COMPILED) and warm.note() == ""
-    assert counter.frame_count >= 2  # the fixed set's prefill and step shapes (and the tower's)
-    compiled = counter.frame_count
+    assert compile_counter.frame_count >= 2  # the fixed set's prefill and step shapes (and the tower's)
+    compiled = compile_counter.frame_count
 
     # a visitor's first view (a new session), a slider move within the budget's bucket, one unpruned answer
     state, status = encode(logic)
@@ -93,14 +80,14 @@ def test_the_warm_up_compiles_the_first_views_shapes(hub, counter):
     logic.generate(state, Settings(methods=DEFAULT_METHODS, budget=move), NEW)
     fresh, _ = encode(logic)  # another visitor: the unpruned answer alone
     one = engine.generate(fresh.session, fresh.key, None, max_new_tokens=NEW)
-    assert counter.frame_count == compiled  # every shape was compiled by the warm-up
+    assert compile_counter.frame_count == compiled  # every shape was compiled by the warm-up
     assert got["reference"]["text"] == view[0].text and set(got["methods"]) == set(DEFAULT_METHODS)
     for ans, (ref, rec) in zip(view, refs[0]):
         assert compare(ans.token_ids, ref.token_ids, rec.margins) >= 1
     assert compare(one.token_ids, refs[2][0][0].token_ids, refs[2][0][1].margins) >= 1
 
 
-def test_a_failed_warm_up_leaves_the_plain_path(hub, counter):
+def test_a_failed_warm_up_leaves_the_plain_path(hub, compile_counter):
     engine = hub.get(None)[0]
     seen: list[str] = []
     warm = WarmUp(engine, EXAMPLE["path"], EXAMPLE["prompt"], ("no-such-method",), BUDGET, NEW, on_change=seen.append)
@@ -114,7 +101,7 @@ def test_a_failed_warm_up_leaves_the_plain_path(hub, counter):
     assert not WarmUp(engine, None, "", DEFAULT_METHODS, BUDGET, NEW).run()  # no example to warm up on
 
 
-def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
+def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, compile_counter):
     """app.py with --compile on (CPU: the CompileCounter backend): the page has the warm-up's status line,
     the warm-up runs in the background and ends ready; --compile auto on a CPU, off, and on on a ZeroGPU
     Space build none."""
@@ -137,10 +124,10 @@ def test_the_app_starts_its_warm_up_and_shows_it(monkeypatch, counter):
     assert any(getattr(b, "elem_id", None) == "warm-status" for b in demo.blocks.values())
     warm.start()
     assert warm.wait(600) and warm.state == "ready", warm.message
-    assert hub.get(None)[0].adapter.decode_path == DecodePath(**COMPILED) and counter.frame_count > 0
+    assert hub.get(None)[0].adapter.decode_path == DecodePath(**COMPILED) and compile_counter.frame_count > 0
 
 
-def test_the_page_says_warming_then_ready(hub, counter):
+def test_the_page_says_warming_then_ready(hub, compile_counter):
     """In a browser: the status line under the model says the compiled path is warming while the warm-up
     waits for the model (the test holds the model's lock), then, without a reload, that it is warm; the
     API lists the same endpoints as without a warm-up."""

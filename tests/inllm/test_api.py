@@ -17,23 +17,8 @@ import torch
 import mipruner
 from mipruner import Param, Selection
 from mipruner.inllm import DecoderRun, Merge, register_inllm
-from mipruner.pruners import unregister_pruner
 from mipruner.pruners._registry import ContractError
-from mipruner.testing import check_pruner, embedded_encoding
-
-
-@pytest.fixture(scope="module")
-def model():
-    with torch.no_grad():
-        yield embedded_encoding()
-
-
-@pytest.fixture
-def registered():
-    names = []
-    yield names
-    for n in names:
-        unregister_pruner(n)
+from mipruner.testing import check_pruner
 
 
 def _as_plugin(name):

@@ -17,22 +17,6 @@ import torch
 import mipruner
 from mipruner import Selection
 from mipruner.inllm import DecoderRun, register_inllm
-from mipruner.pruners import unregister_pruner
-from mipruner.testing import embedded_encoding
-
-
-@pytest.fixture(scope="module")
-def model():
-    with torch.no_grad():
-        yield embedded_encoding()
-
-
-@pytest.fixture
-def registered():
-    names = []
-    yield names
-    for n in names:
-        unregister_pruner(n)
 
 
 def _all(run):

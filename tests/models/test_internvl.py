@@ -21,6 +21,7 @@ from mipruner.models.internvl.adapter import frame_indices
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
+from .boxes import best_overlap
 from .tiny_internvl import IMAGE_SIZE, MAX_TILES, SEQ, save_tiny
 from .tiny_llava import scene
 
@@ -31,12 +32,6 @@ H = int(SEQ ** 0.5)  # tokens per tile side
 @pytest.fixture(scope="module")
 def internvl(tmp_path_factory):
     return mipruner.load(save_tiny(str(tmp_path_factory.mktemp("internvl") / "iv")), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def video_path(tmp_path_factory):
-    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
-    return write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
 
 
 def _media(kind, video_path):
@@ -113,16 +108,6 @@ def test_internvl_pixel_shuffle_groups_2x2_patches(internvl):
     assert torch.equal(c.min(1).values, 2 * j) and torch.equal(c.max(1).values, 2 * j + 1)
 
 
-def _best(e, kind: str, frame: int, square) -> torch.Tensor:
-    g = e.geometry
-    sel = torch.tensor([k == kind for k in g.kind]) & (g.frame == frame)
-    b = g.box
-    x0, y0, x1, y1 = square
-    ov = ((b[:, 2].clamp(max=x1) - b[:, 0].clamp(min=x0)).clamp(min=0)
-          * (b[:, 3].clamp(max=y1) - b[:, 1].clamp(min=y0)).clamp(min=0))
-    return torch.where(sel, ov, torch.full_like(ov, -1.0)).argmax()
-
-
 def test_internvl_boxes_cover_the_image_and_find_the_square(encoded):
     for kind, (W, Hh) in (("wide", (120, 40)), ("square", (200, 200))):
         g = encoded[kind].geometry
@@ -132,12 +117,12 @@ def test_internvl_boxes_cover_the_image_and_find_the_square(encoded):
             assert abs(float(area) - W * Hh) < 1e-2, (kind, k)  # each view set tiles the image once
     e = encoded["wide"]
     g = e.geometry
-    t = _best(e, "tile", 0, (80, 10, 100, 30))
+    t = best_overlap(e, "tile", 0, (80, 10, 100, 30))
     assert 80 <= float(g.box[t, 0]) < 100 and int(g.col[t]) >= 2 * H  # in the third tile
     # a tile token's box: its 2 x 2 patches, a sixth of a 4 px patch pair in x (120 / (3 * 64) px per px)
     torch.testing.assert_close(g.box[0], torch.tensor([0.0, 0.0, 8 * 120 / 192, 8 * 40 / 64]))
     v = encoded["video"]
-    i = _best(v, "frame", 3, (12, 10, 26, 24))
+    i = best_overlap(v, "frame", 3, (12, 10, 26, 24))
     assert int(v.geometry.frame[i]) == 3 and v.geometry.box[i, 0] < 26 and v.geometry.box[i, 2] > 12
 
 

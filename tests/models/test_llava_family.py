@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mipruner
-from mipruner.media import MediaError, write_video
+from mipruner.media import MediaError
 from mipruner.pruners import Selection
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
@@ -30,12 +30,6 @@ def tiny_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def adapters(tiny_dir):
     return {fam: mipruner.load(path, device="cpu") for fam, path in tiny_dir.items()}
-
-
-@pytest.fixture(scope="module")
-def video_path(tmp_path_factory):
-    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
-    return write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
 
 
 CASES = [("llava", "image"), ("llava", "video"), ("llava_next", "image"), ("video_llava", "image"),

@@ -21,6 +21,7 @@ from mipruner.media import load_image, load_video, sample_indices, write_video
 
 from ..no_grad import seeded_no_grad  # noqa: F401  (autouse: autograd off for this module)
 from .anchor import assert_keep_all_is_the_unpruned_model, assert_pruned_equals_masked_full_sequence
+from .boxes import best_overlap
 from .tiny_llava import scene
 from .tiny_onevision import IMAGE_SIZE, PATCH, save_tiny
 
@@ -31,12 +32,6 @@ G = IMAGE_SIZE // PATCH
 @pytest.fixture(scope="module")
 def onevision(tmp_path_factory):
     return mipruner.load(save_tiny(str(tmp_path_factory.mktemp("onevision") / "ov")), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def video_path(tmp_path_factory):
-    frames = [scene(80, 60, square=(4 * i, 10, 4 * i + 14, 24), seed=i) for i in range(12)]
-    return write_video(frames, str(tmp_path_factory.mktemp("vid") / "clip.mp4"))
 
 
 def _media(kind, video_path):
@@ -88,17 +83,6 @@ def test_onevision_token_counts_and_layout(encoded):
         assert torch.equal(g.row[nl], torch.arange(g.grids[1][0]))
 
 
-def _best(e, kind: str, frame: int, square) -> torch.Tensor:
-    """The token of `kind` in `frame` whose box overlaps `square` most."""
-    g = e.geometry
-    sel = torch.tensor([k == kind for k in g.kind]) & (g.frame == frame)
-    b = g.box
-    x0, y0, x1, y1 = square
-    ov = ((b[:, 2].clamp(max=x1) - b[:, 0].clamp(min=x0)).clamp(min=0)
-          * (b[:, 3].clamp(max=y1) - b[:, 1].clamp(min=y0)).clamp(min=0))
-    return torch.where(sel, ov, torch.full_like(ov, -1.0)).argmax()
-
-
 def test_onevision_boxes_cover_the_image_and_find_the_square(encoded):
     e = encoded["wide"]
     g = e.geometry
@@ -107,10 +91,10 @@ def test_onevision_boxes_cover_the_image_and_find_the_square(encoded):
         sel = torch.tensor([k == kind for k in g.kind])
         area = ((g.box[sel, 2] - g.box[sel, 0]) * (g.box[sel, 3] - g.box[sel, 1])).sum()
         assert abs(float(area) - W * H) < 1e-3, kind  # the boxes tile the whole image exactly once
-    t = _best(e, "tile", 1, (80, 10, 100, 30))
+    t = best_overlap(e, "tile", 1, (80, 10, 100, 30))
     assert g.box[t, 0] >= 70 and g.box[t, 2] <= 110  # a token over the square lies on its columns
     v = encoded["video"]
-    i = _best(v, "frame", 3, (12, 10, 26, 24))
+    i = best_overlap(v, "frame", 3, (12, 10, 26, 24))
     assert int(v.geometry.frame[i]) == 3 and v.geometry.box[i, 0] < 26 and v.geometry.box[i, 2] > 12
 
 
