@@ -40,6 +40,13 @@ def _refused(page, says: str) -> str:
     return text
 
 
+def _tokens_unit(page, n_visual: int) -> None:
+    """Switch the budget's unit to tokens and wait until the switch has landed (the slider's range is 1-N_V):
+    a value typed before that would be replaced by the range's default when the switch's reply arrives."""
+    page.locator("#budget-unit").get_by_text("tokens").click()
+    page.wait_for_function(f"(document.querySelector('#budget input[type=range]') || {{}}).max === '{n_visual}'")
+
+
 def _applied(page, kept: str) -> None:
     page.wait_for_function(f"new RegExp('^{kept}').test(({TITLE_0}.innerText.split('\\n').find((l) => /tokens kept/.test(l)) || ''))")
     page.wait_for_function("!((document.querySelector('#notice') || {}).innerText || '').trim()")
@@ -65,7 +72,7 @@ def test_every_refused_move_is_a_visible_sentence_and_the_panels_stay(page):
         assert _kept(page) == "20 / 196 tokens kept"  # the panels keep the last view that worked
         _budget(page, "10")
         _applied(page, "20 / 196 tokens kept")
-    page.locator("#budget-unit").get_by_text("tokens").click()
+    _tokens_unit(page, 196)
     _budget(page, "5")
     _applied(page, "5 / 196 tokens kept")
     _budget(page, "500")
@@ -92,7 +99,7 @@ def test_every_panel_of_the_clip_follows_the_budget_down_to_one_token(page):
     page.fill("#prompt textarea", CLIP["prompt"])
     page.click("#run")
     page.wait_for_function(f"{TITLE_0} && /\\/ 1568 tokens kept/.test({TITLE_0}.innerText)")
-    page.locator("#budget-unit").get_by_text("tokens").click()
+    _tokens_unit(page, 1568)
     methods = page.locator("#methods")
     if not methods.get_by_label("EVS (video)", exact=True).is_checked():
         methods.get_by_label("EVS (video)", exact=True).check()
