@@ -23,8 +23,9 @@ from mipruner.media import Video
 
 QUESTION = "what is in the image ?"
 TOKENS = 8
-# (width, height, seed): a square image (16 tokens in both families) and, for Qwen, a tall one (4 x 6).
-IMAGES = {"llava": [(56, 56, 0), (90, 40, 1)], "qwen2_5_vl": [(112, 112, 0), (112, 168, 1)]}
+# (width, height, seed): a square image (16 tokens in every family) and, for Qwen, a tall one (4 x 6).
+IMAGES = {"llava": [(56, 56, 0), (90, 40, 1)], "qwen2_5_vl": [(112, 112, 0), (112, 168, 1)],
+          "qwen2_vl": [(112, 112, 0), (112, 168, 1)]}
 
 
 @register_pruner("vllm_test_first", label="First K (a test plug-in)", score_label=None)
@@ -35,7 +36,7 @@ def first_k(visual, text, budget):
 
 
 # (frames, width, height, seed): Qwen videos of 2 token-frames of 4 x 4 and of 2 token-frames of 4 x 6.
-VIDEOS = {"qwen2_5_vl": [(4, 112, 112, 0), (4, 112, 168, 1)]}
+VIDEOS = {"qwen2_5_vl": [(4, 112, 112, 0), (4, 112, 168, 1)], "qwen2_vl": [(4, 112, 112, 0), (4, 112, 168, 1)]}
 
 
 def prompt_of(adapter, kind: str = "image") -> str:
@@ -230,5 +231,29 @@ def test_engine_defaults_prune_every_request(models):
         assert records[method] == keep, method
         assert list(out.outputs[0].token_ids) == tokens, method
     assert len(own.prompt_token_ids) - len(default.prompt_token_ids) == 2
+    del llm
+    gc.collect()
+
+
+def test_qwen2_vl_video_pruning_rate_changes_nothing(models):
+    """vLLM has no EVS of its own for Qwen2-VL, so `--video-pruning-rate` changes nothing there (as on the stock
+    model): an unpruned video keeps all its tokens and transformers' answer, and `mipruner_method` on a video is
+    not refused (on Qwen2.5-VL it is: that engine's videos go through vLLM's EVS)."""
+    import gc
+
+    from vllm import LLM
+
+    from conftest import ENGINE, FAMILIES
+
+    path, adapter = models["qwen2_vl"]
+    llm = LLM(model=str(path), hf_overrides={"architectures": [FAMILIES["qwen2_vl"][1]]},
+              limit_mm_per_prompt=LIMITS["qwen2_vl"], video_pruning_rate=0.5, **ENGINE)
+    vid = VIDEOS["qwen2_vl"][0]
+    full, pruned = run_video(llm, adapter, vid, [{}, {"mipruner_method": "evs", "mipruner_budget": 12}])
+    assert list(full.outputs[0].token_ids) == reference("qwen2_vl", adapter, vid)[1]
+    keep, tokens = reference("qwen2_vl", adapter, vid, "evs", 12)
+    assert worker.RECORD[-1]["keep"].tolist() == keep
+    assert len(full.prompt_token_ids) - len(pruned.prompt_token_ids) == 32 - 12
+    assert list(pruned.outputs[0].token_ids) == tokens
     del llm
     gc.collect()
