@@ -12,10 +12,12 @@ import logging
 VLLM_VERSION = "0.32.0"  # the plug-in subclasses vLLM's private processor and model methods: exactly this
 ARCHITECTURES = {
     "MiPrunerLlavaForConditionalGeneration": "mipruner_vllm.llava:MiPrunerLlavaForConditionalGeneration",
+    "MiPrunerQwen2VLForConditionalGeneration": "mipruner_vllm.qwen2_vl:MiPrunerQwen2VLForConditionalGeneration",
     "MiPrunerQwen2_5_VLForConditionalGeneration": "mipruner_vllm.qwen:MiPrunerQwen2_5_VLForConditionalGeneration",
 }
 # The stock architecture each one extends (the checkpoint's `architectures`).
 BASES = {"MiPrunerLlavaForConditionalGeneration": "LlavaForConditionalGeneration",
+         "MiPrunerQwen2VLForConditionalGeneration": "Qwen2VLForConditionalGeneration",
          "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
 log = logging.getLogger(__name__)
 

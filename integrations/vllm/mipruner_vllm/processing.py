@@ -33,6 +33,7 @@ class ProcessorMixin:
     """A `*MultiModalProcessor` that prunes the media in `_mipruner_media`: their spec fields and K placeholders."""
 
     _mipruner_media: tuple[str, ...] = ("image",)
+    _vllm_prunes_video = False  # the stock model prunes videos itself under --video-pruning-rate (Qwen2.5-VL's EVS)
 
     def _mipruner_request(self, kwargs) -> PruneRequest | None:
         """The request's mipruner fields, else (it gives none) the engine's (`LLM(mm_processor_kwargs=...)`, the
@@ -60,7 +61,8 @@ class ProcessorMixin:
                 reason = why_not(req.method, medium)
                 if reason:
                     raise ValueError(reason)
-                if medium == "video" and self.info.ctx.get_mm_config().video_pruning_rate:
+                rate = self.info.ctx.get_mm_config().video_pruning_rate
+                if medium == "video" and self._vllm_prunes_video and rate:
                     raise ValueError("mipruner_method on a video of an engine started with --video-pruning-rate "
                                      "(vLLM's own EVS): use one of the two (mipruner_method evs is that rule)")
             out[FIELDS[medium]] = PruneRequest.off_tensor(len(items)) if req is None else req.to_tensor(len(items))

@@ -34,6 +34,9 @@ def with_positions(emb: torch.Tensor, thw, merge: int, tokens_per_second: float 
 
 
 class QwenModelMixin:
+    """The worker of both Qwen classes: this one's, and Qwen2-VL's (`qwen2_vl.py`, which adds the
+    `recompute_mrope_positions` vLLM's Qwen2-VL lacks)."""
+
     mipruner_mrope_recompute = True  # read by runner.enable_position_recompute
 
     def iter_mm_grid_thw(self, mm_features):
@@ -50,7 +53,8 @@ class QwenModelMixin:
         merge = self.visual.spatial_merge_size
         embed_ids = self.get_language_model().embed_input_ids
         out: tuple[torch.Tensor, ...] = ()
-        for modality, inp in mm.items():
+        for modality, inp in mm.items():  # keys "image"/"video" (Qwen2.5-VL) or "images"/"videos" (Qwen2-VL)
+            modality = modality.removesuffix("s")
             if modality == "image":
                 grids = inp["image_grid_thw"].tolist()
                 for i, (emb, thw) in enumerate(zip(self._process_image_input(inp), grids)):
@@ -84,6 +88,7 @@ class MiPrunerQwen2_5_VLProcessingInfo(InfoMixin, Qwen2_5_VLProcessingInfo):
 
 class MiPrunerQwen2_5_VLMultiModalProcessor(ProcessorMixin, Qwen2_5_VLMultiModalProcessor):
     _mipruner_media = ("image", "video")
+    _vllm_prunes_video = True  # vLLM's own EVS under --video-pruning-rate
 
 
 @MULTIMODAL_REGISTRY.register_processor(MiPrunerQwen2_5_VLMultiModalProcessor, info=MiPrunerQwen2_5_VLProcessingInfo,

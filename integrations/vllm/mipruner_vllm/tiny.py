@@ -1,4 +1,4 @@
-"""Small random-weight LLaVA-1.5 and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
+"""Small random-weight LLaVA-1.5, Qwen2-VL and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
 (the anchor tests and `python -m mipruner.bench vllm`).
 
 Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
@@ -39,26 +39,37 @@ def build_llava(path: Path, seed: int = 0, image_size: int | None = None):
     return path, adapter
 
 
-def build_qwen2_5_vl(path: Path, seed: int = 0):
+# The vision towers (heads of 32, a 2 x 2 merge to width 128) and the LLM (a Qwen2 with 4 heads of 32) of each
+# Qwen family; images of 4 x 4 .. 8 x 8 merged tokens.
+QWEN_VISION = {
+    "qwen2_vl": dict(depth=2, embed_dim=64, hidden_size=128, num_heads=2, mlp_ratio=2, patch_size=14,
+                     spatial_merge_size=2, temporal_patch_size=2),
+    "qwen2_5_vl": dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                       patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                       fullatt_block_indexes=[1], tokens_per_second=2),
+}
+
+
+def _build_qwen(family: str, path: Path, seed: int):
     import transformers as tf
 
     from mipruner.models.common.random_build import build_model
-    from mipruner.models.qwen.qwen2_vl import Qwen2_5_VLAdapter
+    from mipruner.models.qwen.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
     from mipruner.models.qwen.random_weights import CHAT_TEMPLATE, CLIP_MEAN, CLIP_STD, build_tokenizer
 
+    config_cls, processor_cls, adapter_cls = {
+        "qwen2_vl": (tf.Qwen2VLConfig, tf.Qwen2VLProcessor, Qwen2VLAdapter),
+        "qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLProcessor, Qwen2_5_VLAdapter)}[family]
     tok = build_tokenizer()
     ids = {k: tok.convert_tokens_to_ids(t) for k, t in [
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
         ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]}
-    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
-                  tokens_per_second=2)
     text = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.2, vocab_size=len(tok),
                 tie_word_embeddings=True, bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]})
-    config = tf.Qwen2_5_VLConfig(vision_config=vision, text_config=text, tie_word_embeddings=True, **ids)
+    config = config_cls(vision_config=QWEN_VISION[family], text_config=text, tie_word_embeddings=True, **ids)
     config.text_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = build_model(tf.AutoModelForImageTextToText.from_config, config, device="cpu", dtype=torch.float32)
@@ -68,11 +79,21 @@ def build_qwen2_5_vl(path: Path, seed: int = 0):
                                      image_mean=CLIP_MEAN, image_std=CLIP_STD)
     vp = tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
                                   image_mean=CLIP_MEAN, image_std=CLIP_STD)
-    proc = tf.Qwen2_5_VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
+    proc = processor_cls(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
     model.save_pretrained(path)
     proc.save_pretrained(path)
-    adapter = Qwen2_5_VLAdapter(model, tok, ip, {"size": size}, name="tiny-qwen2_5_vl")
+    adapter = adapter_cls(model, tok, ip, {"size": size}, name=f"tiny-{family}")
     return path, adapter
+
+
+def build_qwen2_vl(path: Path, seed: int = 0):
+    """Qwen2-VL: 16 tokens from a 112 px square image, 24 from a 112 x 168 one (32 and 48 from 4-frame videos)."""
+    return _build_qwen("qwen2_vl", path, seed)
+
+
+def build_qwen2_5_vl(path: Path, seed: int = 0):
+    """Qwen2.5-VL (window attention, 2 tokens per second): the same token counts as `build_qwen2_vl`."""
+    return _build_qwen("qwen2_5_vl", path, seed)
 
 
 def architectures(path: Path) -> list[str]:
