@@ -13,10 +13,12 @@ VLLM_VERSION = "0.32.0"  # the plug-in subclasses vLLM's private processor and m
 ARCHITECTURES = {
     "MiPrunerLlavaForConditionalGeneration": "mipruner_vllm.llava:MiPrunerLlavaForConditionalGeneration",
     "MiPrunerQwen2_5_VLForConditionalGeneration": "mipruner_vllm.qwen:MiPrunerQwen2_5_VLForConditionalGeneration",
+    "MiPrunerLlavaNextForConditionalGeneration": "mipruner_vllm.llava_next:MiPrunerLlavaNextForConditionalGeneration",
 }
 # The stock architecture each one extends (the checkpoint's `architectures`).
 BASES = {"MiPrunerLlavaForConditionalGeneration": "LlavaForConditionalGeneration",
-         "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
+         "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",
+         "MiPrunerLlavaNextForConditionalGeneration": "LlavaNextForConditionalGeneration"}
 log = logging.getLogger(__name__)
 
 

@@ -26,16 +26,21 @@ def grid_rows(h: int, w: int, device, t: int = 1) -> torch.Tensor:
     return torch.stack([f, r, c], dim=1)
 
 
-def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int], frames: int = 0):
+def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int] | None = None, frames: int = 0,
+           grid: torch.Tensor | None = None):
     """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the medium's N tokens.
     embed_ids: (Q,) ids -> (Q, d) the LLM's input embeddings (the query's T); hw: one frame's token grid;
-    frames: a video's frames along time (its tokens frame-major, `frame_index` given), 0 for an image."""
+    frames: a video's frames along time (its tokens frame-major, `frame_index` given), 0 for an image;
+    grid: (N, 3) (view, row, col) given whole instead of hw (LLaVA-NeXT's views and newlines)."""
     spec = get_pruner(req.method)
     text = None
     if req.query_ids:
         ids = torch.tensor(req.query_ids, dtype=torch.long, device=visual.device)
         text = embed_ids(ids).to(visual.dtype)
-    extra = {"grid": grid_rows(*hw, visual.device, max(frames, 1))} if "grid" in spec.inputs else {}
+    if "grid" in spec.inputs:
+        extra = {"grid": grid if grid is not None else grid_rows(*hw, visual.device, max(frames, 1))}
+    else:
+        extra = {}
     if frames and "frame_index" in spec.accepts:
         extra["frame_index"] = torch.arange(frames, device=visual.device).repeat_interleave(hw[0] * hw[1])
     sel = prune(req.method, visual=visual, text=text if "text" in spec.needs else None,

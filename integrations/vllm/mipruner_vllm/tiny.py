@@ -1,4 +1,4 @@
-"""Small random-weight LLaVA-1.5 and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
+"""Small random-weight LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
 (the anchor tests and `python -m mipruner.bench vllm`).
 
 Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
@@ -36,6 +36,18 @@ def build_llava(path: Path, seed: int = 0, image_size: int | None = None):
     adapter.model.save_pretrained(path)
     adapter.processor.save_pretrained(path)
     _rename(path, "vision_tower.", "vision_tower.vision_model.")  # the hub layout transformers saves, less vision_model.
+    return path, adapter
+
+
+def build_llava_next(path: Path, seed: int = 0):
+    """LLaVA-NeXT at LLAVA_SHAPE: a 4 x 4 base view and anyres tiles of 56 px over the pinpoints 56x112, 112x56,
+    112x112, 168x56, 56x168 (mipruner's `build_random_llava(family="llava_next")`), saved as `build_llava` saves."""
+    from mipruner.models.llava.random_weights import build_random_llava
+
+    adapter, _ = build_random_llava(dtype=torch.float32, seed=seed, family="llava_next", **LLAVA_SHAPE)
+    adapter.model.save_pretrained(path)
+    adapter.processor.save_pretrained(path)
+    _rename(path, "vision_tower.", "vision_tower.vision_model.")
     return path, adapter
 
 

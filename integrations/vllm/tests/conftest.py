@@ -24,9 +24,11 @@ from mipruner_vllm import tiny as tiny_models  # noqa: E402
 FAMILIES = {  # family -> (builder, our architecture)
     "llava": (tiny_models.build_llava, "MiPrunerLlavaForConditionalGeneration"),
     "qwen2_5_vl": (tiny_models.build_qwen2_5_vl, "MiPrunerQwen2_5_VLForConditionalGeneration"),
+    "llava_next": (tiny_models.build_llava_next, "MiPrunerLlavaNextForConditionalGeneration"),
 }
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, distributed_executor_backend="uni", seed=0)
-LIMITS = {"llava": {"image": 2, "video": 0}, "qwen2_5_vl": {"image": 2, "video": 1}}  # media per prompt
+LIMITS = {"llava": {"image": 2, "video": 0}, "qwen2_5_vl": {"image": 2, "video": 1},
+          "llava_next": {"image": 2, "video": 0}}  # media per prompt
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,10 @@ from mipruner.media import Video
 QUESTION = "what is in the image ?"
 TOKENS = 8
 # (width, height, seed): a square image (16 tokens in both families) and, for Qwen, a tall one (4 x 6).
-IMAGES = {"llava": [(56, 56, 0), (90, 40, 1)], "qwen2_5_vl": [(112, 112, 0), (112, 168, 1)]}
+IMAGES = {"llava": [(56, 56, 0), (90, 40, 1)], "qwen2_5_vl": [(112, 112, 0), (112, 168, 1)],
+          # LLaVA-NeXT: 4 x 4 base view, then the canvas with row newlines: square, 4 x 8 unpadded to 4 x 4 (36
+          # tokens); tall, 8 x 4 (56 tokens)
+          "llava_next": [(56, 56, 0), (40, 90, 2)]}
 
 
 @register_pruner("vllm_test_first", label="First K (a test plug-in)", score_label=None)
@@ -77,7 +80,7 @@ def reference(fam, adapter, img, method=None, budget=None, **params):
     """(kept indices or None, greedy tokens) of mipruner's transformers path on the same medium and question."""
     enc = mipruner.encode_for(adapter, media_of(img), QUESTION, [method] if method else [])
     sel = None if method is None else mipruner.select(adapter, enc, method, budget, **params)
-    pos = {"positions": "compact"} if fam == "llava" else {}
+    pos = {"positions": "compact"} if fam.startswith("llava") else {}  # 1-D RoPE: vLLM's consecutive positions
     ans = mipruner.answer(adapter, enc, sel, max_new_tokens=TOKENS, min_new_tokens=TOKENS, **pos)
     return (None if sel is None else sel.keep.tolist()), list(ans.token_ids)
 
