@@ -83,5 +83,6 @@ class MiPrunerLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneratio
                 out.append(emb)
                 continue
             grid = anyres_grid(self.config, sizes[i], emb.shape[0], emb.device)
-            out.append(choose(req, emb, embed_ids, grid=grid)[0])
+            frame = torch.where(grid[:, 0] < 0, -1, 0)  # one image: frame 0, its row newlines in no frame (-1)
+            out.append(choose(req, emb, embed_ids, grid=grid, frame_index=frame)[0])
         return out

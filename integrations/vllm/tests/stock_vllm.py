@@ -18,7 +18,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 spec = json.load(open(sys.argv[1]))
 llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=512,
           distributed_executor_backend="uni", seed=0, limit_mm_per_prompt=spec.get("limits", {"image": 2, "video": 0}))
-sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+sp = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], min_tokens=spec["max_tokens"], ignore_eos=True)
 outs = llm.generate([{"prompt": r["prompt"], "multi_modal_data": ({"image": image(*r["image"])} if "image" in r
                                                                   else {"video": video(*r["video"])})}
                      for r in spec["requests"]], sp)

@@ -47,9 +47,10 @@ def prompt_of(adapter, kind: str = "image") -> str:
 
 
 def sampling():
+    """Greedy, TOKENS tokens, EOS masked throughout (min_tokens), as `mipruner.answer(min_new_tokens=TOKENS)` masks it."""
     from vllm import SamplingParams
 
-    return SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    return SamplingParams(temperature=0, max_tokens=TOKENS, min_tokens=TOKENS, ignore_eos=True)
 
 
 def run(llm, adapter, img, kwargs_list):
@@ -110,18 +111,21 @@ CASES = [  # (method, budget, params): one batch per image, every request its ow
     ("mi", 8, {"lam": 0.5}), ("mi", 4, {}), ("similarity", 6, {}), ("divprune", 5, {}), ("random", 7, {"seed": 3}),
     ("cdpruner", 4, {"theta": 0.5}), ("pool", 4, {}), ("vllm_test_first", 3, {}),
 ]
+# LLaVA-NeXT also: the per-frame option (its row newlines are in no frame: kept last) and pool over both views
+EXTRA_CASES = {"llava_next": [("divprune", 6, {"per_frame": "even"}), ("pool", 9, {})]}
 
 
 def test_pruned_equals_transformers_path(engine):
     fam, llm, adapter, _ = engine
+    cases = CASES + EXTRA_CASES.get(fam, [])
     for img in IMAGES[fam]:
         kwargs = [{"mipruner_method": m, "mipruner_budget": k, "mipruner_query": QUESTION,
-                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in CASES]
+                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in cases]
         full = run(llm, adapter, img, [{}])[0]
         outs = run(llm, adapter, img, kwargs)  # all in one batch: each must get its own selection
         records = list(worker.RECORD)
         n = adapter_tokens = None
-        for (method, k, params), out in zip(CASES, outs):
+        for (method, k, params), out in zip(cases, outs):
             keep, tokens = reference(fam, adapter, img, method, k, **params)
             n = len(full.prompt_token_ids) - len(out.prompt_token_ids) + k
             adapter_tokens = adapter_tokens or n
@@ -130,8 +134,8 @@ def test_pruned_equals_transformers_path(engine):
             assert len(mine) == 1, (fam, img, method, [(r["method"], len(r["keep"])) for r in records])
             assert mine[0]["keep"].tolist() == keep, (fam, img, method)
             assert list(out.outputs[0].token_ids) == tokens, (fam, img, method, k)
-        if method == "vllm_test_first":
-            assert keep == list(range(k))
+            if method == "vllm_test_first":
+                assert keep == list(range(k))
 
 
 VIDEO_CASES = [  # (method, budget, params) on a video: whole-video, time-aware and per-frame fixed counts
