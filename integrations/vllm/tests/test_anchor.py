@@ -149,20 +149,23 @@ VIDEO_CASES = [  # (method, budget, params) on a video: whole-video, time-aware 
     ("evs", 12, {}), ("vidcom2", 10, {}), ("random", 9, {"seed": 1}),
     ("divprune", 8, {"per_frame": "even"}), ("mi", 11, {}), ("pool", 8, {"per_frame": "even"}),
 ]
+# OneVision also: EVS at a rate (its count from the grid: 4 frames of 2 x 2 and the newline, front end and worker)
+EXTRA_VIDEO_CASES = {"llava_onevision": [("evs", 1.0, {"video_pruning_rate": 0.4})]}
 
 
 def test_video_pruned_equals_transformers_path(engine):
     fam, llm, adapter, _ = engine
     if fam not in VIDEOS:
         pytest.skip(f"{fam}: no video input in this family")
+    cases = VIDEO_CASES + EXTRA_VIDEO_CASES.get(fam, [])
     wrong = []  # greedy-token mismatches, all reported at once (kept indices and lengths assert at once)
     for vid in VIDEOS[fam]:
         kwargs = [{"mipruner_method": m, "mipruner_budget": k, "mipruner_query": QUESTION,
-                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in VIDEO_CASES]
+                   **{f"mipruner_{p}": v for p, v in params.items()}} for m, k, params in cases]
         full = run_video(llm, adapter, vid, [{}])[0]
         outs = run_video(llm, adapter, vid, kwargs)
         records = list(worker.RECORD)
-        for (method, k, params), out in zip(VIDEO_CASES, outs):
+        for (method, k, params), out in zip(cases, outs):
             keep, tokens = reference(fam, adapter, vid, method, k, **params)
             n = records[0]["n"]
             assert len(full.prompt_token_ids) - len(out.prompt_token_ids) == n - len(keep), (vid, method)
