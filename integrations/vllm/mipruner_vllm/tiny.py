@@ -104,8 +104,9 @@ def build_llava_onevision(path: Path, seed: int = 0):
     vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                    image_size=image, patch_size=patch)
     text = tf.Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, initializer_range=0.2, vocab_size=len(tok), max_position_embeddings=4096,
-                          rope_theta=1e6, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                          num_key_value_heads=2, initializer_range=0.2, vocab_size=len(tok),
+                          max_position_embeddings=4096, rope_theta=1e6, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
     config = tf.LlavaOnevisionConfig(vision_config=vision, text_config=text, image_grid_pinpoints=pins,
                                      tie_word_embeddings=False, image_token_id=tok.convert_tokens_to_ids("<image>"),
                                      video_token_id=tok.convert_tokens_to_ids("<video>"))

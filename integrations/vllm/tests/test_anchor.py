@@ -54,7 +54,7 @@ def prompt_of(adapter, kind: str = "image") -> str:
 
 
 def sampling():
-    """Greedy, TOKENS tokens, EOS masked throughout (min_tokens), as `mipruner.answer(min_new_tokens=TOKENS)` masks it."""
+    """Greedy, TOKENS tokens, EOS masked throughout (min_tokens), as mipruner.answer(min_new_tokens=TOKENS) does."""
     from vllm import SamplingParams
 
     return SamplingParams(temperature=0, max_tokens=TOKENS, min_tokens=TOKENS, ignore_eos=True)
