@@ -14,11 +14,16 @@ ARCHITECTURES = {
     "MiPrunerLlavaForConditionalGeneration": "mipruner_vllm.llava:MiPrunerLlavaForConditionalGeneration",
     "MiPrunerQwen2VLForConditionalGeneration": "mipruner_vllm.qwen2_vl:MiPrunerQwen2VLForConditionalGeneration",
     "MiPrunerQwen2_5_VLForConditionalGeneration": "mipruner_vllm.qwen:MiPrunerQwen2_5_VLForConditionalGeneration",
+    "MiPrunerLlavaNextForConditionalGeneration": "mipruner_vllm.llava_next:MiPrunerLlavaNextForConditionalGeneration",
+    "MiPrunerLlavaOnevisionForConditionalGeneration":
+        "mipruner_vllm.llava_onevision:MiPrunerLlavaOnevisionForConditionalGeneration",
 }
 # The stock architecture each one extends (the checkpoint's `architectures`).
 BASES = {"MiPrunerLlavaForConditionalGeneration": "LlavaForConditionalGeneration",
          "MiPrunerQwen2VLForConditionalGeneration": "Qwen2VLForConditionalGeneration",
-         "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
+         "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",
+         "MiPrunerLlavaNextForConditionalGeneration": "LlavaNextForConditionalGeneration",
+         "MiPrunerLlavaOnevisionForConditionalGeneration": "LlavaOnevisionForConditionalGeneration"}
 log = logging.getLogger(__name__)
 
 

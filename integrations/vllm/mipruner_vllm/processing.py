@@ -89,13 +89,17 @@ class ProcessorMixin:
 
 
 def _frames(out_mm_kwargs, medium: str):
-    """item -> its frames along time: a video's temporal grid (`video_grid_thw`'s t), else 1."""
+    """item -> its frames along time: a video's temporal grid (`video_grid_thw`'s t), else its frames
+    (`pixel_values_videos`' first axis: LLaVA-OneVision), else 1."""
 
     def get(item_idx: int) -> int:
         if medium != "video":
             return 1
-        grid = out_mm_kwargs[medium][item_idx].get("video_grid_thw")
-        return 1 if grid is None else int(grid.data.reshape(-1)[0])
+        item = out_mm_kwargs[medium][item_idx]
+        grid, pixels = item.get("video_grid_thw"), item.get("pixel_values_videos")
+        if grid is None:
+            return 1 if pixels is None else int(pixels.data.shape[0])
+        return int(grid.data.reshape(-1)[0])
 
     return get
 

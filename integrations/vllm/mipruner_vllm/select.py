@@ -26,17 +26,25 @@ def grid_rows(h: int, w: int, device, t: int = 1) -> torch.Tensor:
     return torch.stack([f, r, c], dim=1)
 
 
-def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int], frames: int = 0):
+def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int] | None = None, frames: int = 0,
+           grid: torch.Tensor | None = None, frame_index: torch.Tensor | None = None):
     """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the medium's N tokens.
     embed_ids: (Q,) ids -> (Q, d) the LLM's input embeddings (the query's T); hw: one frame's token grid;
-    frames: a video's frames along time (its tokens frame-major, `frame_index` given), 0 for an image."""
+    frames: a video's frames along time (its tokens frame-major, `frame_index` given), 0 for an image;
+    grid, frame_index: (N, 3) (view, row, col) and (N,) frames given whole instead of hw and frames (LLaVA-NeXT:
+    views and row newlines; `Encoded.frame_index` of an image, 0 and -1 for the newlines, for the per-frame option)."""
     spec = get_pruner(req.method)
     text = None
     if req.query_ids:
         ids = torch.tensor(req.query_ids, dtype=torch.long, device=visual.device)
         text = embed_ids(ids).to(visual.dtype)
-    extra = {"grid": grid_rows(*hw, visual.device, max(frames, 1))} if "grid" in spec.inputs else {}
-    if frames and "frame_index" in spec.accepts:
+    if "grid" in spec.inputs:
+        extra = {"grid": grid if grid is not None else grid_rows(*hw, visual.device, max(frames, 1))}
+    else:
+        extra = {}
+    if frame_index is not None and "frame_index" in spec.accepts:
+        extra["frame_index"] = frame_index
+    elif frames and "frame_index" in spec.accepts:
         extra["frame_index"] = torch.arange(frames, device=visual.device).repeat_interleave(hw[0] * hw[1])
     sel = prune(req.method, visual=visual, text=text if "text" in spec.needs else None,
                 budget=req.k(visual.shape[0], max(frames, 1)), **req.params, **extra)

@@ -1,5 +1,5 @@
-"""Small random-weight LLaVA-1.5, Qwen2-VL and Qwen2.5-VL checkpoints, built offline, saved where vLLM loads them
-(the anchor tests and `python -m mipruner.bench vllm`).
+"""Small random-weight LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL and Qwen2.5-VL checkpoints, built offline,
+saved where vLLM loads them (the anchor tests and `python -m mipruner.bench vllm`).
 
 Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
 tokenizer, processor) and mipruner's own adapter on the same weights (the transformers reference).
@@ -36,6 +36,18 @@ def build_llava(path: Path, seed: int = 0, image_size: int | None = None):
     adapter.model.save_pretrained(path)
     adapter.processor.save_pretrained(path)
     _rename(path, "vision_tower.", "vision_tower.vision_model.")  # the hub layout transformers saves, less vision_model.
+    return path, adapter
+
+
+def build_llava_next(path: Path, seed: int = 0):
+    """LLaVA-NeXT at LLAVA_SHAPE: a 4 x 4 base view and anyres tiles of 56 px over the pinpoints 56x112, 112x56,
+    112x112, 168x56, 56x168 (mipruner's `build_random_llava(family="llava_next")`), saved as `build_llava` saves."""
+    from mipruner.models.llava.random_weights import build_random_llava
+
+    adapter, _ = build_random_llava(dtype=torch.float32, seed=seed, family="llava_next", **LLAVA_SHAPE)
+    adapter.model.save_pretrained(path)
+    adapter.processor.save_pretrained(path)
+    _rename(path, "vision_tower.", "vision_tower.vision_model.")
     return path, adapter
 
 
@@ -94,6 +106,48 @@ def build_qwen2_vl(path: Path, seed: int = 0):
 def build_qwen2_5_vl(path: Path, seed: int = 0):
     """Qwen2.5-VL (window attention, 2 tokens per second): the same token counts as `build_qwen2_vl`."""
     return _build_qwen("qwen2_5_vl", path, seed)
+
+
+def build_llava_onevision(path: Path, seed: int = 0):
+    """LLaVA-OneVision at mipruner's tiny geometry (`mipruner.models.onevision.random_weights`: SigLIP of 64 px,
+    patch 16, a 4 x 4 grid per view, anyres_max_9 over the pinpoints scaled alike) with a Qwen2 of 4 heads of 32
+    (vLLM's CPU attention takes no head of 16); saved with transformers' own LlavaOnevisionProcessor (its video
+    processor too, which vLLM calls), and mipruner's adapter on the same weights."""
+    import transformers as tf
+
+    from mipruner.models.common.random_build import build_model
+    from mipruner.models.onevision.adapter import LlavaOnevisionAdapter, _processor
+    from mipruner.models.onevision.random_weights import CHAT_TEMPLATE, build_tokenizer
+
+    tok = build_tokenizer()
+    image, patch = 64, 16
+    pins = [[h * image // 384, w * image // 384] for h, w in tf.LlavaOnevisionConfig().image_grid_pinpoints]
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   image_size=image, patch_size=patch)
+    text = tf.Qwen2Config(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, initializer_range=0.2, vocab_size=len(tok),
+                          max_position_embeddings=4096, rope_theta=1e6, eos_token_id=tok.eos_token_id,
+                          pad_token_id=tok.pad_token_id)
+    config = tf.LlavaOnevisionConfig(vision_config=vision, text_config=text, image_grid_pinpoints=pins,
+                                     tie_word_embeddings=False, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                     video_token_id=tok.convert_tokens_to_ids("<video>"))
+    config.vision_config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = build_model(tf.LlavaOnevisionForConditionalGeneration, config, device="cpu", dtype=torch.float32)
+    ip = tf.LlavaOnevisionImageProcessorPil(image_grid_pinpoints=pins, size={"height": image, "width": image})
+    video = {"size": {"height": image, "width": image}, "image_mean": ip.image_mean, "image_std": ip.image_std}
+    g = image // patch
+    saved = tf.LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, chat_template=CHAT_TEMPLATE,
+                                       video_processor=tf.LlavaOnevisionVideoProcessor(**video), num_image_tokens=g * g,
+                                       vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                       vision_aspect_ratio=config.vision_aspect_ratio)
+    model.save_pretrained(path)
+    saved.save_pretrained(path)
+    _rename(path, "vision_tower.", "vision_tower.vision_model.")  # SigLIP's tower, saved as build_llava's CLIP
+    proc = _processor(ip, tok, {"num_image_tokens": g * g}, config, CHAT_TEMPLATE)
+    adapter = LlavaOnevisionAdapter(model, proc, tok, ip, name="tiny-llava_onevision", video_config=video)
+    return path, adapter
 
 
 def architectures(path: Path) -> list[str]:

@@ -12,14 +12,15 @@ def image(width: int, height: int, seed: int) -> Image.Image:
 FPS = 2.0
 
 
-def frames(count: int, width: int, height: int, seed: int) -> list[Image.Image]:
-    """`count` frames in pairs (Qwen's temporal patch of 2 frames), each pair its own random blocks."""
-    return [image(width, height, seed * 100 + i // 2) for i in range(count)]
+def frames(count: int, width: int, height: int, seed: int, run: int = 2) -> list[Image.Image]:
+    """`count` frames in runs of `run` (2: Qwen's temporal patch of 2 frames; 1: every frame its own, as
+    LLaVA-OneVision reads them), each run its own random blocks."""
+    return [image(width, height, seed * 100 + i // run) for i in range(count)]
 
 
-def video(count: int, width: int, height: int, seed: int):
+def video(count: int, width: int, height: int, seed: int, run: int = 2):
     """vLLM's video item: (T, H, W, 3) uint8 frames and their metadata (already sampled, at FPS)."""
-    arr = np.stack([np.asarray(f) for f in frames(count, width, height, seed)])
+    arr = np.stack([np.asarray(f) for f in frames(count, width, height, seed, run)])
     meta = {"fps": FPS, "duration": count / FPS, "total_num_frames": count, "frames_indices": list(range(count)),
             "video_backend": "opencv", "do_sample_frames": False}
     return arr, meta
