@@ -34,10 +34,15 @@ def with_positions(emb: torch.Tensor, thw, merge: int, tokens_per_second: float 
 
 
 class QwenModelMixin:
-    """The worker of both Qwen classes: this one's, and Qwen2-VL's (`qwen2_vl.py`, which adds the
-    `recompute_mrope_positions` vLLM's Qwen2-VL lacks)."""
+    """The worker of the Qwen classes: this one's, Qwen2-VL's (`qwen2_vl.py`, which adds the
+    `recompute_mrope_positions` vLLM's Qwen2-VL lacks) and Qwen3-VL's images (`qwen3_vl.py`)."""
 
     mipruner_mrope_recompute = True  # read by runner.enable_position_recompute
+
+    def mipruner_reads(self, emb: torch.Tensor) -> torch.Tensor:
+        """The columns of a medium's rows the method reads (all; Qwen3-VL: the main rows, not DeepStack's):
+        the columns after them travel with the kept rows."""
+        return emb
 
     def iter_mm_grid_thw(self, mm_features):
         """As vLLM's, but a pruned image spans its K placeholders (a 1 x K strip): the initial positions
@@ -61,8 +66,9 @@ class QwenModelMixin:
                     full = with_positions(emb, thw, merge)
                     req = None if specs is None else PruneRequest.from_tensor(specs[i])
                     if req is not None:
-                        rows, keep = choose(req, emb, embed_ids, (thw[1] // merge, thw[2] // merge))
-                        full = torch.cat([rows, full[keep, -4:]], dim=1)
+                        seen = self.mipruner_reads(emb)
+                        rows, keep = choose(req, seen, embed_ids, (thw[1] // merge, thw[2] // merge))
+                        full = torch.cat([rows, full[keep, seen.shape[1]:]], dim=1)
                     out += (full,)
             elif modality == "video":
                 videos = self._process_video_input(inp)
@@ -76,8 +82,9 @@ class QwenModelMixin:
                     full = with_positions(emb, thw, merge, tps, s)
                     req = None if vspecs is None else PruneRequest.from_tensor(vspecs[j])
                     if req is not None:  # frame-major tokens: thw[0] frames of (h', w')
-                        rows, keep = choose(req, emb, embed_ids, (thw[1] // merge, thw[2] // merge), thw[0])
-                        full = torch.cat([rows, full[keep, -4:]], dim=1)
+                        seen = self.mipruner_reads(emb)
+                        rows, keep = choose(req, seen, embed_ids, (thw[1] // merge, thw[2] // merge), thw[0])
+                        full = torch.cat([rows, full[keep, seen.shape[1]:]], dim=1)
                     out += (full,)
         return out
 

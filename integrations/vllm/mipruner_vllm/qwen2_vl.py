@@ -40,13 +40,11 @@ class MiPrunerQwen2VLMultiModalProcessor(ProcessorMixin, Qwen2VLMultiModalProces
     _mipruner_media = ("image", "video")
 
 
-@MULTIMODAL_REGISTRY.register_processor(MiPrunerQwen2VLMultiModalProcessor, info=MiPrunerQwen2VLProcessingInfo,
-                                        dummy_inputs=Qwen2VLDummyInputsBuilder)
-class MiPrunerQwen2VLForConditionalGeneration(QwenModelMixin, Qwen2VLForConditionalGeneration,
-                                              SupportsMultiModalPruning):
-    # vLLM's video pruning methods this model runs itself: none (vLLM's ModelConfig then checks no
-    # --video-pruning-method against it, as for the stock Qwen2-VL, which declares none).
-    supported_video_pruning_methods = ()
+class FourChannelPositions:
+    """`SupportsMultiModalPruning.recompute_mrope_positions` over the mixin's 4 channels (t, h, w, extent), with
+    vLLM's public `vllm.multimodal.video_prune.evs.recompute_mrope_positions`: this class's, and Qwen3-VL's
+    images' (`qwen3_vl.py`: vLLM's 5-channel method there would start the text after a pruned image at its
+    largest kept position + 1, not where it is without pruning)."""
 
     def recompute_mrope_positions(self, input_ids: list[int] | torch.Tensor,
                                   multimodal_embeddings: Sequence[torch.Tensor], mrope_positions: torch.LongTensor,
@@ -62,3 +60,12 @@ class MiPrunerQwen2VLForConditionalGeneration(QwenModelMixin, Qwen2VLForConditio
             positions, delta = recompute_mrope_positions(ids, columns, mrope_positions, num_computed_tokens,
                                                          c.vision_start_token_id, c.image_token_id, c.video_token_id)
         return rows, positions, delta
+
+
+@MULTIMODAL_REGISTRY.register_processor(MiPrunerQwen2VLMultiModalProcessor, info=MiPrunerQwen2VLProcessingInfo,
+                                        dummy_inputs=Qwen2VLDummyInputsBuilder)
+class MiPrunerQwen2VLForConditionalGeneration(QwenModelMixin, FourChannelPositions, Qwen2VLForConditionalGeneration,
+                                              SupportsMultiModalPruning):
+    # vLLM's video pruning methods this model runs itself: none (vLLM's ModelConfig then checks no
+    # --video-pruning-method against it, as for the stock Qwen2-VL, which declares none).
+    supported_video_pruning_methods = ()
