@@ -17,13 +17,15 @@ ARCHITECTURES = {
     "MiPrunerLlavaNextForConditionalGeneration": "mipruner_vllm.llava_next:MiPrunerLlavaNextForConditionalGeneration",
     "MiPrunerLlavaOnevisionForConditionalGeneration":
         "mipruner_vllm.llava_onevision:MiPrunerLlavaOnevisionForConditionalGeneration",
+    "MiPrunerQwen3VLForConditionalGeneration": "mipruner_vllm.qwen3_vl:MiPrunerQwen3VLForConditionalGeneration",
 }
 # The stock architecture each one extends (the checkpoint's `architectures`).
 BASES = {"MiPrunerLlavaForConditionalGeneration": "LlavaForConditionalGeneration",
          "MiPrunerQwen2VLForConditionalGeneration": "Qwen2VLForConditionalGeneration",
          "MiPrunerQwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration",
          "MiPrunerLlavaNextForConditionalGeneration": "LlavaNextForConditionalGeneration",
-         "MiPrunerLlavaOnevisionForConditionalGeneration": "LlavaOnevisionForConditionalGeneration"}
+         "MiPrunerLlavaOnevisionForConditionalGeneration": "LlavaOnevisionForConditionalGeneration",
+         "MiPrunerQwen3VLForConditionalGeneration": "Qwen3VLForConditionalGeneration"}
 log = logging.getLogger(__name__)
 
 

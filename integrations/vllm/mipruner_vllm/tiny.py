@@ -1,4 +1,4 @@
-"""Small random-weight LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL and Qwen2.5-VL checkpoints, built offline,
+"""Small random-weight LLaVA-1.5, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL and Qwen3-VL checkpoints,
 saved where vLLM loads them (the anchor tests and `python -m mipruner.bench vllm`).
 
 Each builder returns (path, adapter): the folder vLLM loads (hub layout: config, safetensors,
@@ -59,7 +59,15 @@ QWEN_VISION = {
     "qwen2_5_vl": dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
                        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
                        fullatt_block_indexes=[1], tokens_per_second=2),
+    # patch 16 (32 px per merged token), DeepStack from both blocks; 8 x 8 learned position embeddings
+    "qwen3_vl": dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                     patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                     deepstack_visual_indexes=[0, 1]),
 }
+# Qwen3-VL's LLM is a Qwen3 (q/k norms, head_dim given, interleaved M-RoPE); the others' a Qwen2.
+QWEN3_TEXT = dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [4, 6, 6],
+                                               "mrope_interleaved": True})
+DEEPSTACK_SCALE = 100.0  # the tiny Qwen3-VL's DeepStack features, scaled so that they change the greedy answers
 
 
 def _build_qwen(family: str, path: Path, seed: int):
@@ -67,11 +75,13 @@ def _build_qwen(family: str, path: Path, seed: int):
 
     from mipruner.models.common.random_build import build_model
     from mipruner.models.qwen.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
+    from mipruner.models.qwen.qwen3_vl import Qwen3VLAdapter
     from mipruner.models.qwen.random_weights import CHAT_TEMPLATE, CLIP_MEAN, CLIP_STD, build_tokenizer
 
     config_cls, processor_cls, adapter_cls = {
         "qwen2_vl": (tf.Qwen2VLConfig, tf.Qwen2VLProcessor, Qwen2VLAdapter),
-        "qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLProcessor, Qwen2_5_VLAdapter)}[family]
+        "qwen2_5_vl": (tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLProcessor, Qwen2_5_VLAdapter),
+        "qwen3_vl": (tf.Qwen3VLConfig, tf.Qwen3VLProcessor, Qwen3VLAdapter)}[family]
     tok = build_tokenizer()
     ids = {k: tok.convert_tokens_to_ids(t) for k, t in [
         ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
@@ -81,16 +91,24 @@ def _build_qwen(family: str, path: Path, seed: int):
                 tie_word_embeddings=True, bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]})
+    text.update(QWEN3_TEXT if family == "qwen3_vl" else {})
     config = config_cls(vision_config=QWEN_VISION[family], text_config=text, tie_word_embeddings=True, **ids)
     config.text_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     model = build_model(tf.AutoModelForImageTextToText.from_config, config, device="cpu", dtype=torch.float32)
-    unit = 28  # pixels per merged token, per side
+    if family == "qwen3_vl":  # DeepStack's output layers x DEEPSTACK_SCALE: at their init its features move the
+        with torch.no_grad():  # logits by 0.05 at most and no greedy token, and the anchors would not check them
+            for merger in model.model.visual.deepstack_merger_list:
+                merger.linear_fc2.weight.mul_(DEEPSTACK_SCALE)
+                merger.linear_fc2.bias.mul_(DEEPSTACK_SCALE)
+    patch = QWEN_VISION[family]["patch_size"]
+    unit = 2 * patch  # pixels per merged token, per side
     size = {"shortest_edge": 16 * unit * unit, "longest_edge": 64 * unit * unit}
-    ip = tf.Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
-                                     image_mean=CLIP_MEAN, image_std=CLIP_STD)
-    vp = tf.Qwen2VLVideoProcessor(patch_size=14, merge_size=2, temporal_patch_size=2, size=size,
-                                  image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    mean, std = ([0.5] * 3, [0.5] * 3) if family == "qwen3_vl" else (CLIP_MEAN, CLIP_STD)  # as random_weights'
+    ip = tf.Qwen2VLImageProcessorPil(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size,
+                                     image_mean=mean, image_std=std)
+    video_cls = tf.Qwen3VLVideoProcessor if family == "qwen3_vl" else tf.Qwen2VLVideoProcessor
+    vp = video_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size, image_mean=mean, image_std=std)
     proc = processor_cls(image_processor=ip, tokenizer=tok, video_processor=vp, chat_template=CHAT_TEMPLATE)
     model.save_pretrained(path)
     proc.save_pretrained(path)
@@ -106,6 +124,12 @@ def build_qwen2_vl(path: Path, seed: int = 0):
 def build_qwen2_5_vl(path: Path, seed: int = 0):
     """Qwen2.5-VL (window attention, 2 tokens per second): the same token counts as `build_qwen2_vl`."""
     return _build_qwen("qwen2_5_vl", path, seed)
+
+
+def build_qwen3_vl(path: Path, seed: int = 0):
+    """Qwen3-VL (patch 16, DeepStack from both tower blocks, a Qwen3 LLM with 4 heads of 32): 16 tokens from a
+    128 px square image, 24 from a 128 x 192 one."""
+    return _build_qwen("qwen3_vl", path, seed)
 
 
 def build_llava_onevision(path: Path, seed: int = 0):

@@ -27,11 +27,13 @@ FAMILIES = {  # family -> (builder, our architecture)
     "qwen2_vl": (tiny_models.build_qwen2_vl, "MiPrunerQwen2VLForConditionalGeneration"),
     "llava_next": (tiny_models.build_llava_next, "MiPrunerLlavaNextForConditionalGeneration"),
     "llava_onevision": (tiny_models.build_llava_onevision, "MiPrunerLlavaOnevisionForConditionalGeneration"),
+    "qwen3_vl": (tiny_models.build_qwen3_vl, "MiPrunerQwen3VLForConditionalGeneration"),
 }
 ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, distributed_executor_backend="uni", seed=0)
 LIMITS = {"llava": {"image": 2, "video": 0}, "qwen2_5_vl": {"image": 2, "video": 1},  # media per prompt
           "qwen2_vl": {"image": 2, "video": 1}, "llava_next": {"image": 2, "video": 0},
-          "llava_onevision": {"image": 2, "video": 1}}
+          "llava_onevision": {"image": 2, "video": 1},
+          "qwen3_vl": {"image": 2}}  # Qwen3-VL: images only in the plug-in (its videos: docs/vllm.md)
 
 
 @pytest.fixture(scope="session")
