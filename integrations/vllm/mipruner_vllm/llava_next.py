@@ -27,19 +27,18 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from .processing import FIELD, InfoMixin, ProcessorMixin
 from .request import PruneRequest
-from .select import choose
+from .select import choose, grid_rows, image_frames
 
 
 def canvas_grid(g: int, rows: int, cols: int, device=None) -> torch.Tensor:
     """(g*g + rows*(cols+1), 3) int64 (view, row, col) of an anyres image's tokens in LLM order: the base view
     (view 0, g x g row-major), then the unpadded canvas (view 1, rows x cols), each row followed by its newline
     (view -1, row k, col `cols`), as `mipruner.models.llava.llava_next`'s geometry numbers them."""
-    r, c = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
-    base = torch.stack([torch.zeros(g * g, dtype=torch.long), r.flatten(), c.flatten()], 1)
-    cr = torch.arange(rows).repeat_interleave(cols + 1)
-    cc = torch.arange(cols + 1).repeat(rows)
+    base = grid_rows(g, g, device)  # one frame's (0, row, col): view 0
+    cr = torch.arange(rows, device=device).repeat_interleave(cols + 1)
+    cc = torch.arange(cols + 1, device=device).repeat(rows)
     view = torch.where(cc == cols, -1, 1)
-    return torch.cat([base, torch.stack([view, cr, cc], 1)]).to(device)
+    return torch.cat([base, torch.stack([view, cr, cc], 1)])
 
 
 def anyres_grid(config, image_size, n: int, device=None) -> torch.Tensor:
@@ -83,6 +82,5 @@ class MiPrunerLlavaNextForConditionalGeneration(LlavaNextForConditionalGeneratio
                 out.append(emb)
                 continue
             grid = anyres_grid(self.config, sizes[i], emb.shape[0], emb.device)
-            frame = torch.where(grid[:, 0] < 0, -1, 0)  # one image: frame 0, its row newlines in no frame (-1)
-            out.append(choose(req, emb, embed_ids, grid=grid, frame_index=frame)[0])
+            out.append(choose(req, emb, embed_ids, grid=grid, frame_index=image_frames(grid))[0])
         return out

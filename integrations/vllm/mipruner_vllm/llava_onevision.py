@@ -34,7 +34,7 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from .llava_next import canvas_grid
 from .processing import FIELD, VIDEO_FIELD, InfoMixin, ProcessorMixin
 from .request import PruneRequest
-from .select import choose
+from .select import choose, grid_rows, image_frames
 
 
 def image_grid(model, image_size, views: int, n: int, device=None) -> torch.Tensor:
@@ -58,11 +58,7 @@ def video_grid(frames: int, n: int, device=None) -> torch.Tensor:
     if frames * h * h + 1 != n:
         raise RuntimeError(f"mipruner: a LLaVA-OneVision video of {n} tokens is not {frames} square frames "
                            f"and one newline")
-    f = torch.arange(frames).repeat_interleave(h * h)
-    r = torch.arange(h).repeat_interleave(h).repeat(frames)
-    c = torch.arange(h).repeat(h * frames)
-    body = torch.stack([f, r, c], 1)
-    return torch.cat([body, torch.tensor([[-1, h, h]])]).to(device)
+    return torch.cat([grid_rows(h, h, device, frames), torch.tensor([[-1, h, h]], device=device)])
 
 
 class MiPrunerLlavaOnevisionProcessingInfo(InfoMixin, LlavaOnevisionProcessingInfo):
@@ -102,7 +98,7 @@ class MiPrunerLlavaOnevisionForConditionalGeneration(LlavaOnevisionForConditiona
                     if req is not None:
                         grid = image_grid(self, inp["image_sizes"][i], len(inp["pixel_values"][i]), emb.shape[0],
                                           emb.device)
-                        emb = choose(req, emb, embed_ids, grid=grid, frame_index=torch.where(grid[:, 0] < 0, -1, 0))[0]
+                        emb = choose(req, emb, embed_ids, grid=grid, frame_index=image_frames(grid))[0]
                     out += (emb,)
             elif modality == "video":
                 pixels = inp["pixel_values_videos"]

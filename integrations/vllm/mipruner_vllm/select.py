@@ -26,6 +26,12 @@ def grid_rows(h: int, w: int, device, t: int = 1) -> torch.Tensor:
     return torch.stack([f, r, c], dim=1)
 
 
+def image_frames(grid: torch.Tensor) -> torch.Tensor:
+    """(N,) frames of one anyres image's tokens from its (N, 3) (view, row, col) grid, as `Encoded.frame_index`
+    gives them: 0, and -1 (no frame) for its row newlines (view -1)."""
+    return torch.where(grid[:, 0] < 0, -1, 0)
+
+
 def choose(req: PruneRequest, visual: torch.Tensor, embed_ids, hw: tuple[int, int] | None = None, frames: int = 0,
            grid: torch.Tensor | None = None, frame_index: torch.Tensor | None = None):
     """(rows, keep): the (K, d) rows to feed and the (K,) kept indices into the medium's N tokens.
