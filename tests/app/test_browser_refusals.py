@@ -13,6 +13,8 @@ from components.core.examples import load_examples
 from components.core.logic import MAX_PANELS
 from mipruner.serve.service import method_specs
 
+from .conftest import run_clip
+
 
 IMAGE = next(e for e in load_examples() if e["kind"] == "image")
 CLIP = next(e for e in load_examples() if e["kind"] == "video")
@@ -93,11 +95,7 @@ def test_every_refused_move_is_a_visible_sentence_and_the_panels_stay(page):
 
 
 def test_every_panel_of_the_clip_follows_the_budget_down_to_one_token(page):
-    page.locator("#use").get_by_text("video").click()
-    page.wait_for_selector("#video input[type=file]", state="attached")
-    page.set_input_files("#video input[type=file]", CLIP["path"])
-    page.fill("#prompt textarea", CLIP["prompt"])
-    page.click("#run")
+    run_clip(page, CLIP)
     page.wait_for_function(f"{TITLE_0} && /\\/ 1568 tokens kept/.test({TITLE_0}.innerText)")
     _tokens_unit(page, 1568)
     methods = page.locator("#methods")
